@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kmig needs to build, test and benchmark,
+# only those that are missing.  Needs root and apt-get.
+set -euo pipefail
+pkgs=(
+  gcc                  # the compiler
+  make                 # the build
+  libjansson-dev       # JSON for the QMP control socket
+  libzstd-dev          # zstd compression of migration pages
+  liblz4-dev           # lz4 compression of migration pages
+  binutils             # objdump: the guest build scans its ring-0 code
+  qemu-system-x86      # test and benchmark peer, runs the same guest ELF
+  python3              # test and benchmark drivers (standard library only)
+  socat                # talking QMP by hand
+  iproute2             # ip netns / veth / tc for shaped-link tests
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup-deps: missing packages: ${missing[*]} (run as root to install)" >&2
+  exit 1
+fi
+echo "setup-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}" >/dev/null
