@@ -1,0 +1,57 @@
+/* Throttle arithmetic: pure functions, no state, no clocks, no threads.
+ *
+ * 1. cpu-throttle (QEMU semantics).  At throttle percentage p (0..99) a vCPU
+ *    runs for one timeslice and then sleeps timeslice * p / (100 - p), so it
+ *    is asleep p% of the time.  QEMU's timeslice is 10 ms.
+ *
+ * 2. dirty-limit (the QEMU 8.1 idea, our own control law).  A vCPU runs for
+ *    period_ms, then sleeps sleep_us; the caller measures its dirty rate over
+ *    whole run+sleep cycles and calls dirtylimit__next_sleep_us() once per
+ *    measurement with the sleep that was in effect while measuring.  The law
+ *    (docs/policies.md):
+ *      model      rate = R * run / (run + sleep)   (R = unthrottled rate)
+ *      estimate   R    = measured * (run + sleep) / run
+ *      target     sleep* = run * (R - quota) / quota
+ *                        = measured * (run + sleep) / quota - run
+ *      over quota  (measured > quota * 1.05): sleep' = sleep*   (one step)
+ *      under quota (measured < quota * 0.95): sleep' = sleep - (sleep - max(sleep*, 0)) / 2
+ *      otherwise (dead band of +-5%):         sleep' = sleep
+ *    clamped to [0, DIRTYLIMIT_MAX_SLEEP_FACTOR * run]. */
+#ifndef KMIG_MIG_THROTTLE_MATH_H
+#define KMIG_MIG_THROTTLE_MATH_H
+
+#include <stdint.h>
+
+#define THROTTLE_TIMESLICE_NS   10000000ull /* QEMU CPU_THROTTLE_TIMESLICE_NS */
+#define THROTTLE_PCT_MAX        99u
+
+/* Sleep after each run timeslice at throttle pct; pct above 99 counts as 99,
+ * pct 0 gives 0.  Exact integer math (floor), no overflow for any timeslice
+ * up to UINT64_MAX / 99. */
+uint64_t throttle__sleep_ns(unsigned pct, uint64_t timeslice_ns);
+
+/* Length of one run + sleep cycle: timeslice * 100 / (100 - pct), floor. */
+uint64_t throttle__cycle_ns(unsigned pct, uint64_t timeslice_ns);
+
+/* Upper bound of the dirty-limit sleep: the vCPU keeps at least 1% of the
+ * time (as QEMU's DIRTYLIMIT_THROTTLE_PCT_MAX 99). */
+#define DIRTYLIMIT_MAX_SLEEP_FACTOR 99u
+/* Dead band in percent of the quota: inside it the sleep is kept. */
+#define DIRTYLIMIT_DEADBAND_PCT     5u
+
+/* Next sleep per period for one vCPU.  quota_mbps and measured_mbps are in
+ * MB/s with MB = 2^20 bytes (QEMU's unit for dirty rates), though any unit
+ * works as long as both use it.  Special cases: period_ms 0 returns
+ * current_sleep_us unchanged; measured 0 returns 0 (nothing to limit);
+ * quota 0 returns the maximum sleep.  Never overflows; the result is always
+ * within [0, DIRTYLIMIT_MAX_SLEEP_FACTOR * period_ms * 1000]. */
+uint64_t dirtylimit__next_sleep_us(uint64_t current_sleep_us, uint64_t quota_mbps,
+				   uint64_t measured_mbps, uint64_t period_ms);
+
+/* Dirty rate the model predicts for a vCPU dirtying unthrottled_mbps when it
+ * runs period_ms and then sleeps sleep_us: R * run / (run + sleep).  Used by
+ * tests and by the engine to report the expected effect of a sleep. */
+uint64_t dirtylimit__model_rate(uint64_t unthrottled_mbps, uint64_t sleep_us,
+				uint64_t period_ms);
+
+#endif
