@@ -1,0 +1,236 @@
+/* The kmig migration wire protocol: record encoding and decoding.
+ *
+ * Pure functions over memory buffers: no I/O, no KVM, no allocation except
+ * in struct proto_codec.  docs/protocol.md is the normative description;
+ * this header is its C form.
+ *
+ * Every record is a 16-byte little-endian header (u32 type, u32 flags,
+ * u64 length) followed by `length` payload bytes.  Encoders write a whole
+ * record (header + payload) into buf[0..cap) and return its total size in
+ * bytes, or -ENOSPC if cap is too small, -EINVAL on bad arguments.
+ * Decoders take the payload of a record whose header was already decoded,
+ * never read outside [p, p + len), and on a malformed payload return
+ * -EPROTO and point *why at a static string saying what is wrong.
+ * Decoded structures point into the payload buffer (no copies).
+ *
+ * All functions may be called from any thread; only struct proto_codec
+ * carries state and must not be shared between threads.
+ */
+#ifndef KMIG_MIG_PROTO_H
+#define KMIG_MIG_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "base/log.h"
+
+#define PROTO_MAGIC          "KMIGSTRM"     /* 8 bytes, no NUL on the wire */
+#define PROTO_MAGIC_LEN      8
+#define PROTO_VERSION        1u
+#define PROTO_PAGE_SIZE      4096u
+#define PROTO_HDR_SIZE       16u
+#define PROTO_MAX_PAYLOAD    (16u << 20)    /* larger length = protocol error */
+#define PROTO_MAX_BLOCKS     32u            /* RAM blocks in a START record */
+#define PROTO_MAX_PAGES      1024u          /* pages per PAGES record */
+#define PROTO_MAX_ZERO       65536u         /* offsets per ZERO record */
+#define PROTO_MAX_MSG        4096u          /* bytes of an ERROR/RP_FAIL text */
+#define PROTO_HASH_LEN       32u
+
+/* Record types.  Source -> destination: 1..0xff; return path
+ * (destination -> source): 0x100..0x1ff. */
+enum proto_type {
+	PROTO_START   = 1,
+	PROTO_PAGES   = 2,
+	PROTO_ZERO    = 3,
+	PROTO_STATE   = 4,
+	PROTO_SYNC    = 5,
+	PROTO_END     = 6,
+	PROTO_ERROR   = 7,
+	PROTO_RP_OK   = 0x101,
+	PROTO_RP_FAIL = 0x102,
+	PROTO_RP_PING = 0x103,
+};
+
+/* Header flag bits.  Each type allows only the bits listed in
+ * docs/protocol.md; any other bit set is a protocol error. */
+#define PROTO_F_COMPRESSED_ZSTD  (1u << 0)   /* PAGES */
+#define PROTO_F_COMPRESSED_LZ4   (1u << 1)   /* PAGES */
+#define PROTO_F_HAS_CHECKSUM     (1u << 2)   /* END */
+
+struct proto_hdr {
+	uint32_t type;
+	uint32_t flags;
+	uint64_t length;        /* payload bytes after the header */
+};
+
+/* Guest RAM as plain memory.  Blocks are in guest-physical order; sizes
+ * are multiples of PROTO_PAGE_SIZE.  The caller owns the memory. */
+struct proto_ram_block {
+	uint64_t gpa;
+	uint64_t size;
+	uint8_t *host;
+};
+struct proto_ram {
+	unsigned nr_blocks;     /* <= PROTO_MAX_BLOCKS */
+	struct proto_ram_block blocks[PROTO_MAX_BLOCKS];
+};
+
+struct proto_start {
+	uint32_t version;
+	uint32_t page_size;
+	uint32_t nr_blocks;
+	struct { uint64_t gpa, size; } blocks[PROTO_MAX_BLOCKS];
+};
+
+/* A decoded PAGES or ZERO payload.  offsets points at count little-endian
+ * u64 values (possibly unaligned): read them with proto__offset().  For
+ * PAGES, data/data_len is the page data: count * PROTO_PAGE_SIZE raw
+ * bytes, or (comp != PROTO_COMP_NONE) one compressed blob that must
+ * decompress to exactly raw_len == count * PROTO_PAGE_SIZE bytes. */
+enum proto_comp { PROTO_COMP_NONE = 0, PROTO_COMP_ZSTD = 1, PROTO_COMP_LZ4 = 2 };
+struct proto_pages {
+	uint32_t block;
+	uint32_t count;
+	const uint8_t *offsets;
+	enum proto_comp comp;
+	uint32_t raw_len;
+	const uint8_t *data;
+	size_t data_len;
+};
+
+struct proto_state {
+	uint32_t id, version, instance;
+	const uint8_t *data;
+	size_t len;
+};
+
+/* ERROR and RP_FAIL: a positive errno-style code and a UTF-8 text (not
+ * NUL-terminated, at most PROTO_MAX_MSG bytes). */
+struct proto_error {
+	uint32_t code;
+	const char *msg;
+	size_t msg_len;
+};
+
+static inline uint64_t proto__offset(const struct proto_pages *p, uint32_t i)
+{
+	const uint8_t *b = p->offsets + (size_t)i * 8;
+	uint64_t v = 0;
+	for (int k = 7; k >= 0; k--)
+		v = (v << 8) | b[k];
+	return v;
+}
+
+/* Name of a record type for messages ("PAGES", "RP_OK", "type 0x1234"
+ * is not returned: unknown types give "unknown"). */
+const char *proto__type_name(uint32_t type);
+
+/* ---- header ---- */
+/* Writes the 16 header bytes into buf (cap >= PROTO_HDR_SIZE). */
+int proto__encode_header(void *buf, size_t cap, uint32_t type, uint32_t flags,
+			 uint64_t length) KMIG_MUST_CHECK;
+/* Parses a header.  -EINVAL if len < PROTO_HDR_SIZE; -EPROTO if the header
+ * is invalid (see proto__header_problem); *hdr is filled in either case
+ * when len suffices. */
+int proto__decode_header(const void *buf, size_t len, struct proto_hdr *hdr) KMIG_MUST_CHECK;
+/* NULL if hdr is acceptable: known type, only allowed flag bits, length
+ * <= PROTO_MAX_PAYLOAD and, for fixed-size records, the exact length.
+ * Otherwise a static description of the problem. */
+const char *proto__header_problem(const struct proto_hdr *hdr);
+
+/* ---- encoders: return record size (> 0) or -errno ---- */
+void proto_start__from_ram(struct proto_start *st, const struct proto_ram *ram);
+ssize_t proto__encode_start(void *buf, size_t cap, const struct proto_start *st) KMIG_MUST_CHECK;
+/* Uncompressed PAGES: copies each page from block_host + offsets[i]. */
+ssize_t proto__encode_pages(void *buf, size_t cap, uint32_t block, uint32_t count,
+			    const uint64_t *offsets, const uint8_t *block_host) KMIG_MUST_CHECK;
+/* Header, block, count and offsets of a PAGES record whose data part
+ * (data_len bytes, written by the caller right after) follows; flags may
+ * carry a compression bit, in which case the data part must start with
+ * the u32 raw length.  Lets a sender write page data straight from RAM. */
+ssize_t proto__encode_pages_head(void *buf, size_t cap, uint32_t flags, uint32_t block,
+				 uint32_t count, const uint64_t *offsets,
+				 uint64_t data_len) KMIG_MUST_CHECK;
+ssize_t proto__encode_zero(void *buf, size_t cap, uint32_t block, uint32_t count,
+			   const uint64_t *offsets) KMIG_MUST_CHECK;
+ssize_t proto__encode_state(void *buf, size_t cap, uint32_t id, uint32_t version,
+			    uint32_t instance, const void *data, size_t len) KMIG_MUST_CHECK;
+ssize_t proto__encode_sync(void *buf, size_t cap, uint64_t round) KMIG_MUST_CHECK;
+/* hash may be NULL: END without checksum. */
+ssize_t proto__encode_end(void *buf, size_t cap, const uint8_t *hash) KMIG_MUST_CHECK;
+/* msg is truncated to PROTO_MAX_MSG bytes. */
+ssize_t proto__encode_error(void *buf, size_t cap, uint32_t code, const char *msg) KMIG_MUST_CHECK;
+ssize_t proto__encode_rp_ok(void *buf, size_t cap) KMIG_MUST_CHECK;
+ssize_t proto__encode_rp_fail(void *buf, size_t cap, uint32_t code, const char *msg) KMIG_MUST_CHECK;
+ssize_t proto__encode_rp_ping(void *buf, size_t cap, uint64_t cookie) KMIG_MUST_CHECK;
+
+/* Upper bound of an uncompressed PAGES record of count pages. */
+static inline size_t proto__pages_record_size(uint32_t count)
+{
+	return PROTO_HDR_SIZE + 8 + (size_t)count * (8 + PROTO_PAGE_SIZE);
+}
+
+/* ---- payload decoders: 0 or -EPROTO with *why set ---- */
+int proto__decode_start(const void *p, size_t len, struct proto_start *st,
+			const char **why) KMIG_MUST_CHECK;
+/* flags: the header flags (selects compression). */
+int proto__decode_pages(const void *p, size_t len, uint32_t flags,
+			struct proto_pages *pg, const char **why) KMIG_MUST_CHECK;
+int proto__decode_zero(const void *p, size_t len, struct proto_pages *pg,
+		       const char **why) KMIG_MUST_CHECK;
+int proto__decode_state(const void *p, size_t len, struct proto_state *st,
+			const char **why) KMIG_MUST_CHECK;
+int proto__decode_sync(const void *p, size_t len, uint64_t *round,
+		       const char **why) KMIG_MUST_CHECK;
+/* hash receives PROTO_HASH_LEN bytes when flags has HAS_CHECKSUM. */
+int proto__decode_end(const void *p, size_t len, uint32_t flags, uint8_t *hash,
+		      bool *has_hash, const char **why) KMIG_MUST_CHECK;
+/* ERROR and RP_FAIL payloads. */
+int proto__decode_error(const void *p, size_t len, struct proto_error *e,
+			const char **why) KMIG_MUST_CHECK;
+int proto__decode_rp_ping(const void *p, size_t len, uint64_t *cookie,
+			  const char **why) KMIG_MUST_CHECK;
+
+/* ---- RAM layout and checksum ---- */
+/* NULL if the START layout equals ram exactly (same block count, and each
+ * block the same gpa and size, same page size); otherwise a description
+ * written into msg[0..msglen) and msg is returned. */
+const char *proto__layout_mismatch(const struct proto_start *st, const struct proto_ram *ram,
+				   char *msg, size_t msglen);
+/* The kmig RAM hash (docs/protocol.md "Checksum") over all blocks in
+ * order.  Reads the memory; the caller keeps it stable meanwhile. */
+void proto__ram_hash(const struct proto_ram *ram, uint8_t out[PROTO_HASH_LEN]);
+/* The same hash over one buffer, as if it were a single block. */
+void proto__hash_buf(const void *buf, size_t len, uint8_t out[PROTO_HASH_LEN]);
+
+/* ---- compression (zstd level 1, lz4 default) ----
+ * A codec keeps the zstd contexts and a staging buffer between calls.
+ * Zero-initialised struct proto_codec is valid; free it with
+ * proto_codec__free.  Not thread-safe. */
+struct proto_codec {
+	void *zc, *zd;                 /* ZSTD_CCtx, ZSTD_DCtx, lazily created */
+	uint8_t *stage;                /* PROTO_MAX_PAGES pages, lazily allocated */
+};
+void proto_codec__free(struct proto_codec *c);
+/* Worst-case compressed size of len bytes (0 for an unknown kind). */
+size_t proto__compress_bound(enum proto_comp kind, size_t len);
+/* Compresses src into dst; returns the compressed size or -ENOSPC/-EINVAL/
+ * -ENOMEM.  c may be NULL (one-shot contexts). */
+ssize_t proto__compress(struct proto_codec *c, enum proto_comp kind, const void *src,
+			size_t len, void *dst, size_t cap) KMIG_MUST_CHECK;
+/* Decompresses exactly `expected` bytes into dst (capacity expected);
+ * -EPROTO if the blob is corrupt or yields any other size. */
+int proto__decompress(struct proto_codec *c, enum proto_comp kind, const void *src,
+		      size_t len, void *dst, size_t expected) KMIG_MUST_CHECK;
+/* Compressed PAGES record.  The pages are first copied to the codec's
+ * staging buffer (a snapshot: the guest may write them concurrently, and a
+ * compressor must see stable input), then compressed into buf after the
+ * header and offsets.  If compression does not shrink the data, an
+ * uncompressed record is written instead.  Returns the record size. */
+ssize_t proto__encode_pages_comp(struct proto_codec *c, enum proto_comp kind, void *buf,
+				 size_t cap, uint32_t block, uint32_t count,
+				 const uint64_t *offsets, const uint8_t *block_host) KMIG_MUST_CHECK;
+
+#endif
