@@ -1,0 +1,72 @@
+/* The VM's QMP commands: run state.  Migration commands are registered by
+ * the migration engine (mig/qmp_mig.c). */
+#include <errno.h>
+
+#include "ctl/control.h"
+
+static json_t *cmd_query_status(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct control *c = ctx;
+	(void)args;
+	(void)err;
+	enum vm_status s = vm__status(c->vm);
+	return json_pack("{s:b, s:b, s:s}", "running", s == VM_STATUS_RUNNING,
+			 "singlestep", 0, "status", vm_status__name(s));
+}
+
+static json_t *cmd_stop(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct control *c = ctx;
+	(void)args;
+	(void)err;
+	if (vm__status(c->vm) == VM_STATUS_RUNNING)
+		control__stop_vm(c, VM_STATUS_PAUSED);
+	return NULL;
+}
+
+static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct control *c = ctx;
+	(void)args;
+	switch (vm__status(c->vm)) {
+	case VM_STATUS_PAUSED:
+	case VM_STATUS_POSTMIGRATE:
+		control__cont_vm(c);
+		return NULL;
+	case VM_STATUS_RUNNING:
+		return NULL;
+	case VM_STATUS_INMIGRATE:
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: incoming migration in progress");
+		return NULL;
+	default:
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: it is %s",
+			       vm_status__name(vm__status(c->vm)));
+		return NULL;
+	}
+}
+
+static json_t *cmd_quit(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct control *c = ctx;
+	(void)args;
+	(void)err;
+	atomic_store(&c->quit, true);
+	control__event(c, "SHUTDOWN", json_pack("{s:b, s:s}", "guest", 0, "reason", "host-qmp-quit"));
+	return NULL;
+}
+
+int control__register_commands(struct control *c)
+{
+	static const struct { const char *name; qmp_handler fn; } cmds[] = {
+		{ "query-status", cmd_query_status },
+		{ "stop", cmd_stop },
+		{ "cont", cmd_cont },
+		{ "quit", cmd_quit },
+	};
+	for (unsigned i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		int rc = qmp__register(c->qmp, cmds[i].name, cmds[i].fn, c);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}

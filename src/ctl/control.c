@@ -1,0 +1,171 @@
+#include "ctl/control.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+
+#define KMIG_VERSION_MAJOR 0
+#define KMIG_VERSION_MINOR 1
+#define KMIG_VERSION_MICRO 0
+
+/* The write end of the signal pipe: a signal handler can reach nothing else. */
+static int control__signal_fd = -1;
+
+static void control__on_signal(int sig)
+{
+	(void)sig;
+	if (control__signal_fd >= 0) {
+		ssize_t w = write(control__signal_fd, "s", 1);
+		(void)w;
+	}
+}
+
+void control__wake(struct control *c)
+{
+	ssize_t w = write(c->wake_pipe[1], "w", 1);
+	(void)w;
+}
+
+void control__event(struct control *c, const char *name, json_t *data)
+{
+	if (!c->qmp) {
+		json_decref(data);
+		return;
+	}
+	if (qmp__emit_event(c->qmp, name, data))
+		log_warn("QMP event %s dropped", name);
+}
+
+static void control__on_vm_event(void *ctx, enum vm_event ev)
+{
+	struct control *c = ctx;
+	if (ev == VM_EVENT_SHUTDOWN) {
+		control__event(c, "SHUTDOWN", json_pack("{s:b, s:s}", "guest", 1,
+							  "reason", "guest-shutdown"));
+		atomic_store(&c->shutdown_seen, true);
+	} else {
+		control__event(c, "GUEST_PANICKED", json_pack("{s:s}", "action", "pause"));
+		control__event(c, "STOP", NULL);
+		atomic_store(&c->failed_seen, true);
+	}
+	control__wake(c);
+}
+
+static void control__drain(void *ctx, int fd, short revents)
+{
+	(void)ctx;
+	(void)revents;
+	char buf[64];
+	while (read(fd, buf, sizeof(buf)) > 0)
+		;
+}
+
+static void control__on_sig_pipe(void *ctx, int fd, short revents)
+{
+	struct control *c = ctx;
+	control__drain(ctx, fd, revents);
+	atomic_store(&c->quit, true);
+}
+
+int control__init(struct control *c, struct vm *vm, const char *qmp_path,
+		  char *err, size_t errlen)
+{
+	memset(c, 0, sizeof(*c));
+	c->vm = vm;
+	if (pipe2(c->wake_pipe, O_NONBLOCK | O_CLOEXEC) < 0 ||
+	    pipe2(c->sig_pipe, O_NONBLOCK | O_CLOEXEC) < 0)
+		return -errno;
+	control__signal_fd = c->sig_pipe[1];
+	struct sigaction sa = { .sa_handler = control__on_signal };
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	vm->on_event = control__on_vm_event;
+	vm->event_ctx = c;
+	c->exit_on_failure = !qmp_path;
+	if (!qmp_path)
+		return 0;
+	struct qmp_version ver = { KMIG_VERSION_MAJOR, KMIG_VERSION_MINOR,
+				   KMIG_VERSION_MICRO, "kmig-0.1.0" };
+	int rc = qmp__create(&c->qmp, qmp_path, &ver);
+	if (rc) {
+		snprintf(err, errlen, "cannot create QMP socket %s: %s", qmp_path, strerror(-rc));
+		return rc;
+	}
+	rc = qmp__add_fd(c->qmp, c->wake_pipe[0], POLLIN, control__drain, c);
+	if (!rc)
+		rc = qmp__add_fd(c->qmp, c->sig_pipe[0], POLLIN, control__on_sig_pipe, c);
+	if (!rc)
+		rc = control__register_commands(c);
+	if (rc)
+		snprintf(err, errlen, "cannot set up QMP commands: %s", strerror(-rc));
+	return rc;
+}
+
+static int control__status(struct control *c)
+{
+	if (atomic_load(&c->shutdown_seen))
+		return atomic_load(&c->vm->exit_code);
+	if (atomic_load(&c->failed_seen))
+		return 1;
+	return 0;
+}
+
+static bool control__done(struct control *c)
+{
+	if (atomic_load(&c->quit) || atomic_load(&c->shutdown_seen))
+		return true;
+	return atomic_load(&c->failed_seen) && c->exit_on_failure;
+}
+
+int control__run(struct control *c)
+{
+	while (!control__done(c)) {
+		if (c->qmp) {
+			int rc = qmp__poll(c->qmp, 200);
+			if (rc < 0 && rc != -EINTR)
+				log_warn("QMP poll failed: %s", strerror(-rc));
+		} else {
+			struct pollfd p[2] = { { .fd = c->wake_pipe[0], .events = POLLIN },
+					       { .fd = c->sig_pipe[0], .events = POLLIN } };
+			if (poll(p, 2, 200) > 0) {
+				control__drain(c, c->wake_pipe[0], p[0].revents);
+				if (p[1].revents)
+					control__on_sig_pipe(c, c->sig_pipe[0], p[1].revents);
+			}
+		}
+	}
+	if (c->qmp && qmp__flush(c->qmp, 1000))
+		log_warn("QMP replies not fully delivered before exit");
+	return control__status(c);
+}
+
+void control__destroy(struct control *c)
+{
+	control__signal_fd = -1;
+	qmp__destroy(c->qmp);
+	for (int i = 0; i < 2; i++) {
+		close(c->wake_pipe[i]);
+		close(c->sig_pipe[i]);
+	}
+}
+
+void control__stop_vm(struct control *c, enum vm_status status)
+{
+	vm__pause_vcpus(c->vm);
+	vm__set_status(c->vm, status);
+	control__event(c, "STOP", NULL);
+}
+
+void control__cont_vm(struct control *c)
+{
+	vm__set_status(c->vm, VM_STATUS_RUNNING);
+	vm__resume_vcpus(c->vm);
+	control__event(c, "RESUME", NULL);
+}

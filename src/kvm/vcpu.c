@@ -1,0 +1,241 @@
+#include "kvm/vcpu.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "base/timeutil.h"
+#include "kvm/vm.h"
+#include "mem/dirty.h"
+#include "x86/cpuid.h"
+
+#define VCPU_KICK_SIGNAL SIGUSR1
+#define THROTTLE_SLICE_NS 10000000ull
+
+int vcpu__create(struct vcpu *v, struct vm *vm, unsigned index)
+{
+	memset(v, 0, sizeof(*v));
+	v->vm = vm;
+	v->index = index;
+	v->fd = ioctl(vm->vm_fd, KVM_CREATE_VCPU, index);
+	if (v->fd < 0)
+		return -errno;
+	v->run = mmap(NULL, vm->run_size, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd, 0);
+	if (v->run == MAP_FAILED) {
+		int e = errno;
+		close(v->fd);
+		return -e;
+	}
+	struct kvm_cpuid2 *c = cpuid__for_vcpu(vm->cpuid, index, vm->cfg.cpus, vm->tsc_khz);
+	if (!c)
+		return -ENOMEM;
+	int rc = ioctl(v->fd, KVM_SET_CPUID2, c) < 0 ? -errno : 0;
+	free(c);
+	return rc;
+}
+
+void vcpu__destroy(struct vcpu *v)
+{
+	if (v->ring)
+		munmap(v->ring, (size_t)v->vm->cfg.dirty_ring * sizeof(struct kvm_dirty_gfn));
+	if (v->run && v->run != MAP_FAILED)
+		munmap(v->run, v->vm->run_size);
+	if (v->fd > 0)
+		close(v->fd);
+}
+
+static void vcpu__seg(struct kvm_segment *s, uint16_t sel, uint8_t type, uint8_t s_bit)
+{
+	*s = (struct kvm_segment){ .base = 0, .limit = 0xffffffff, .selector = sel,
+		.type = type, .present = 1, .dpl = 0, .db = 1, .s = s_bit, .l = 0, .g = 1 };
+}
+
+int vcpu__setup_pvh(struct vcpu *v, uint32_t entry, uint32_t start_info)
+{
+	struct kvm_sregs sr;
+	if (ioctl(v->fd, KVM_GET_SREGS, &sr) < 0)
+		return -errno;
+	vcpu__seg(&sr.cs, 0x8, 0xb, 1);
+	vcpu__seg(&sr.ds, 0x10, 0x3, 1);
+	sr.es = sr.fs = sr.gs = sr.ss = sr.ds;
+	vcpu__seg(&sr.tr, 0x18, 0xb, 0);
+	sr.tr.limit = 0x67;
+	sr.tr.g = 0;
+	sr.cr0 = 0x11; /* PE | ET */
+	sr.cr4 = 0;
+	sr.efer = 0;
+	if (ioctl(v->fd, KVM_SET_SREGS, &sr) < 0)
+		return -errno;
+	struct kvm_regs r = { .rip = entry, .rbx = start_info, .rflags = 0x2 };
+	if (ioctl(v->fd, KVM_SET_REGS, &r) < 0)
+		return -errno;
+	return 0;
+}
+
+void vcpu__signal(struct vcpu *v)
+{
+	__atomic_store_n(&v->run->immediate_exit, 1, __ATOMIC_SEQ_CST);
+	if (v->thread_started)
+		pthread_kill(v->thread, VCPU_KICK_SIGNAL);
+}
+
+static void vcpu__pio(struct vcpu *v)
+{
+	struct kvm_run *run = v->run;
+	uint8_t *data = (uint8_t *)run + run->io.data_offset;
+	bool wr = run->io.direction == KVM_EXIT_IO_OUT;
+	for (uint32_t i = 0; i < run->io.count; i++, data += run->io.size) {
+		uint16_t port = run->io.port;
+		if (port >= SERIAL_BASE && port < SERIAL_BASE + SERIAL_NPORTS && run->io.size == 1) {
+			serial__pio(&v->vm->serial, port, wr, data);
+		} else if (port == VM_POWEROFF_PORT && wr) {
+			vm__shutdown(v->vm, 0);
+		} else if (!wr) {
+			memset(data, 0xff, run->io.size);
+		}
+	}
+}
+
+static void vcpu__mmio(struct vcpu *v)
+{
+	if (!v->run->mmio.is_write)
+		memset(v->run->mmio.data, 0xff, sizeof(v->run->mmio.data));
+}
+
+/* Handles one exit; returns false when the vCPU must stop running. */
+static bool vcpu__handle_exit(struct vcpu *v)
+{
+	struct kvm_run *run = v->run;
+	switch (run->exit_reason) {
+	case KVM_EXIT_IO:
+		vcpu__pio(v);
+		return true;
+	case KVM_EXIT_MMIO:
+		vcpu__mmio(v);
+		return true;
+	case KVM_EXIT_INTR:
+		return true;
+	case KVM_EXIT_DIRTY_RING_FULL:
+		atomic_fetch_add(&v->ring_full_exits, 1);
+		if (v->vm->dirty)
+			dirty__on_ring_full(v->vm->dirty, v);
+		return true;
+	case KVM_EXIT_HLT:
+		vm__shutdown(v->vm, 0);
+		return false;
+	case KVM_EXIT_SHUTDOWN:
+		vcpu__report(v, "guest triple fault (KVM_EXIT_SHUTDOWN)");
+		vm__fail(v->vm, VM_STATUS_GUEST_PANICKED);
+		return false;
+	case KVM_EXIT_INTERNAL_ERROR: {
+		char what[96];
+		snprintf(what, sizeof(what), "KVM internal error, suberror %u",
+			 run->internal.suberror);
+		vcpu__report(v, what);
+		vm__fail(v->vm, VM_STATUS_INTERNAL_ERROR);
+		return false;
+	}
+	case KVM_EXIT_FAIL_ENTRY: {
+		char what[96];
+		snprintf(what, sizeof(what), "VM entry failed, reason 0x%llx",
+			 (unsigned long long)run->fail_entry.hardware_entry_failure_reason);
+		vcpu__report(v, what);
+		vm__fail(v->vm, VM_STATUS_INTERNAL_ERROR);
+		return false;
+	}
+	default: {
+		char what[64];
+		snprintf(what, sizeof(what), "unexpected exit reason %u", run->exit_reason);
+		vcpu__report(v, what);
+		vm__fail(v->vm, VM_STATUS_INTERNAL_ERROR);
+		return false;
+	}
+	}
+}
+
+static bool vcpu__must_park(struct vm *vm)
+{
+	return vm->pause_depth > 0 || vm->failed || vm->quit;
+}
+
+/* Parks while the VM is paused; returns false when the thread must exit. */
+static bool vcpu__gate(struct vcpu *v)
+{
+	struct vm *vm = v->vm;
+	pthread_mutex_lock(&vm->lock);
+	__atomic_store_n(&v->run->immediate_exit, 0, __ATOMIC_SEQ_CST);
+	v->kick_ack = v->kick_req;
+	while (vcpu__must_park(vm) && !vm->quit) {
+		if (!v->parked) {
+			v->parked = true;
+			pthread_cond_broadcast(&vm->cond);
+		}
+		pthread_cond_wait(&vm->cond, &vm->lock);
+		__atomic_store_n(&v->run->immediate_exit, 0, __ATOMIC_SEQ_CST);
+		v->kick_ack = v->kick_req;
+	}
+	bool go = !vm->quit;
+	v->parked = !go;
+	pthread_cond_broadcast(&vm->cond);
+	pthread_mutex_unlock(&vm->lock);
+	return go;
+}
+
+static void vcpu__throttle(struct vcpu *v)
+{
+	unsigned pct = atomic_load(&v->vm->throttle_pct);
+	if (!pct)
+		return;
+	uint64_t now = time__now_ns();
+	if (now - v->last_throttle_ns < THROTTLE_SLICE_NS)
+		return;
+	uint64_t sleep = THROTTLE_SLICE_NS * pct / (100 - pct);
+	time__sleep_ns(sleep);
+	atomic_fetch_add(&v->throttle_ns, sleep);
+	v->last_throttle_ns = time__now_ns();
+}
+
+static void *vcpu__thread(void *arg)
+{
+	struct vcpu *v = arg;
+	char name[16];
+	snprintf(name, sizeof(name), "vcpu%u", v->index);
+	pthread_setname_np(pthread_self(), name);
+	while (vcpu__gate(v)) {
+		vcpu__throttle(v);
+		int rc = ioctl(v->fd, KVM_RUN, 0);
+		if (rc < 0) {
+			if (errno == EINTR || errno == EAGAIN)
+				continue;
+			log_err("vcpu%u: KVM_RUN failed: %s", v->index, strerror(errno));
+			vm__fail(v->vm, VM_STATUS_INTERNAL_ERROR);
+			continue;
+		}
+		atomic_fetch_add(&v->exits, 1);
+		if (!vcpu__handle_exit(v))
+			continue;
+	}
+	return NULL;
+}
+
+static void vcpu__sig_noop(int sig)
+{
+	(void)sig;
+}
+
+int vcpu__start(struct vcpu *v)
+{
+	struct sigaction sa = { .sa_handler = vcpu__sig_noop };
+	sigemptyset(&sa.sa_mask);
+	sigaction(VCPU_KICK_SIGNAL, &sa, NULL); /* no SA_RESTART: KVM_RUN returns EINTR */
+	int rc = pthread_create(&v->thread, NULL, vcpu__thread, v);
+	if (rc)
+		return -rc;
+	v->thread_started = true;
+	return 0;
+}

@@ -1,0 +1,51 @@
+/* vCPU threads.  Each vCPU has one thread running KVM_RUN and handling
+ * exits.  Requests from other threads (pause, kick) go through the vm lock
+ * plus kvm_run.immediate_exit and a signal, so they are safe at any time:
+ * a kick that arrives just before KVM_RUN makes it return at once.
+ * Other threads may use a vCPU fd (state save/restore) only while the VM
+ * is paused: KVM serialises vCPU ioctls. */
+#ifndef KMIG_KVM_VCPU_H
+#define KMIG_KVM_VCPU_H
+
+#include <linux/kvm.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/log.h"
+
+struct vm;
+
+struct vcpu {
+	struct vm *vm;
+	unsigned index;
+	int fd;
+	struct kvm_run *run;
+	pthread_t thread;
+	bool thread_started;
+	/* under vm->lock */
+	uint64_t kick_req, kick_ack;
+	bool parked;
+	/* throttling */
+	uint64_t last_throttle_ns;
+	/* statistics */
+	atomic_ullong exits, ring_full_exits;
+	atomic_ullong throttle_ns;   /* time slept for throttling / dirty limit */
+	/* dirty ring, when enabled (mem/dirty) */
+	struct kvm_dirty_gfn *ring;
+	uint32_t ring_next;          /* next entry to harvest (ring owner: dirty tracker) */
+};
+
+/* Creates the vCPU fd, maps kvm_run, sets CPUID. */
+int vcpu__create(struct vcpu *v, struct vm *vm, unsigned index) KMIG_MUST_CHECK;
+/* Sets the registers of the boot vCPU for the PVH entry. */
+int vcpu__setup_pvh(struct vcpu *v, uint32_t entry, uint32_t start_info) KMIG_MUST_CHECK;
+int vcpu__start(struct vcpu *v) KMIG_MUST_CHECK;
+void vcpu__destroy(struct vcpu *v);
+/* Sends the kick signal (caller holds vm->lock and has bumped kick_req). */
+void vcpu__signal(struct vcpu *v);
+/* Prints the vCPU's registers and the bytes at RIP to the log. */
+void vcpu__report(struct vcpu *v, const char *what);
+
+#endif

@@ -1,0 +1,288 @@
+#include "kvm/vm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include "kvm/vcpu.h"
+#include "mem/dirty.h"
+#include "x86/boot.h"
+#include "x86/cpuid.h"
+
+#define VM_TSS_ADDR 0xfffbd000ul
+#define VM_IDENTITY_MAP_ADDR 0xfffbc000ul
+
+const char *vm_status__name(enum vm_status s)
+{
+	static const char *const names[] = {
+		"prelaunch", "running", "paused", "inmigrate", "finish-migrate",
+		"postmigrate", "guest-panicked", "internal-error", "shutdown",
+	};
+	return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "unknown";
+}
+
+static int vm__open_kvm(struct vm *vm, char *err, size_t errlen)
+{
+	vm->kvm_fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
+	if (vm->kvm_fd < 0) {
+		int e = errno;
+		snprintf(err, errlen, "cannot open /dev/kvm: %s", strerror(e));
+		return -e;
+	}
+	if (ioctl(vm->kvm_fd, KVM_GET_API_VERSION, 0) != KVM_API_VERSION) {
+		snprintf(err, errlen, "/dev/kvm speaks an unknown KVM API version");
+		return -ENOTSUP;
+	}
+	int max = ioctl(vm->kvm_fd, KVM_CHECK_EXTENSION, KVM_CAP_MAX_VCPUS);
+	if (max <= 0)
+		max = ioctl(vm->kvm_fd, KVM_CHECK_EXTENSION, KVM_CAP_NR_VCPUS);
+	if (max > VM_MAX_VCPUS)
+		max = VM_MAX_VCPUS;
+	if (vm->cfg.cpus < 1 || vm->cfg.cpus > (unsigned)max) {
+		snprintf(err, errlen, "--cpus %u: KVM allows 1 to %d vCPUs", vm->cfg.cpus, max);
+		return -EINVAL;
+	}
+	vm->run_size = ioctl(vm->kvm_fd, KVM_GET_VCPU_MMAP_SIZE, 0);
+	vm->vm_fd = ioctl(vm->kvm_fd, KVM_CREATE_VM, 0);
+	if (vm->run_size <= 0 || vm->vm_fd < 0) {
+		int e = errno;
+		snprintf(err, errlen, "cannot create a KVM VM: %s", strerror(e));
+		return -e;
+	}
+	return 0;
+}
+
+static int vm__setup_platform(struct vm *vm, char *err, size_t errlen)
+{
+	const char *what = NULL;
+	if (ioctl(vm->vm_fd, KVM_SET_TSS_ADDR, VM_TSS_ADDR) < 0)
+		what = "KVM_SET_TSS_ADDR";
+	else if (ioctl(vm->vm_fd, KVM_SET_IDENTITY_MAP_ADDR, &(uint64_t){ VM_IDENTITY_MAP_ADDR }) < 0)
+		what = "KVM_SET_IDENTITY_MAP_ADDR";
+	else if (ioctl(vm->vm_fd, KVM_CREATE_IRQCHIP, 0) < 0)
+		what = "KVM_CREATE_IRQCHIP";
+	else if (ioctl(vm->vm_fd, KVM_CREATE_PIT2, &(struct kvm_pit_config){ .flags = KVM_PIT_SPEAKER_DUMMY }) < 0)
+		what = "KVM_CREATE_PIT2";
+	if (what) {
+		int e = errno;
+		snprintf(err, errlen, "%s failed: %s", what, strerror(e));
+		return -e;
+	}
+	int rc = cpuid__supported(vm->kvm_fd, &vm->cpuid);
+	if (rc) {
+		snprintf(err, errlen, "KVM_GET_SUPPORTED_CPUID failed: %s", strerror(-rc));
+		return rc;
+	}
+	if (vm->cfg.dirty_ring) {
+		bool acq_rel;
+		rc = dirty__enable_ring_cap(vm->vm_fd, vm->cfg.dirty_ring, &acq_rel);
+		if (rc) {
+			snprintf(err, errlen, "--dirty-ring %u: %s", vm->cfg.dirty_ring,
+				 rc == -ENOTSUP ? "KVM has no dirty ring" :
+				 rc == -EINVAL ? "must be a power of two KVM accepts" : strerror(-rc));
+			return rc;
+		}
+	}
+	return 0;
+}
+
+static int vm__create_vcpus(struct vm *vm, char *err, size_t errlen)
+{
+	int khz = ioctl(vm->kvm_fd, KVM_CHECK_EXTENSION, KVM_CAP_GET_TSC_KHZ) > 0 ?
+		  ioctl(vm->vm_fd, KVM_GET_TSC_KHZ, 0) : -1;
+	vm->tsc_khz = khz > 0 ? (uint32_t)khz : 0;
+	vm->vcpus = calloc(vm->cfg.cpus, sizeof(*vm->vcpus));
+	if (!vm->vcpus)
+		return -ENOMEM;
+	for (unsigned i = 0; i < vm->cfg.cpus; i++) {
+		int rc = vcpu__create(&vm->vcpus[i], vm, i);
+		vm->nr_vcpus = i + 1;
+		if (rc) {
+			snprintf(err, errlen, "cannot create vCPU %u: %s", i, strerror(-rc));
+			return rc;
+		}
+		if (!vm->tsc_khz) {
+			khz = ioctl(vm->vcpus[i].fd, KVM_GET_TSC_KHZ, 0);
+			vm->tsc_khz = khz > 0 ? (uint32_t)khz : 0;
+		}
+	}
+	return 0;
+}
+
+int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t errlen)
+{
+	memset(vm, 0, sizeof(*vm));
+	vm->cfg = *cfg;
+	vm->kvm_fd = vm->vm_fd = -1;
+	pthread_mutex_init(&vm->lock, NULL);
+	pthread_cond_init(&vm->cond, NULL);
+	serial__init(&vm->serial, cfg->console_fd);
+	vm->status = VM_STATUS_PRELAUNCH;
+	int rc = vm__open_kvm(vm, err, errlen);
+	if (!rc)
+		rc = vm__setup_platform(vm, err, errlen);
+	if (!rc) {
+		rc = ram__create(&vm->ram, vm->vm_fd, cfg->mem_size);
+		if (rc)
+			snprintf(err, errlen, "cannot map %llu MiB of guest RAM: %s",
+				 (unsigned long long)(cfg->mem_size >> 20), strerror(-rc));
+	}
+	if (!rc)
+		rc = vm__create_vcpus(vm, err, errlen);
+	if (!rc && !cfg->incoming) {
+		struct boot_info bi;
+		rc = boot__load_pvh(&vm->ram, cfg->kernel, cfg->cmdline, &bi, err, errlen);
+		if (!rc)
+			rc = vcpu__setup_pvh(&vm->vcpus[0], bi.entry, (uint32_t)bi.start_info);
+	}
+	if (!rc) {
+		rc = dirty__create(&vm->dirty, vm, REAPER_ADAPTIVE);
+		if (rc)
+			snprintf(err, errlen, "cannot set up dirty tracking: %s", strerror(-rc));
+	}
+	return rc;
+}
+
+int vm__start(struct vm *vm, bool start_paused)
+{
+	pthread_mutex_lock(&vm->lock);
+	vm->pause_depth = start_paused ? 1 : 0;
+	vm->status = start_paused ? VM_STATUS_PAUSED : VM_STATUS_RUNNING;
+	pthread_mutex_unlock(&vm->lock);
+	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
+		int rc = vcpu__start(&vm->vcpus[i]);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+void vm__destroy(struct vm *vm)
+{
+	pthread_mutex_lock(&vm->lock);
+	vm->quit = true;
+	pthread_cond_broadcast(&vm->cond);
+	for (unsigned i = 0; i < vm->nr_vcpus; i++)
+		vcpu__signal(&vm->vcpus[i]);
+	pthread_mutex_unlock(&vm->lock);
+	for (unsigned i = 0; i < vm->nr_vcpus; i++)
+		if (vm->vcpus[i].thread_started)
+			pthread_join(vm->vcpus[i].thread, NULL);
+	if (vm->dirty)
+		dirty__destroy(vm->dirty);
+	for (unsigned i = 0; i < vm->nr_vcpus; i++)
+		vcpu__destroy(&vm->vcpus[i]);
+	free(vm->vcpus);
+	free(vm->cpuid);
+	ram__destroy(&vm->ram);
+	serial__destroy(&vm->serial);
+	if (vm->vm_fd >= 0)
+		close(vm->vm_fd);
+	if (vm->kvm_fd >= 0)
+		close(vm->kvm_fd);
+}
+
+static bool vm__all_parked(struct vm *vm)
+{
+	for (unsigned i = 0; i < vm->nr_vcpus; i++)
+		if (vm->vcpus[i].thread_started && !vm->vcpus[i].parked)
+			return false;
+	return true;
+}
+
+void vm__pause_vcpus(struct vm *vm)
+{
+	pthread_mutex_lock(&vm->lock);
+	vm->pause_depth++;
+	for (unsigned i = 0; i < vm->nr_vcpus; i++)
+		vcpu__signal(&vm->vcpus[i]);
+	while (!vm__all_parked(vm))
+		pthread_cond_wait(&vm->cond, &vm->lock);
+	pthread_mutex_unlock(&vm->lock);
+}
+
+void vm__resume_vcpus(struct vm *vm)
+{
+	pthread_mutex_lock(&vm->lock);
+	if (vm->pause_depth)
+		vm->pause_depth--;
+	pthread_cond_broadcast(&vm->cond);
+	pthread_mutex_unlock(&vm->lock);
+}
+
+void vm__kick_all(struct vm *vm)
+{
+	pthread_mutex_lock(&vm->lock);
+	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
+		vm->vcpus[i].kick_req++;
+		vcpu__signal(&vm->vcpus[i]);
+	}
+	pthread_mutex_unlock(&vm->lock);
+}
+
+void vm__kick_all_sync(struct vm *vm)
+{
+	uint64_t want[VM_MAX_VCPUS];
+	pthread_mutex_lock(&vm->lock);
+	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
+		want[i] = ++vm->vcpus[i].kick_req;
+		vcpu__signal(&vm->vcpus[i]);
+	}
+	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
+		struct vcpu *v = &vm->vcpus[i];
+		while (v->thread_started && !v->parked && v->kick_ack < want[i] && !vm->quit)
+			pthread_cond_wait(&vm->cond, &vm->lock);
+	}
+	pthread_mutex_unlock(&vm->lock);
+}
+
+enum vm_status vm__status(struct vm *vm)
+{
+	pthread_mutex_lock(&vm->lock);
+	enum vm_status s = vm->status;
+	pthread_mutex_unlock(&vm->lock);
+	return s;
+}
+
+void vm__set_status(struct vm *vm, enum vm_status s)
+{
+	pthread_mutex_lock(&vm->lock);
+	vm->status = s;
+	pthread_mutex_unlock(&vm->lock);
+}
+
+void vm__shutdown(struct vm *vm, int exit_code)
+{
+	pthread_mutex_lock(&vm->lock);
+	bool first = vm->status != VM_STATUS_SHUTDOWN;
+	vm->status = VM_STATUS_SHUTDOWN;
+	vm->failed = true;
+	atomic_store(&vm->exit_code, exit_code);
+	pthread_cond_broadcast(&vm->cond);
+	for (unsigned i = 0; i < vm->nr_vcpus; i++)
+		vcpu__signal(&vm->vcpus[i]);
+	pthread_mutex_unlock(&vm->lock);
+	serial__flush(&vm->serial);
+	if (first && vm->on_event)
+		vm->on_event(vm->event_ctx, VM_EVENT_SHUTDOWN);
+}
+
+void vm__fail(struct vm *vm, enum vm_status why)
+{
+	pthread_mutex_lock(&vm->lock);
+	bool first = !vm->failed;
+	vm->failed = true;
+	if (first)
+		vm->status = why;
+	pthread_cond_broadcast(&vm->cond);
+	for (unsigned i = 0; i < vm->nr_vcpus; i++)
+		vcpu__signal(&vm->vcpus[i]);
+	pthread_mutex_unlock(&vm->lock);
+	serial__flush(&vm->serial);
+	if (first && vm->on_event)
+		vm->on_event(vm->event_ctx, VM_EVENT_FAILED);
+}

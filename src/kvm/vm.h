@@ -1,0 +1,108 @@
+/* The virtual machine: owns the KVM fds, guest RAM, vCPU threads and
+ * devices.  One struct vm per process; nothing here is global.
+ *
+ * Threads: vm__start creates one thread per vCPU.  Every other function
+ * may be called from any thread except where noted; the vm lock guards
+ * the run state, pause depth and per-vCPU request counters.
+ *
+ * Pausing: vm__pause_vcpus() returns once every vCPU thread is parked
+ * outside KVM_RUN; pauses nest (a QMP `stop` and a migration can both
+ * hold the VM); vm__resume_vcpus() undoes one.  A guest failure parks all
+ * vCPUs until the VM is destroyed (the control socket stays up). */
+#ifndef KMIG_KVM_VM_H
+#define KMIG_KVM_VM_H
+
+#include <linux/kvm.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/log.h"
+#include "dev/serial.h"
+#include "mem/ram.h"
+
+#define VM_MAX_VCPUS 64
+#define VM_POWEROFF_PORT 0xf4
+
+/* QMP's RunState names, in query-status order. */
+enum vm_status {
+	VM_STATUS_PRELAUNCH,
+	VM_STATUS_RUNNING,
+	VM_STATUS_PAUSED,
+	VM_STATUS_INMIGRATE,
+	VM_STATUS_FINISH_MIGRATE,
+	VM_STATUS_POSTMIGRATE,
+	VM_STATUS_GUEST_PANICKED,
+	VM_STATUS_INTERNAL_ERROR,
+	VM_STATUS_SHUTDOWN,
+};
+const char *vm_status__name(enum vm_status s);
+
+struct vm_config {
+	const char *kernel;
+	const char *cmdline;
+	uint64_t mem_size;
+	unsigned cpus;
+	int console_fd;          /* -1: console discarded */
+	uint32_t dirty_ring;     /* entries per vCPU ring; 0 = bitmap tracking */
+	bool incoming;           /* do not load a kernel: RAM and state arrive by migration */
+};
+
+struct dirty;                    /* mem/dirty.h */
+struct vcpu;
+
+/* Events the VM reports to whoever drives it (the control loop). */
+enum vm_event { VM_EVENT_SHUTDOWN, VM_EVENT_FAILED };
+typedef void (*vm_event_fn)(void *ctx, enum vm_event ev);
+
+struct vm {
+	struct vm_config cfg;
+	int kvm_fd, vm_fd;
+	int run_size;                /* mmap size of struct kvm_run */
+	uint32_t tsc_khz;
+	struct kvm_cpuid2 *cpuid;    /* supported table, adjusted per vCPU */
+	struct ram ram;
+	struct serial serial;
+	struct dirty *dirty;         /* NULL until the tracker is created */
+	unsigned nr_vcpus;
+	struct vcpu *vcpus;
+
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	enum vm_status status;       /* under lock */
+	unsigned pause_depth;        /* under lock: >0 parks every vCPU */
+	bool failed;                 /* under lock: a guest failure parked the VM */
+	bool quit;                   /* under lock: vCPU threads exit */
+	atomic_int exit_code;        /* process exit status once shut down */
+	atomic_uint throttle_pct;    /* 0..99: share of time vCPUs sleep */
+
+	vm_event_fn on_event;
+	void *event_ctx;
+};
+
+/* Opens /dev/kvm, creates the VM, RAM, irqchip, PIT, devices and vCPUs
+ * (threads not started) and, unless cfg->incoming, loads the kernel.
+ * On failure writes a one-line reason into err and returns -errno. */
+int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* Starts the vCPU threads; with start_paused the VM begins paused (depth 1). */
+int vm__start(struct vm *vm, bool start_paused) KMIG_MUST_CHECK;
+/* Stops and joins vCPU threads, frees everything. */
+void vm__destroy(struct vm *vm);
+
+void vm__pause_vcpus(struct vm *vm);
+void vm__resume_vcpus(struct vm *vm);
+/* Every running vCPU leaves KVM_RUN at least once before this returns
+ * (pending dirty-ring entries are then visible); parked vCPUs count. */
+void vm__kick_all_sync(struct vm *vm);
+/* Interrupts KVM_RUN of every vCPU without waiting. */
+void vm__kick_all(struct vm *vm);
+
+enum vm_status vm__status(struct vm *vm);
+void vm__set_status(struct vm *vm, enum vm_status s);
+/* Called from a vCPU thread: the guest powered off (exit code 0). */
+void vm__shutdown(struct vm *vm, int exit_code);
+/* Called from a vCPU thread on a guest failure: parks every vCPU. */
+void vm__fail(struct vm *vm, enum vm_status why);
+
+#endif

@@ -1,0 +1,73 @@
+/* Dirty page tracking: one interface, two KVM backends.
+ *   bitmap: KVM_GET_DIRTY_LOG, with KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2
+ *           (+ KVM_DIRTY_LOG_INITIALLY_SET) and chunked KVM_CLEAR_DIRTY_LOG
+ *           when available;
+ *   ring:   per-vCPU dirty rings (KVM_CAP_DIRTY_LOG_RING_ACQ_REL, else
+ *           KVM_CAP_DIRTY_LOG_RING), harvested by a sync, by the reaper
+ *           thread between syncs and by a vCPU on KVM_EXIT_DIRTY_RING_FULL.
+ * Pages are numbered VM-wide (struct ram: block first_page + offset).
+ *
+ * Threads: dirty__sync / start / stop come from one controlling thread
+ * (the migration thread); dirty__on_ring_full from vCPU threads;
+ * dirty__mark from any thread.  Harvesting is serialised inside. */
+#ifndef KMIG_MEM_DIRTY_H
+#define KMIG_MEM_DIRTY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/bitmap.h"
+#include "base/log.h"
+
+struct vm;
+struct vcpu;
+struct dirty;
+
+enum dirty_backend { DIRTY_BITMAP, DIRTY_RING };
+enum reaper_mode { REAPER_FIXED, REAPER_ADAPTIVE };
+
+struct dirty_stats {
+	uint64_t syncs;              /* dirty__sync calls since start */
+	uint64_t harvested;          /* ring entries harvested since start */
+	uint64_t reaper_runs;
+	uint64_t ring_full_exits;    /* all vCPUs, since VM start */
+	uint64_t last_sync_ns;       /* duration of the last sync */
+	uint64_t reaper_interval_ms; /* current reaper interval */
+	uint64_t rate_pages;         /* current dirty rate, pages/s (ring: per period) */
+	uint64_t peak_rate_pages;    /* peak since the last dirty__take_peak */
+};
+
+/* Enables the ring capability on vm->vm_fd; must run before vCPUs exist.
+ * entries 0 = bitmap backend.  Returns -errno, -ENOTSUP if KVM lacks it. */
+int dirty__enable_ring_cap(int vm_fd, uint32_t entries, bool *acq_rel) KMIG_MUST_CHECK;
+/* Creates the tracker (after the vCPUs; maps their rings). */
+int dirty__create(struct dirty **out, struct vm *vm, enum reaper_mode mode) KMIG_MUST_CHECK;
+void dirty__destroy(struct dirty *d);
+enum dirty_backend dirty__backend(const struct dirty *d);
+
+/* Starts tracking: memslots get KVM_MEM_LOG_DIRTY_PAGES, the reaper runs.
+ * Cheap: no vCPU is paused. */
+int dirty__start(struct dirty *d) KMIG_MUST_CHECK;
+/* Stops tracking and the reaper; memslots drop logging so KVM can map
+ * huge pages again.  Safe to call when not started. */
+int dirty__stop(struct dirty *d) KMIG_MUST_CHECK;
+bool dirty__active(const struct dirty *d);
+
+/* ORs every page dirtied since the previous sync (or since start) into
+ * dst (npages bits) and re-protects them.  kick: first make every vCPU
+ * leave KVM_RUN so entries still in flight reach the rings (ring backend;
+ * the migration engine skips it while throttled and kicks once before
+ * stop-and-copy).  Returns the number of pages newly set in dst or -errno. */
+int64_t dirty__sync(struct dirty *d, struct bitmap *dst, bool kick) KMIG_MUST_CHECK;
+
+/* Records a write by the VMM itself into guest RAM [gpa, gpa + len). */
+void dirty__mark(struct dirty *d, uint64_t gpa, uint64_t len);
+
+/* Called on a vCPU thread after KVM_EXIT_DIRTY_RING_FULL. */
+void dirty__on_ring_full(struct dirty *d, struct vcpu *v);
+
+void dirty__get_stats(struct dirty *d, struct dirty_stats *out);
+/* Returns the peak dirty rate (pages/s) and starts a new peak window. */
+uint64_t dirty__take_peak(struct dirty *d);
+
+#endif

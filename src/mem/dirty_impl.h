@@ -1,0 +1,45 @@
+/* Internals shared by dirty.c (common + bitmap) and dirty_ring.c. */
+#ifndef KMIG_MEM_DIRTY_IMPL_H
+#define KMIG_MEM_DIRTY_IMPL_H
+
+#include <pthread.h>
+
+#include "kvm/vcpu.h"
+#include "mem/dirty.h"
+#include "mem/ram.h"
+
+struct dirty {
+	struct vm *vm;
+	struct ram *ram;
+	enum dirty_backend backend;
+	enum reaper_mode mode;
+	bool active;                 /* atomic: tracking on */
+	bool manual_protect, initially_set;
+
+	pthread_mutex_t lock;        /* serialises harvests, syncs, stats */
+	struct bitmap acc;           /* harvested since the last sync */
+	struct bitmap vmm;           /* written by the VMM since the last sync */
+	struct bitmap period;        /* ring: pages seen in the current rate period */
+	uint64_t *kvm_bitmap;        /* bitmap backend: buffer for one slot's log */
+	uint64_t period_start_ns, period_pages, last_sync_end_ns;
+	struct dirty_stats stats;
+
+	/* reaper (ring backend) */
+	pthread_t reaper;
+	bool reaper_running, reaper_stop;
+	pthread_mutex_t reaper_lock;
+	pthread_cond_t reaper_cond;
+	uint64_t reaper_full_seen;   /* ring-full exits seen at the previous run */
+	unsigned reaper_level, reaper_calm;
+};
+
+int dirty_ring__map(struct dirty *d);
+/* Harvests every vCPU ring into acc and resets them; d->lock held.
+ * Returns entries harvested.  only: harvest just this vCPU (NULL: all). */
+uint64_t dirty_ring__harvest_all(struct dirty *d, struct vcpu *only);
+int dirty_ring__start_reaper(struct dirty *d);
+void dirty_ring__stop_reaper(struct dirty *d);
+/* Records a rate measurement; d->lock held. */
+void dirty__rate_update(struct dirty *d, uint64_t pages, uint64_t interval_ns);
+
+#endif

@@ -1,0 +1,204 @@
+/* Dirty tracking, ring backend: per-vCPU rings and the reaper thread. */
+#include "mem/dirty_impl.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "base/timeutil.h"
+#include "kvm/vm.h"
+
+#define RATE_PERIOD_NS 1000000000ull
+
+int dirty__enable_ring_cap(int vm_fd, uint32_t entries, bool *acq_rel)
+{
+	if (entries & (entries - 1))
+		return -EINVAL;
+	uint64_t bytes = (uint64_t)entries * sizeof(struct kvm_dirty_gfn);
+	int cap = KVM_CAP_DIRTY_LOG_RING_ACQ_REL;
+	int max = ioctl(vm_fd, KVM_CHECK_EXTENSION, cap);
+	*acq_rel = max > 0;
+	if (max <= 0) {
+		cap = KVM_CAP_DIRTY_LOG_RING;
+		max = ioctl(vm_fd, KVM_CHECK_EXTENSION, cap);
+	}
+	if (max <= 0)
+		return -ENOTSUP;
+	if (bytes > (uint64_t)max || bytes < 4096)
+		return -EINVAL;
+	struct kvm_enable_cap ec = { .cap = cap, .args = { bytes } };
+	if (ioctl(vm_fd, KVM_ENABLE_CAP, &ec) < 0)
+		return errno == EINVAL ? -EINVAL : -errno;
+	return 0;
+}
+
+int dirty_ring__map(struct dirty *d)
+{
+	size_t bytes = (size_t)d->vm->cfg.dirty_ring * sizeof(struct kvm_dirty_gfn);
+	long pg = sysconf(_SC_PAGESIZE);
+	for (unsigned i = 0; i < d->vm->nr_vcpus; i++) {
+		struct vcpu *v = &d->vm->vcpus[i];
+		void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd,
+			       (off_t)KVM_DIRTY_LOG_PAGE_OFFSET * pg);
+		if (p == MAP_FAILED)
+			return -errno;
+		v->ring = p;
+		v->ring_next = 0;
+	}
+	return 0;
+}
+
+/* Marks one harvested gfn; returns 1 if the page is new in this rate period. */
+static int dirty_ring__note(struct dirty *d, uint32_t slot, uint64_t offset)
+{
+	uint16_t id = slot & 0xffff;
+	for (unsigned i = 0; i < d->ram->nr_blocks; i++) {
+		const struct ram_block *b = &d->ram->blocks[i];
+		if (b->slot != id || (slot >> 16) != 0)
+			continue;
+		if (offset >= (b->size >> RAM_PAGE_SHIFT))
+			return 0;
+		uint64_t page = b->first_page + offset;
+		bitmap__set(&d->acc, page);
+		return bitmap__test_and_set(&d->period, page);
+	}
+	return 0;
+}
+
+static uint64_t dirty_ring__harvest_one(struct dirty *d, struct vcpu *v)
+{
+	uint32_t n = d->vm->cfg.dirty_ring;
+	uint64_t count = 0, fresh = 0;
+	for (;;) {
+		struct kvm_dirty_gfn *e = &v->ring[v->ring_next & (n - 1)];
+		uint32_t flags = __atomic_load_n(&e->flags, __ATOMIC_ACQUIRE);
+		if (!(flags & KVM_DIRTY_GFN_F_DIRTY))
+			break;
+		fresh += dirty_ring__note(d, e->slot, e->offset);
+		__atomic_store_n(&e->flags, KVM_DIRTY_GFN_F_RESET, __ATOMIC_RELEASE);
+		v->ring_next++;
+		count++;
+	}
+	d->period_pages += fresh;
+	return count;
+}
+
+static void dirty_ring__rate_tick(struct dirty *d)
+{
+	uint64_t now = time__now_ns();
+	if (now - d->period_start_ns < RATE_PERIOD_NS)
+		return;
+	dirty__rate_update(d, d->period_pages, now - d->period_start_ns);
+	d->period_pages = 0;
+	d->period_start_ns = now;
+	bitmap__clear_all(&d->period);
+}
+
+uint64_t dirty_ring__harvest_all(struct dirty *d, struct vcpu *only)
+{
+	uint64_t count = 0;
+	for (unsigned i = 0; i < d->vm->nr_vcpus; i++) {
+		struct vcpu *v = &d->vm->vcpus[i];
+		if (v->ring && (!only || only == v))
+			count += dirty_ring__harvest_one(d, v);
+	}
+	if (count && ioctl(d->vm->vm_fd, KVM_RESET_DIRTY_RINGS, 0) < 0)
+		log_warn("KVM_RESET_DIRTY_RINGS failed: %s", strerror(errno));
+	d->stats.harvested += count;
+	dirty_ring__rate_tick(d);
+	return count;
+}
+
+void dirty__on_ring_full(struct dirty *d, struct vcpu *v)
+{
+	pthread_mutex_lock(&d->lock);
+	dirty_ring__harvest_all(d, v);
+	pthread_mutex_unlock(&d->lock);
+}
+
+/* Reaper interval levels (ms); the adaptive mode moves between them. */
+static const unsigned reaper_levels[] = { 1000, 500, 250, 125, 64, 32, 16 };
+#define REAPER_NLEVELS (sizeof(reaper_levels) / sizeof(reaper_levels[0]))
+
+static unsigned dirty_ring__next_interval(struct dirty *d, uint64_t harvested)
+{
+	if (d->mode == REAPER_FIXED)
+		return 1000;
+	uint64_t full = 0;
+	for (unsigned i = 0; i < d->vm->nr_vcpus; i++)
+		full += atomic_load(&d->vm->vcpus[i].ring_full_exits);
+	uint64_t cap = (uint64_t)d->vm->cfg.dirty_ring * d->vm->nr_vcpus;
+	unsigned want = (unsigned)(harvested * 10 / (cap ? cap : 1));
+	if (want >= REAPER_NLEVELS)
+		want = REAPER_NLEVELS - 1;
+	if (full > d->reaper_full_seen && d->reaper_level + 1 < REAPER_NLEVELS)
+		want = d->reaper_level + 1 > want ? d->reaper_level + 1 : want;
+	d->reaper_full_seen = full;
+	if (want > d->reaper_level) {
+		d->reaper_level = want;
+		d->reaper_calm = 0;
+	} else if (want < d->reaper_level && ++d->reaper_calm > 5) {
+		d->reaper_level--;
+		d->reaper_calm = 0;
+	}
+	return reaper_levels[d->reaper_level];
+}
+
+static void *dirty_ring__reaper(void *arg)
+{
+	struct dirty *d = arg;
+	unsigned interval = 1000;
+	pthread_setname_np(pthread_self(), "reaper");
+	pthread_mutex_lock(&d->reaper_lock);
+	while (!d->reaper_stop) {
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		uint64_t ns = ts.tv_nsec + (uint64_t)interval * 1000000ull;
+		ts.tv_sec += ns / 1000000000ull;
+		ts.tv_nsec = ns % 1000000000ull;
+		pthread_cond_timedwait(&d->reaper_cond, &d->reaper_lock, &ts);
+		if (d->reaper_stop)
+			break;
+		pthread_mutex_unlock(&d->reaper_lock);
+		pthread_mutex_lock(&d->lock);
+		uint64_t got = dirty_ring__harvest_all(d, NULL);
+		interval = dirty_ring__next_interval(d, got);
+		d->stats.reaper_runs++;
+		d->stats.reaper_interval_ms = interval;
+		pthread_mutex_unlock(&d->lock);
+		pthread_mutex_lock(&d->reaper_lock);
+	}
+	pthread_mutex_unlock(&d->reaper_lock);
+	return NULL;
+}
+
+int dirty_ring__start_reaper(struct dirty *d)
+{
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_destroy(&d->reaper_cond);
+	pthread_cond_init(&d->reaper_cond, &ca);
+	pthread_condattr_destroy(&ca);
+	d->reaper_stop = false;
+	d->reaper_level = 0;
+	int rc = pthread_create(&d->reaper, NULL, dirty_ring__reaper, d);
+	if (rc)
+		return -rc;
+	d->reaper_running = true;
+	return 0;
+}
+
+void dirty_ring__stop_reaper(struct dirty *d)
+{
+	if (!d->reaper_running)
+		return;
+	pthread_mutex_lock(&d->reaper_lock);
+	d->reaper_stop = true;
+	pthread_cond_broadcast(&d->reaper_cond);
+	pthread_mutex_unlock(&d->reaper_lock);
+	pthread_join(d->reaper, NULL);
+	d->reaper_running = false;
+}

@@ -1,0 +1,110 @@
+#include "mem/ram.h"
+
+#include <errno.h>
+#include <linux/kvm.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+
+static int ram__register(struct ram *r, const struct ram_block *b, bool log)
+{
+	struct kvm_userspace_memory_region reg = {
+		.slot = b->slot,
+		.flags = log ? KVM_MEM_LOG_DIRTY_PAGES : 0,
+		.guest_phys_addr = b->gpa,
+		.memory_size = b->size,
+		.userspace_addr = (uint64_t)(uintptr_t)b->host,
+	};
+	if (r->vm_fd < 0)
+		return 0;
+	if (ioctl(r->vm_fd, KVM_SET_USER_MEMORY_REGION, &reg) < 0)
+		return -errno;
+	return 0;
+}
+
+int ram__create(struct ram *r, int vm_fd, uint64_t size)
+{
+	memset(r, 0, sizeof(*r));
+	if (size < RAM_MIN_SIZE || size > RAM_MAX_SIZE || size % (2ull << 20))
+		return -EINVAL;
+	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	madvise(p, size, MADV_HUGEPAGE);
+	r->vm_fd = vm_fd;
+	r->base = p;
+	r->size = size;
+	r->npages = size / RAM_PAGE_SIZE;
+	uint64_t low = size > RAM_LOW_LIMIT ? RAM_LOW_LIMIT : size;
+	r->blocks[0] = (struct ram_block){ .gpa = 0, .size = low, .host = r->base, .slot = 0 };
+	r->nr_blocks = 1;
+	if (size > low) {
+		r->blocks[1] = (struct ram_block){
+			.gpa = RAM_HIGH_BASE, .size = size - low, .host = r->base + low,
+			.slot = 1, .first_page = low / RAM_PAGE_SIZE };
+		r->nr_blocks = 2;
+	}
+	for (unsigned i = 0; i < r->nr_blocks; i++) {
+		int rc = ram__register(r, &r->blocks[i], false);
+		if (rc) {
+			munmap(r->base, r->size);
+			r->base = NULL;
+			return rc;
+		}
+	}
+	return 0;
+}
+
+void ram__destroy(struct ram *r)
+{
+	if (r->base)
+		munmap(r->base, r->size);
+	r->base = NULL;
+}
+
+int ram__block_of(const struct ram *r, uint64_t gpa)
+{
+	for (unsigned i = 0; i < r->nr_blocks; i++)
+		if (gpa >= r->blocks[i].gpa && gpa - r->blocks[i].gpa < r->blocks[i].size)
+			return (int)i;
+	return -1;
+}
+
+void *ram__gpa_to_host(const struct ram *r, uint64_t gpa, uint64_t len)
+{
+	int i = ram__block_of(r, gpa);
+	if (i < 0)
+		return NULL;
+	const struct ram_block *b = &r->blocks[i];
+	uint64_t off = gpa - b->gpa;
+	if (len > b->size - off)
+		return NULL;
+	return b->host + off;
+}
+
+uint64_t ram__page_gpa(const struct ram *r, uint64_t page)
+{
+	if (page >= r->npages)
+		return UINT64_MAX;
+	for (unsigned i = r->nr_blocks; i-- > 0;)
+		if (page >= r->blocks[i].first_page)
+			return r->blocks[i].gpa + (page - r->blocks[i].first_page) * RAM_PAGE_SIZE;
+	return UINT64_MAX;
+}
+
+uint8_t *ram__page_host(const struct ram *r, uint64_t page)
+{
+	return r->base + page * RAM_PAGE_SIZE;
+}
+
+int ram__set_logging(struct ram *r, bool on)
+{
+	for (unsigned i = 0; i < r->nr_blocks; i++) {
+		int rc = ram__register(r, &r->blocks[i], on);
+		if (rc)
+			return rc;
+	}
+	r->logging = on;
+	return 0;
+}
