@@ -1,0 +1,298 @@
+/* Migration stream: buffered blocking I/O with a sticky error; see stream.h. */
+#include "mig/stream.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/timeutil.h"
+
+#define STREAM_SLICE_NS   20000000ull   /* rate limiter slice: 20 ms */
+#define STREAM_MIN_CHUNK  4096ull       /* smallest send at low rates */
+#define STREAM_MAX_SLEEP  50000000ull   /* re-check rate/shutdown every 50 ms */
+
+int mig_stream__init(struct mig_stream *s, int fd)
+{
+	struct stat st;
+	memset(s, 0, sizeof(*s));
+	s->fd = fd;
+	s->is_socket = fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+	atomic_init(&s->err, 0);
+	atomic_init(&s->shut, false);
+	atomic_init(&s->rate, 0);
+	atomic_init(&s->bytes_out, 0);
+	atomic_init(&s->bytes_in, 0);
+	s->wbuf = malloc(MIG_STREAM_WBUF);
+	s->rbuf = malloc(MIG_STREAM_RBUF);
+	if (!s->wbuf || !s->rbuf || pthread_mutex_init(&s->err_lock, NULL)) {
+		free(s->wbuf);
+		free(s->rbuf);
+		close(fd);
+		s->fd = -1;
+		s->wbuf = s->rbuf = NULL;
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+void mig_stream__close(struct mig_stream *s)
+{
+	if (s->fd >= 0)
+		close(s->fd);
+	s->fd = -1;
+	if (s->wbuf || s->rbuf)
+		pthread_mutex_destroy(&s->err_lock);
+	free(s->wbuf);
+	free(s->rbuf);
+	s->wbuf = s->rbuf = NULL;
+}
+
+int mig_stream__error(struct mig_stream *s)
+{
+	return atomic_load_explicit(&s->err, memory_order_acquire);
+}
+
+const char *mig_stream__strerror(struct mig_stream *s)
+{
+	return mig_stream__error(s) ? s->errmsg : "";
+}
+
+static int stream__vfail(struct mig_stream *s, int err, const char *fmt, va_list ap)
+{
+	if (err >= 0)
+		err = -EIO;
+	pthread_mutex_lock(&s->err_lock);
+	if (!atomic_load_explicit(&s->err, memory_order_relaxed)) {
+		vsnprintf(s->errmsg, sizeof(s->errmsg), fmt, ap);
+		atomic_store_explicit(&s->err, err, memory_order_release);
+	}
+	pthread_mutex_unlock(&s->err_lock);
+	return mig_stream__error(s);
+}
+
+int mig_stream__fail(struct mig_stream *s, int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int r = stream__vfail(s, err, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+/* Error of a failed read/write (what == NULL: EOF).  Shutdown wins over
+ * whatever the interrupted call produced. */
+static int stream__io_fail(struct mig_stream *s, int err, const char *what)
+{
+	if (atomic_load(&s->shut))
+		return mig_stream__fail(s, -ECANCELED, "stream shut down (cancelled)");
+	if (!what)
+		return mig_stream__fail(s, -ECONNRESET, "connection closed by peer");
+	return mig_stream__fail(s, err, "%s: %s", what, strerror(-err));
+}
+
+void mig_stream__set_rate(struct mig_stream *s, uint64_t bytes_per_sec)
+{
+	atomic_store(&s->rate, bytes_per_sec);
+}
+
+uint64_t mig_stream__rate(struct mig_stream *s)
+{
+	return atomic_load(&s->rate);
+}
+
+uint64_t mig_stream__bytes_out(struct mig_stream *s)
+{
+	return atomic_load_explicit(&s->bytes_out, memory_order_relaxed);
+}
+
+uint64_t mig_stream__bytes_in(struct mig_stream *s)
+{
+	return atomic_load_explicit(&s->bytes_in, memory_order_relaxed);
+}
+
+void mig_stream__shutdown(struct mig_stream *s)
+{
+	atomic_store(&s->shut, true);
+	if (s->is_socket)
+		shutdown(s->fd, SHUT_RDWR);
+	mig_stream__fail(s, -ECANCELED, "stream shut down (cancelled)");
+}
+
+int mig_stream__set_nodelay(struct mig_stream *s, bool on)
+{
+	int v = on;
+	if (!s->is_socket)
+		return 0;
+	if (setsockopt(s->fd, IPPROTO_TCP, TCP_NODELAY, &v, sizeof(v)) == 0)
+		return 0;
+	return errno == EOPNOTSUPP || errno == ENOPROTOOPT ? 0 : -errno;
+}
+
+/* Token bucket: returns how many of `want` bytes may be sent now, sleeping
+ * until the next slice when the current one is used up. */
+static size_t stream__throttle(struct mig_stream *s, size_t want)
+{
+	for (;;) {
+		uint64_t rate = atomic_load_explicit(&s->rate, memory_order_relaxed);
+		if (!rate || atomic_load(&s->shut))
+			return want;
+		uint64_t slice = STREAM_SLICE_NS, budget = rate / 50;
+		if (budget < STREAM_MIN_CHUNK) {
+			budget = STREAM_MIN_CHUNK;
+			slice = STREAM_MIN_CHUNK * 1000000000ull / rate;
+		}
+		uint64_t now = time__now_ns();
+		if (now - s->slice_start_ns >= slice) {
+			s->slice_start_ns = now;
+			s->slice_bytes = 0;
+		}
+		if (s->slice_bytes < budget) {
+			uint64_t n = budget - s->slice_bytes;
+			if (n > want)
+				n = want;
+			s->slice_bytes += n;
+			return (size_t)n;
+		}
+		uint64_t wait = s->slice_start_ns + slice - now;
+		time__sleep_ns(wait < STREAM_MAX_SLEEP ? wait : STREAM_MAX_SLEEP);
+	}
+}
+
+static int stream__send_all(struct mig_stream *s, const uint8_t *p, size_t len)
+{
+	while (len) {
+		size_t chunk = stream__throttle(s, len);
+		ssize_t r = s->is_socket ? send(s->fd, p, chunk, MSG_NOSIGNAL)
+					 : write(s->fd, p, chunk);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return stream__io_fail(s, -errno, "write");
+		}
+		if (r == 0)
+			return stream__io_fail(s, -EPIPE, "write");
+		atomic_fetch_add_explicit(&s->bytes_out, (uint64_t)r, memory_order_relaxed);
+		p += r;
+		len -= (size_t)r;
+	}
+	return 0;
+}
+
+int mig_stream__flush(struct mig_stream *s)
+{
+	int e = mig_stream__error(s);
+	if (e)
+		return e;
+	size_t n = s->wlen;
+	s->wlen = 0;
+	return n ? stream__send_all(s, s->wbuf, n) : 0;
+}
+
+int mig_stream__write(struct mig_stream *s, const void *buf, size_t len)
+{
+	int e = mig_stream__error(s);
+	if (e)
+		return e;
+	if (len > MIG_STREAM_WBUF - s->wlen) {
+		e = mig_stream__flush(s);
+		if (e)
+			return e;
+		if (len >= MIG_STREAM_WBUF)
+			return stream__send_all(s, buf, len);
+	}
+	memcpy(s->wbuf + s->wlen, buf, len);
+	s->wlen += len;
+	return 0;
+}
+
+/* One read(2) into p; 0 on success with *got > 0, or the sticky error. */
+static int stream__read_some(struct mig_stream *s, uint8_t *p, size_t cap, size_t *got)
+{
+	for (;;) {
+		ssize_t r = read(s->fd, p, cap);
+		if (r > 0) {
+			atomic_fetch_add_explicit(&s->bytes_in, (uint64_t)r, memory_order_relaxed);
+			*got = (size_t)r;
+			return 0;
+		}
+		if (r == 0)
+			return stream__io_fail(s, -ECONNRESET, NULL);
+		if (errno != EINTR)
+			return stream__io_fail(s, -errno, "read");
+	}
+}
+
+int mig_stream__read_full(struct mig_stream *s, void *buf, size_t len)
+{
+	uint8_t *p = buf;
+	int e = mig_stream__error(s);
+	if (e)
+		return e;
+	while (len) {
+		size_t have = s->rlen - s->rpos, got;
+		if (have) {
+			size_t n = have < len ? have : len;
+			memcpy(p, s->rbuf + s->rpos, n);
+			s->rpos += n;
+			p += n;
+			len -= n;
+			continue;
+		}
+		if (len >= MIG_STREAM_RBUF) {   /* large: read straight into buf */
+			e = stream__read_some(s, p, len, &got);
+			if (e)
+				return e;
+			p += got;
+			len -= got;
+			continue;
+		}
+		e = stream__read_some(s, s->rbuf, MIG_STREAM_RBUF, &got);
+		if (e)
+			return e;
+		s->rpos = 0;
+		s->rlen = got;
+	}
+	return 0;
+}
+
+int mig_stream__put_record(struct mig_stream *s, uint32_t type, uint32_t flags,
+			   const void *payload, size_t len)
+{
+	uint8_t h[PROTO_HDR_SIZE];
+	if (len > PROTO_MAX_PAYLOAD || (len && !payload))
+		return -EINVAL;
+	if (proto__encode_header(h, sizeof(h), type, flags, len))
+		return -EINVAL;
+	int e = mig_stream__write(s, h, sizeof(h));
+	if (!e && len)
+		e = mig_stream__write(s, payload, len);
+	return e;
+}
+
+int mig_stream__get_record(struct mig_stream *s, struct proto_hdr *hdr, void *buf,
+			   size_t cap)
+{
+	uint8_t h[PROTO_HDR_SIZE];
+	int e = mig_stream__read_full(s, h, sizeof(h));
+	if (e)
+		return e;
+	if (proto__decode_header(h, sizeof(h), hdr)) {
+		return mig_stream__fail(s, -EPROTO,
+			"bad record header (type %u flags 0x%x length %llu): %s",
+			hdr->type, hdr->flags, (unsigned long long)hdr->length,
+			proto__header_problem(hdr));
+	}
+	if (hdr->length > cap) {
+		return mig_stream__fail(s, -EMSGSIZE,
+			"%s record of %llu bytes exceeds the buffer (%zu)",
+			proto__type_name(hdr->type), (unsigned long long)hdr->length, cap);
+	}
+	return mig_stream__read_full(s, buf, (size_t)hdr->length);
+}

@@ -1,0 +1,136 @@
+/* Migration stream: blocking I/O on a socket with a sticky error.
+ *
+ * A struct mig_stream owns one file descriptor (normally a TCP or unix
+ * stream socket; pipes and files work too).  Writes are buffered
+ * (256 KiB) and optionally rate limited; reads are buffered (64 KiB) and
+ * exact.  The first error is kept ("sticky"): every later call returns it
+ * without doing I/O, so a run of writes needs one check at the end.
+ * Errors are -errno; mig_stream__strerror() says what happened:
+ *   -ECONNRESET  peer closed the connection (EOF on read)
+ *   -ECANCELED   mig_stream__shutdown() was called
+ *   -EPROTO      a record header was invalid (get_record)
+ *   -EMSGSIZE    a record was larger than the caller's buffer (get_record)
+ *   other        the errno of the failed read/write/send
+ *
+ * Threads: one thread may write (write/flush/put_record) while one other
+ * thread reads (read_full/get_record) on the same stream, e.g. the source
+ * reading the return path while sending.  set_rate, shutdown, error,
+ * strerror and the byte counters may be called from any thread.
+ * init/close must not race with anything.
+ */
+#ifndef KMIG_MIG_STREAM_H
+#define KMIG_MIG_STREAM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/log.h"
+#include "mig/proto.h"
+
+#define MIG_STREAM_WBUF (256u << 10)
+#define MIG_STREAM_RBUF (64u << 10)
+
+struct mig_stream {
+	int fd;
+	bool is_socket;
+	atomic_int err;                 /* 0 or the first -errno */
+	atomic_bool shut;               /* shutdown requested */
+	pthread_mutex_t err_lock;       /* serialises setting err + errmsg */
+	char errmsg[192];               /* written once, before err is set */
+	/* writer side */
+	uint8_t *wbuf;
+	size_t wlen;
+	_Atomic uint64_t rate;          /* bytes per second, 0 = unlimited */
+	uint64_t slice_start_ns, slice_bytes;
+	/* reader side */
+	uint8_t *rbuf;
+	size_t rpos, rlen;
+	_Atomic uint64_t bytes_out, bytes_in;
+};
+
+/* Takes ownership of fd (closed by mig_stream__close, also when init
+ * fails).  0 or -ENOMEM. */
+int mig_stream__init(struct mig_stream *s, int fd) KMIG_MUST_CHECK;
+/* Closes the fd and frees the buffers.  Does not flush. */
+void mig_stream__close(struct mig_stream *s);
+
+/* 0 or the sticky error; message "" when there is none. */
+int mig_stream__error(struct mig_stream *s);
+const char *mig_stream__strerror(struct mig_stream *s);
+/* Sets the sticky error (err < 0) unless one is set already, with a
+ * printf-style message; returns the sticky error now in force. */
+int mig_stream__fail(struct mig_stream *s, int err, const char *fmt, ...) KMIG_PRINTF(3, 4);
+
+/* Buffered write of len bytes; may send (and sleep for the rate limit). */
+int mig_stream__write(struct mig_stream *s, const void *buf, size_t len) KMIG_MUST_CHECK;
+/* Sends everything buffered. */
+int mig_stream__flush(struct mig_stream *s) KMIG_MUST_CHECK;
+/* Reads exactly len bytes; EOF before that is -ECONNRESET. */
+int mig_stream__read_full(struct mig_stream *s, void *buf, size_t len) KMIG_MUST_CHECK;
+
+/* Buffered write of a whole record (header + payload).  Does not flush. */
+int mig_stream__put_record(struct mig_stream *s, uint32_t type, uint32_t flags,
+			   const void *payload, size_t len) KMIG_MUST_CHECK;
+/* Reads one record: the header into *hdr (checked with
+ * proto__header_problem: -EPROTO) and its payload into buf, which must
+ * hold hdr->length bytes (else -EMSGSIZE).  Both errors are sticky: the
+ * framing is lost. */
+int mig_stream__get_record(struct mig_stream *s, struct proto_hdr *hdr, void *buf,
+			   size_t cap) KMIG_MUST_CHECK;
+
+/* Send rate limit in bytes per second (0 = unlimited).  Token bucket in
+ * 20 ms slices; takes effect within one slice. */
+void mig_stream__set_rate(struct mig_stream *s, uint64_t bytes_per_sec);
+uint64_t mig_stream__rate(struct mig_stream *s);
+/* Aborts the stream from any thread: shutdown(SHUT_RDWR) so a blocked
+ * read or write returns; the sticky error becomes -ECANCELED. */
+void mig_stream__shutdown(struct mig_stream *s);
+/* TCP_NODELAY (off by default: bulk transfer, we buffer ourselves).
+ * No-op (0) on non-TCP descriptors. */
+int mig_stream__set_nodelay(struct mig_stream *s, bool on) KMIG_MUST_CHECK;
+
+uint64_t mig_stream__bytes_out(struct mig_stream *s);
+uint64_t mig_stream__bytes_in(struct mig_stream *s);
+
+/* ---- URIs, connect and listen (stream_net.c) ----
+ * "tcp:HOST:PORT"  HOST a name, an IPv4 address or "[IPv6]"; empty HOST
+ *                  means all addresses (listen only); PORT 0..65535
+ *                  decimal (0 = any free port, listen only).
+ * "unix:PATH"      a filesystem socket path (< 108 bytes).
+ * Errors fill err[0..errlen) with a message. */
+enum mig_uri_kind { MIG_URI_TCP, MIG_URI_UNIX };
+struct mig_uri {
+	enum mig_uri_kind kind;
+	char host[256];
+	uint16_t port;
+	char path[108];
+};
+/* 0 or -EINVAL (malformed: bad port, unknown scheme, empty path, ...). */
+int mig_uri__parse(const char *uri, struct mig_uri *u, char *err, size_t errlen) KMIG_MUST_CHECK;
+
+/* Connects and initialises s.  Blocks (no timeout beyond the kernel's). */
+int mig_stream__connect(struct mig_stream *s, const char *uri, char *err,
+			size_t errlen) KMIG_MUST_CHECK;
+
+struct mig_listener {
+	int fd;
+	atomic_bool shut;
+	char path[108];                 /* unix socket to unlink on close, or "" */
+	uint16_t port;                  /* bound TCP port (after port 0) */
+};
+/* Binds and listens.  A unix path that exists but refuses connections
+ * (stale socket) is replaced. */
+int mig_listener__open(struct mig_listener *l, const char *uri, char *err,
+		       size_t errlen) KMIG_MUST_CHECK;
+/* Waits for one connection and initialises s with it; -ECANCELED after
+ * mig_listener__shutdown. */
+int mig_listener__accept(struct mig_listener *l, struct mig_stream *s, char *err,
+			 size_t errlen) KMIG_MUST_CHECK;
+/* Makes a blocked accept return (any thread). */
+void mig_listener__shutdown(struct mig_listener *l);
+void mig_listener__close(struct mig_listener *l);
+
+#endif

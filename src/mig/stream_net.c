@@ -1,0 +1,320 @@
+/* Migration URIs, connect, listen and accept; see stream.h. */
+#include "mig/stream.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define NET_UNIX_BUF (4 << 20)          /* socket buffers for unix sockets */
+
+static int net__err(char *err, size_t errlen, int ret, const char *fmt, ...)
+	KMIG_PRINTF(4, 5);
+static int net__err(char *err, size_t errlen, int ret, const char *fmt, ...)
+{
+	if (err && errlen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return ret;
+}
+
+static int uri__parse_port(const char *s, uint16_t *port)
+{
+	unsigned long v = 0;
+	if (!*s || strlen(s) > 5)
+		return -EINVAL;
+	for (const char *p = s; *p; p++) {
+		if (*p < '0' || *p > '9')
+			return -EINVAL;
+		v = v * 10 + (unsigned long)(*p - '0');
+	}
+	if (v > 65535)
+		return -EINVAL;
+	*port = (uint16_t)v;
+	return 0;
+}
+
+static int uri__parse_tcp(const char *rest, struct mig_uri *u, char *err, size_t errlen)
+{
+	const char *colon, *host = rest;
+	size_t hlen;
+	if (rest[0] == '[') {                   /* [IPv6]:port */
+		const char *close = strchr(rest, ']');
+		if (!close || close[1] != ':')
+			return net__err(err, errlen, -EINVAL, "tcp: bad IPv6 address in '%s'", rest);
+		host = rest + 1;
+		hlen = (size_t)(close - host);
+		colon = close + 1;
+		if (hlen == 0)
+			return net__err(err, errlen, -EINVAL, "tcp: empty IPv6 address");
+	} else {
+		colon = strrchr(rest, ':');
+		if (!colon)
+			return net__err(err, errlen, -EINVAL, "tcp URI needs HOST:PORT, got '%s'", rest);
+		hlen = (size_t)(colon - rest);
+		if (memchr(rest, ':', hlen))
+			return net__err(err, errlen, -EINVAL, "tcp: IPv6 addresses need [brackets]");
+	}
+	if (hlen >= sizeof(u->host))
+		return net__err(err, errlen, -EINVAL, "tcp: host name too long");
+	for (size_t i = 0; i < hlen; i++)
+		if (host[i] <= ' ' || host[i] == '/' || (unsigned char)host[i] >= 0x7f)
+			return net__err(err, errlen, -EINVAL, "tcp: invalid character in host");
+	if (uri__parse_port(colon + 1, &u->port))
+		return net__err(err, errlen, -EINVAL, "tcp: bad port '%s' (want 0..65535)", colon + 1);
+	memcpy(u->host, host, hlen);
+	u->host[hlen] = 0;
+	u->kind = MIG_URI_TCP;
+	return 0;
+}
+
+int mig_uri__parse(const char *uri, struct mig_uri *u, char *err, size_t errlen)
+{
+	memset(u, 0, sizeof(*u));
+	if (!uri)
+		return net__err(err, errlen, -EINVAL, "no URI");
+	if (!strncmp(uri, "tcp:", 4))
+		return uri__parse_tcp(uri + 4, u, err, errlen);
+	if (!strncmp(uri, "unix:", 5)) {
+		const char *path = uri + 5;
+		if (!*path)
+			return net__err(err, errlen, -EINVAL, "unix: empty socket path");
+		if (strlen(path) >= sizeof(u->path))
+			return net__err(err, errlen, -EINVAL, "unix: socket path too long (max %zu)",
+					sizeof(u->path) - 1);
+		strcpy(u->path, path);
+		u->kind = MIG_URI_UNIX;
+		return 0;
+	}
+	const char *c = strchr(uri, ':');
+	return net__err(err, errlen, -EINVAL, "unknown URI scheme '%.*s' (want tcp: or unix:)",
+			c ? (int)(c - uri) : (int)strlen(uri), uri);
+}
+
+static void net__tune(int fd, bool is_unix)
+{
+	/* TCP: keep the kernel's buffer auto-tuning (an explicit SO_RCVBUF
+	 * would switch it off); unix sockets have none, so ask for more. */
+	if (is_unix) {
+		int v = NET_UNIX_BUF;
+		(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+		(void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
+	}
+}
+
+static int net__unix_addr(const struct mig_uri *u, struct sockaddr_un *sa)
+{
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	memcpy(sa->sun_path, u->path, strlen(u->path) + 1);
+	return 0;
+}
+
+static int net__resolve(const struct mig_uri *u, bool passive, struct addrinfo **res,
+			char *err, size_t errlen)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+				  .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0) };
+	char port[8];
+	snprintf(port, sizeof(port), "%u", u->port);
+	int r = getaddrinfo(u->host[0] ? u->host : NULL, port, &hints, res);
+	if (r)
+		return net__err(err, errlen, -EHOSTUNREACH, "cannot resolve '%s': %s",
+				u->host, gai_strerror(r));
+	return 0;
+}
+
+static int net__connect_tcp(const struct mig_uri *u, char *err, size_t errlen)
+{
+	struct addrinfo *res, *ai;
+	int fd = -1, e = -ECONNREFUSED;
+	if (!u->host[0] || u->port == 0)
+		return net__err(err, errlen, -EINVAL, "tcp: connect needs a host and a port > 0");
+	e = net__resolve(u, false, &res, err, errlen);
+	if (e)
+		return e;
+	for (ai = res; ai; ai = ai->ai_next) {
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+		if (fd < 0) {
+			e = -errno;
+			continue;
+		}
+		net__tune(fd, false);
+		if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
+			break;
+		e = -errno;
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(res);
+	if (fd < 0)
+		return net__err(err, errlen, e, "connect to %s:%u: %s", u->host, u->port,
+				strerror(-e));
+	return fd;
+}
+
+static int net__connect_unix(const struct mig_uri *u, char *err, size_t errlen)
+{
+	struct sockaddr_un sa;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return net__err(err, errlen, -errno, "socket: %s", strerror(errno));
+	net__tune(fd, true);
+	net__unix_addr(u, &sa);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = -errno;
+		close(fd);
+		return net__err(err, errlen, e, "connect to unix:%s: %s", u->path, strerror(-e));
+	}
+	return fd;
+}
+
+int mig_stream__connect(struct mig_stream *s, const char *uri, char *err, size_t errlen)
+{
+	struct mig_uri u;
+	int fd = mig_uri__parse(uri, &u, err, errlen);
+	if (fd)
+		return fd;
+	fd = u.kind == MIG_URI_TCP ? net__connect_tcp(&u, err, errlen)
+				   : net__connect_unix(&u, err, errlen);
+	if (fd < 0)
+		return fd;
+	int e = mig_stream__init(s, fd);
+	if (e)
+		return net__err(err, errlen, e, "out of memory");
+	return 0;
+}
+
+/* Binds a unix socket; a stale socket file (nobody listening) is replaced. */
+static int net__bind_unix(int fd, const struct mig_uri *u)
+{
+	struct sockaddr_un sa;
+	struct stat st;
+	net__unix_addr(u, &sa);
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+		return 0;
+	if (errno != EADDRINUSE || stat(u->path, &st) || !S_ISSOCK(st.st_mode))
+		return -errno;
+	int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (probe < 0)
+		return -errno;
+	int live = connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0 || errno != ECONNREFUSED;
+	close(probe);
+	if (live)
+		return -EADDRINUSE;
+	unlink(u->path);
+	return bind(fd, (struct sockaddr *)&sa, sizeof(sa)) ? -errno : 0;
+}
+
+static int net__listen_unix(struct mig_listener *l, const struct mig_uri *u, char *err,
+			    size_t errlen)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return net__err(err, errlen, -errno, "socket: %s", strerror(errno));
+	int e = net__bind_unix(fd, u);
+	if (!e && listen(fd, 1) < 0)
+		e = -errno;
+	if (e) {
+		close(fd);
+		return net__err(err, errlen, e, "listen on unix:%s: %s", u->path, strerror(-e));
+	}
+	strcpy(l->path, u->path);
+	l->fd = fd;
+	return 0;
+}
+
+static int net__listen_tcp(struct mig_listener *l, const struct mig_uri *u, char *err,
+			   size_t errlen)
+{
+	struct addrinfo *res, *ai;
+	int fd = -1, e = net__resolve(u, true, &res, err, errlen), one = 1;
+	if (e)
+		return e;
+	e = -EADDRNOTAVAIL;
+	for (ai = res; ai; ai = ai->ai_next) {
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+		if (fd < 0) {
+			e = -errno;
+			continue;
+		}
+		(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1) == 0)
+			break;
+		e = -errno;
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(res);
+	if (fd < 0)
+		return net__err(err, errlen, e, "listen on %s:%u: %s", u->host, u->port,
+				strerror(-e));
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+		l->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+							 : ((struct sockaddr_in *)&ss)->sin_port);
+	l->fd = fd;
+	return 0;
+}
+
+int mig_listener__open(struct mig_listener *l, const char *uri, char *err, size_t errlen)
+{
+	struct mig_uri u;
+	memset(l, 0, sizeof(*l));
+	l->fd = -1;
+	atomic_init(&l->shut, false);
+	int e = mig_uri__parse(uri, &u, err, errlen);
+	if (e)
+		return e;
+	return u.kind == MIG_URI_TCP ? net__listen_tcp(l, &u, err, errlen)
+				     : net__listen_unix(l, &u, err, errlen);
+}
+
+int mig_listener__accept(struct mig_listener *l, struct mig_stream *s, char *err,
+			 size_t errlen)
+{
+	int fd;
+	for (;;) {
+		if (atomic_load(&l->shut))
+			return net__err(err, errlen, -ECANCELED, "listener shut down");
+		fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+		if (fd >= 0)
+			break;
+		if (errno == EINTR || errno == ECONNABORTED)
+			continue;
+		int e = atomic_load(&l->shut) ? -ECANCELED : -errno;
+		return net__err(err, errlen, e, "accept: %s", strerror(-e));
+	}
+	net__tune(fd, l->path[0] != 0);
+	int e = mig_stream__init(s, fd);
+	if (e)
+		return net__err(err, errlen, e, "out of memory");
+	return 0;
+}
+
+void mig_listener__shutdown(struct mig_listener *l)
+{
+	atomic_store(&l->shut, true);
+	if (l->fd >= 0)
+		shutdown(l->fd, SHUT_RDWR);
+}
+
+void mig_listener__close(struct mig_listener *l)
+{
+	if (l->fd >= 0)
+		close(l->fd);
+	l->fd = -1;
+	if (l->path[0])
+		unlink(l->path);
+	l->path[0] = 0;
+}

@@ -1,0 +1,388 @@
+/* Unit tests of the migration stream over socketpairs and local sockets. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/timeutil.h"
+#include "harness.h"
+#include "mig/stream.h"
+
+static int pair(struct mig_stream *a, struct mig_stream *b)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		return -errno;
+	if (mig_stream__init(a, sv[0])) {
+		close(sv[1]);
+		return -ENOMEM;
+	}
+	if (mig_stream__init(b, sv[1])) {
+		mig_stream__close(a);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+struct drain {
+	struct mig_stream *s;
+	size_t len;
+	uint8_t *buf;
+	int ret;
+};
+
+static void *drain_thread(void *arg)
+{
+	struct drain *d = arg;
+	d->ret = mig_stream__read_full(d->s, d->buf, d->len);
+	return NULL;
+}
+
+static void t_roundtrip(struct t *t)
+{
+	struct mig_stream a, b;
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	/* small records through both buffers */
+	T_CHECK_EQ(t, mig_stream__put_record(&a, PROTO_SYNC, 0, "\x07\0\0\0\0\0\0\0", 8), 0);
+	T_CHECK_EQ(t, mig_stream__put_record(&a, PROTO_RP_OK, 0, NULL, 0), 0);
+	T_CHECK_EQ(t, mig_stream__flush(&a), 0);
+	struct proto_hdr h;
+	uint8_t buf[64];
+	T_CHECK_EQ(t, mig_stream__get_record(&b, &h, buf, sizeof(buf)), 0);
+	T_CHECK(t, h.type == PROTO_SYNC && h.length == 8 && buf[0] == 7);
+	T_CHECK_EQ(t, mig_stream__get_record(&b, &h, buf, sizeof(buf)), 0);
+	T_CHECK(t, h.type == PROTO_RP_OK && h.length == 0);
+	T_CHECK_EQ(t, mig_stream__bytes_out(&a), 16 + 8 + 16);
+	T_CHECK_EQ(t, mig_stream__bytes_in(&b), 16 + 8 + 16);
+	/* a large write that bypasses the buffer, read by another thread */
+	size_t big = 3u << 20;
+	uint8_t *src = malloc(big), *dst = malloc(big);
+	for (size_t i = 0; i < big; i++)
+		src[i] = (uint8_t)(i * 13 + i / 977);
+	struct drain d = { &b, big, dst, -1 };
+	pthread_t th;
+	pthread_create(&th, NULL, drain_thread, &d);
+	T_CHECK_EQ(t, mig_stream__write(&a, src, 100), 0);
+	T_CHECK_EQ(t, mig_stream__write(&a, src + 100, big - 200), 0);
+	T_CHECK_EQ(t, mig_stream__write(&a, src + big - 100, 100), 0);
+	T_CHECK_EQ(t, mig_stream__flush(&a), 0);
+	pthread_join(th, NULL);
+	T_CHECK_EQ(t, d.ret, 0);
+	T_CHECK(t, memcmp(src, dst, big) == 0);
+	T_CHECK_EQ(t, mig_stream__error(&a), 0);
+	T_CHECK(t, strcmp(mig_stream__strerror(&a), "") == 0);
+	free(src);
+	free(dst);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+}
+
+static void t_sticky_after_close(struct t *t)
+{
+	struct mig_stream a, b;
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	mig_stream__close(&b);
+	uint8_t buf[16];
+	int e = mig_stream__read_full(&a, buf, sizeof(buf));
+	T_CHECK_EQ(t, e, -ECONNRESET);
+	T_CHECK(t, strstr(mig_stream__strerror(&a), "closed") != NULL);
+	/* later calls are no-ops returning the first error */
+	T_CHECK_EQ(t, mig_stream__write(&a, buf, 8), -ECONNRESET);
+	T_CHECK_EQ(t, mig_stream__flush(&a), -ECONNRESET);
+	T_CHECK_EQ(t, mig_stream__read_full(&a, buf, 1), -ECONNRESET);
+	T_CHECK_EQ(t, mig_stream__fail(&a, -EIO, "other"), -ECONNRESET);
+	T_CHECK(t, strstr(mig_stream__strerror(&a), "closed") != NULL);
+	mig_stream__close(&a);
+
+	/* write side: the peer is gone, flush fails with EPIPE and sticks */
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	mig_stream__close(&b);
+	T_CHECK_EQ(t, mig_stream__write(&a, buf, 8), 0);         /* buffered */
+	T_CHECK_EQ(t, mig_stream__flush(&a), -EPIPE);
+	T_CHECK_EQ(t, mig_stream__write(&a, buf, 8), -EPIPE);
+	T_CHECK_EQ(t, mig_stream__put_record(&a, PROTO_RP_OK, 0, NULL, 0), -EPIPE);
+	T_CHECK(t, strstr(mig_stream__strerror(&a), "write") != NULL);
+	mig_stream__close(&a);
+}
+
+static void t_eof_mid_record(struct t *t)
+{
+	struct mig_stream a, b;
+	struct proto_hdr h;
+	uint8_t buf[64];
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	/* header promising 40 bytes, only 10 sent */
+	uint8_t rec[26];
+	T_CHECK_EQ(t, proto__encode_header(rec, 16, PROTO_STATE, 0, 40), 0);
+	memset(rec + 16, 1, 10);
+	T_CHECK_EQ(t, mig_stream__write(&a, rec, sizeof(rec)), 0);
+	T_CHECK_EQ(t, mig_stream__flush(&a), 0);
+	mig_stream__close(&a);
+	T_CHECK_EQ(t, mig_stream__get_record(&b, &h, buf, sizeof(buf)), -ECONNRESET);
+	mig_stream__close(&b);
+
+	/* header cut short */
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	T_CHECK_EQ(t, mig_stream__write(&a, rec, 9), 0);
+	T_CHECK_EQ(t, mig_stream__flush(&a), 0);
+	mig_stream__close(&a);
+	T_CHECK_EQ(t, mig_stream__get_record(&b, &h, buf, sizeof(buf)), -ECONNRESET);
+	mig_stream__close(&b);
+}
+
+static void t_bad_headers(struct t *t)
+{
+	struct mig_stream a, b;
+	struct proto_hdr h;
+	uint8_t buf[64], rec[16];
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	T_CHECK_EQ(t, proto__encode_header(rec, 16, 0x77, 0, 0), 0);
+	T_CHECK_EQ(t, mig_stream__write(&a, rec, 16), 0);
+	T_CHECK_EQ(t, mig_stream__flush(&a), 0);
+	T_CHECK_EQ(t, mig_stream__get_record(&b, &h, buf, sizeof(buf)), -EPROTO);
+	T_CHECK(t, strstr(mig_stream__strerror(&b), "unknown record type") != NULL);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	T_CHECK_EQ(t, mig_stream__put_record(&a, PROTO_STATE, 0, buf, 64), 0);
+	T_CHECK_EQ(t, mig_stream__flush(&a), 0);
+	T_CHECK_EQ(t, mig_stream__get_record(&b, &h, buf, 63), -EMSGSIZE);
+	T_CHECK_EQ(t, mig_stream__put_record(&a, PROTO_STATE, 0, NULL, PROTO_MAX_PAYLOAD + 1ull),
+		   -EINVAL);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	T_CHECK_EQ(t, proto__encode_header(rec, 16, PROTO_PAGES, 0, 1ull << 40), 0);
+	T_CHECK_EQ(t, mig_stream__write(&a, rec, 16), 0);
+	T_CHECK_EQ(t, mig_stream__flush(&a), 0);
+	T_CHECK_EQ(t, mig_stream__get_record(&b, &h, buf, sizeof(buf)), -EPROTO);
+	T_CHECK(t, strstr(mig_stream__strerror(&b), "16 MiB") != NULL);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+}
+
+struct sender {
+	struct mig_stream *s;
+	size_t len;
+	int ret;
+	uint64_t ns;
+};
+
+static void *send_thread(void *arg)
+{
+	struct sender *x = arg;
+	uint8_t *p = calloc(1, x->len);
+	uint64_t t0 = time__now_ns();
+	x->ret = mig_stream__write(x->s, p, x->len);
+	if (!x->ret)
+		x->ret = mig_stream__flush(x->s);
+	x->ns = time__now_ns() - t0;
+	free(p);
+	return NULL;
+}
+
+static void t_rate_limit(struct t *t)
+{
+	struct mig_stream a, b;
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	size_t len = 2u << 20;
+	uint8_t *dst = malloc(len);
+	mig_stream__set_rate(&a, 10u << 20);
+	T_CHECK_EQ(t, mig_stream__rate(&a), 10u << 20);
+	struct sender x = { &a, len, -1, 0 };
+	pthread_t th;
+	pthread_create(&th, NULL, send_thread, &x);
+	T_CHECK_EQ(t, mig_stream__read_full(&b, dst, len), 0);
+	pthread_join(th, NULL);
+	T_CHECK_EQ(t, x.ret, 0);
+	printf("# 2 MiB at 10 MiB/s took %.0f ms\n", x.ns / 1e6);
+	T_CHECK(t, x.ns >= 100000000ull);      /* lower bound only */
+
+	/* lifting the limit from another thread lets a slow send finish */
+	mig_stream__set_rate(&a, 64 << 10);    /* 64 KiB/s: 2 MiB would take 32 s */
+	x.ret = -1;
+	pthread_create(&th, NULL, send_thread, &x);
+	time__sleep_ns(100000000ull);
+	mig_stream__set_rate(&a, 0);
+	T_CHECK_EQ(t, mig_stream__read_full(&b, dst, len), 0);
+	pthread_join(th, NULL);
+	T_CHECK_EQ(t, x.ret, 0);
+	T_CHECK_EQ(t, mig_stream__bytes_in(&b), 2 * len);
+	free(dst);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+}
+
+static void *shutdown_later(void *arg)
+{
+	time__sleep_ns(50000000ull);
+	mig_stream__shutdown(arg);
+	return NULL;
+}
+
+static void t_shutdown(struct t *t)
+{
+	struct mig_stream a, b;
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	pthread_t th;
+	uint8_t buf[16];
+	pthread_create(&th, NULL, shutdown_later, &a);
+	T_CHECK_EQ(t, mig_stream__read_full(&a, buf, sizeof(buf)), -ECANCELED);
+	pthread_join(th, NULL);
+	T_CHECK(t, strstr(mig_stream__strerror(&a), "cancel") != NULL);
+	T_CHECK_EQ(t, mig_stream__write(&a, buf, 1), -ECANCELED);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+
+	/* a writer blocked on a full socket (and a rate limit) is released too */
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	mig_stream__set_rate(&a, 1u << 20);
+	struct sender x = { &a, 8u << 20, 0, 0 };
+	pthread_t snd;
+	pthread_create(&snd, NULL, send_thread, &x);
+	time__sleep_ns(50000000ull);
+	mig_stream__shutdown(&a);
+	pthread_join(snd, NULL);
+	T_CHECK_EQ(t, x.ret, -ECANCELED);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+}
+
+static void t_uri(struct t *t)
+{
+	struct mig_uri u;
+	char err[128];
+	T_CHECK_EQ(t, mig_uri__parse("tcp:localhost:4444", &u, err, sizeof(err)), 0);
+	T_CHECK(t, u.kind == MIG_URI_TCP && !strcmp(u.host, "localhost") && u.port == 4444);
+	T_CHECK_EQ(t, mig_uri__parse("tcp:10.0.0.1:1", &u, err, sizeof(err)), 0);
+	T_CHECK_EQ(t, mig_uri__parse("tcp::65535", &u, err, sizeof(err)), 0);
+	T_CHECK(t, u.host[0] == 0 && u.port == 65535);
+	T_CHECK_EQ(t, mig_uri__parse("tcp:[::1]:80", &u, err, sizeof(err)), 0);
+	T_CHECK(t, !strcmp(u.host, "::1") && u.port == 80);
+	T_CHECK_EQ(t, mig_uri__parse("unix:/tmp/x.sock", &u, err, sizeof(err)), 0);
+	T_CHECK(t, u.kind == MIG_URI_UNIX && !strcmp(u.path, "/tmp/x.sock"));
+	const char *bad[] = {
+		"tcp:host", "tcp:host:", "tcp:host:65536", "tcp:host:-1", "tcp:host:12a",
+		"tcp:host:123456", "tcp:host: 80", "tcp:::1:80", "tcp:[::1]80", "tcp:[]:80",
+		"tcp:a b:80", "unix:", "udp:h:1", "exec:cat", "", "tcp", "file:/x",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		err[0] = 0;
+		int e = mig_uri__parse(bad[i], &u, err, sizeof(err));
+		T_CHECK_EQ(t, e, -EINVAL);
+		T_CHECK(t, err[0] != 0);
+		if (e != -EINVAL)
+			printf("#   accepted '%s'\n", bad[i]);
+	}
+	T_CHECK_EQ(t, mig_uri__parse("tcp:h:99999", &u, err, sizeof(err)), -EINVAL);
+	T_CHECK(t, strstr(err, "port") != NULL);
+	T_CHECK_EQ(t, mig_uri__parse("rdma:h:1", &u, err, sizeof(err)), -EINVAL);
+	T_CHECK(t, strstr(err, "scheme") != NULL);
+	char longp[200] = "unix:";
+	memset(longp + 5, 'p', 150);
+	T_CHECK_EQ(t, mig_uri__parse(longp, &u, err, sizeof(err)), -EINVAL);
+	struct mig_stream s;
+	T_CHECK_EQ(t, mig_stream__connect(&s, "tcp::80", err, sizeof(err)), -EINVAL);
+}
+
+struct conn {
+	char uri[160];
+	struct mig_stream s;
+	int ret;
+	char err[128];
+};
+
+static void *connect_thread(void *arg)
+{
+	struct conn *c = arg;
+	c->ret = mig_stream__connect(&c->s, c->uri, c->err, sizeof(c->err));
+	if (!c->ret) {
+		c->ret = mig_stream__put_record(&c->s, PROTO_RP_PING, 0, "12345678", 8);
+		if (!c->ret)
+			c->ret = mig_stream__flush(&c->s);
+	}
+	return NULL;
+}
+
+static void check_listen(struct t *t, const char *listen_uri, const char *fmt)
+{
+	struct mig_listener l;
+	struct mig_stream s;
+	struct conn c = { .ret = -1 };
+	char err[128];
+	int e = mig_listener__open(&l, listen_uri, err, sizeof(err));
+	T_CHECK_EQ(t, e, 0);
+	if (e) {
+		printf("#   %s: %s\n", listen_uri, err);
+		return;
+	}
+	snprintf(c.uri, sizeof(c.uri), fmt, l.port);
+	pthread_t th;
+	pthread_create(&th, NULL, connect_thread, &c);
+	T_CHECK_EQ(t, mig_listener__accept(&l, &s, err, sizeof(err)), 0);
+	pthread_join(th, NULL);
+	T_CHECK_EQ(t, c.ret, 0);
+	struct proto_hdr h;
+	uint8_t buf[8];
+	T_CHECK_EQ(t, mig_stream__get_record(&s, &h, buf, sizeof(buf)), 0);
+	T_CHECK(t, h.type == PROTO_RP_PING && !memcmp(buf, "12345678", 8));
+	T_CHECK_EQ(t, mig_stream__set_nodelay(&s, true), 0);
+	mig_stream__close(&s);
+	mig_stream__close(&c.s);
+	mig_listener__close(&l);
+}
+
+static void *listener_shutdown_later(void *arg)
+{
+	time__sleep_ns(50000000ull);
+	mig_listener__shutdown(arg);
+	return NULL;
+}
+
+static void t_listen_connect(struct t *t)
+{
+	char path[64], uri[80];
+	snprintf(path, sizeof(path), "/tmp/kmig-test-%d.sock", (int)getpid());
+	snprintf(uri, sizeof(uri), "unix:%s", path);
+	check_listen(t, "tcp:127.0.0.1:0", "tcp:127.0.0.1:%u");
+	check_listen(t, uri, uri);
+	T_CHECK(t, access(path, F_OK) != 0);     /* unlinked on close */
+	/* a stale socket file is replaced */
+	struct mig_listener l;
+	char err[128];
+	T_CHECK_EQ(t, mig_listener__open(&l, uri, err, sizeof(err)), 0);
+	close(l.fd);                              /* leaves the file behind */
+	l.fd = -1;
+	check_listen(t, uri, uri);
+	/* connecting to nothing fails cleanly */
+	struct mig_stream s;
+	T_CHECK(t, mig_stream__connect(&s, uri, err, sizeof(err)) < 0);
+	T_CHECK(t, strstr(err, path) != NULL);
+	/* shutdown releases a blocked accept */
+	T_CHECK_EQ(t, mig_listener__open(&l, "tcp:127.0.0.1:0", err, sizeof(err)), 0);
+	pthread_t th;
+	pthread_create(&th, NULL, listener_shutdown_later, &l);
+	T_CHECK_EQ(t, mig_listener__accept(&l, &s, err, sizeof(err)), -ECANCELED);
+	pthread_join(th, NULL);
+	mig_listener__close(&l);
+}
+
+int main(void)
+{
+	struct t t = {0};
+	T_RUN(&t, t_roundtrip);
+	T_RUN(&t, t_sticky_after_close);
+	T_RUN(&t, t_eof_mid_record);
+	T_RUN(&t, t_bad_headers);
+	T_RUN(&t, t_rate_limit);
+	T_RUN(&t, t_shutdown);
+	T_RUN(&t, t_uri);
+	T_RUN(&t, t_listen_connect);
+	printf("%d passed, %d failed\n", t.passed, t.failed);
+	return T_DONE(&t);
+}
