@@ -1,0 +1,95 @@
+#include "state/state.h"
+
+#include <errno.h>
+#include <linux/kvm.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+
+#include "kvm/vcpu.h"
+#include "kvm/vm.h"
+#include "state/state_impl.h"
+
+static int state__put_ioctl(int fd, unsigned long req, void *buf, size_t len,
+			    state_put_fn put, void *ctx, uint32_t id, uint32_t inst)
+{
+	memset(buf, 0, len);
+	if (ioctl(fd, req, buf) < 0) {
+		int e = errno;
+		log_err("state save: section %u instance %u: %s", id, inst, strerror(e));
+		return -e;
+	}
+	return put(ctx, id, STATE_VERSION, inst, buf, len);
+}
+
+static int state__save_vcpu(struct vm *vm, struct vcpu *v, state_put_fn put, void *ctx)
+{
+	union {
+		struct kvm_sregs sregs;
+		struct kvm_regs regs;
+		struct kvm_fpu fpu;
+		struct kvm_xcrs xcrs;
+		struct kvm_lapic_state lapic;
+		struct kvm_mp_state mp;
+		struct kvm_vcpu_events ev;
+		struct kvm_debugregs dbg;
+	} u;
+	unsigned i = v->index;
+	int fd = v->fd;
+	int rc = state__put_ioctl(fd, KVM_GET_SREGS, &u, sizeof(u.sregs), put, ctx, STATE_VCPU_SREGS, i);
+	if (!rc)
+		rc = state__put_ioctl(fd, KVM_GET_REGS, &u, sizeof(u.regs), put, ctx, STATE_VCPU_REGS, i);
+	if (!rc)
+		rc = state__save_xsave(vm, v, put, ctx);
+	if (!rc && state__has(vm, KVM_CAP_XCRS))
+		rc = state__put_ioctl(fd, KVM_GET_XCRS, &u, sizeof(u.xcrs), put, ctx, STATE_VCPU_XCRS, i);
+	if (!rc)
+		rc = state__save_msrs(vm, v, put, ctx);
+	if (!rc)
+		rc = state__put_ioctl(fd, KVM_GET_LAPIC, &u, sizeof(u.lapic), put, ctx, STATE_VCPU_LAPIC, i);
+	if (!rc)
+		rc = state__put_ioctl(fd, KVM_GET_MP_STATE, &u, sizeof(u.mp), put, ctx, STATE_VCPU_MP_STATE, i);
+	if (!rc)
+		rc = state__put_ioctl(fd, KVM_GET_VCPU_EVENTS, &u, sizeof(u.ev), put, ctx, STATE_VCPU_EVENTS, i);
+	if (!rc && state__has(vm, KVM_CAP_DEBUGREGS))
+		rc = state__put_ioctl(fd, KVM_GET_DEBUGREGS, &u, sizeof(u.dbg), put, ctx, STATE_VCPU_DEBUGREGS, i);
+	return rc;
+}
+
+static int state__save_vm(struct vm *vm, state_put_fn put, void *ctx)
+{
+	struct kvm_irqchip chips[3];
+	for (unsigned i = 0; i < 3; i++) {
+		memset(&chips[i], 0, sizeof(chips[i]));
+		chips[i].chip_id = i;
+		if (ioctl(vm->vm_fd, KVM_GET_IRQCHIP, &chips[i]) < 0)
+			return -errno;
+	}
+	int rc = put(ctx, STATE_VM_IRQCHIP, STATE_VERSION, 0, chips, sizeof(chips));
+	struct kvm_pit_state2 pit;
+	if (!rc)
+		rc = state__put_ioctl(vm->vm_fd, KVM_GET_PIT2, &pit, sizeof(pit), put, ctx, STATE_VM_PIT, 0);
+	uint8_t ser[SERIAL_STATE_SIZE];
+	serial__save(&vm->serial, ser);
+	if (!rc)
+		rc = put(ctx, STATE_DEV_SERIAL, STATE_VERSION, 0, ser, sizeof(ser));
+	return rc;
+}
+
+int state__save(struct vm *vm, state_put_fn put, void *ctx)
+{
+	int rc = state__save_vm(vm, put, ctx);
+	for (unsigned i = 0; !rc && i < vm->nr_vcpus; i++)
+		rc = state__save_vcpu(vm, &vm->vcpus[i], put, ctx);
+	struct kvm_clock_data clk;
+	if (!rc)
+		rc = state__put_ioctl(vm->vm_fd, KVM_GET_CLOCK, &clk, sizeof(clk), put, ctx, STATE_VM_CLOCK, 0);
+	return rc;
+}
+
+unsigned state__expected_sections(struct vm *vm)
+{
+	unsigned per_vcpu = 7 + state__has(vm, KVM_CAP_XCRS) + state__has(vm, KVM_CAP_DEBUGREGS);
+	return 4 + per_vcpu * vm->nr_vcpus;
+}
