@@ -69,7 +69,9 @@ void qmp_error__set(struct qmp_error *err, enum qmp_error_class cls,
 /* "GenericError", "CommandNotFound", ... */
 const char *qmp_error__class_name(enum qmp_error_class cls);
 
-/* A command handler.  Runs on the loop thread.  `args` is the request's
+/* A command handler.  Runs on the loop thread, so it must not block for long
+ * (start long work on another thread and report it with events or a query
+ * command, as "migrate" does in QEMU).  `args` is the request's
  * "arguments" object (borrowed; an empty object when the request had none,
  * never NULL).  Returns a new reference to the "return" value.  Returning NULL
  * with err->set is an error reply; NULL without err->set means `{}`, QEMU's
@@ -177,7 +179,9 @@ KMIG_MUST_CHECK int qmp_arg__array(json_t *args, const char *name,
 				   json_t **out, bool required,
 				   struct qmp_error *err);
 /* Rejects members of ARGS not in ALLOWED (NULL-terminated list):
- * "Parameter 'foo' is unexpected".  0 or -EINVAL with err set. */
+ * "Parameter 'foo' is unexpected".  0 or -EINVAL with err set.  The server
+ * does not know a command's arguments, so every handler should call this
+ * first; ALLOWED may be NULL for commands without arguments. */
 KMIG_MUST_CHECK int qmp_arg__check_known(json_t *args,
 					 const char *const *allowed,
 					 struct qmp_error *err);
