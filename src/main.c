@@ -11,6 +11,7 @@
 #include "base/units.h"
 #include "ctl/control.h"
 #include "kvm/vm.h"
+#include "mig/migration.h"
 
 struct run_opts {
 	struct vm_config vm;
@@ -108,20 +109,31 @@ static int cmd_run(int argc, char **argv)
 		die("/dev/kvm: %s", strerror(errno));
 	struct vm *vm = calloc(1, sizeof(*vm));
 	struct control *ctl = calloc(1, sizeof(*ctl));
+	struct migration *mig = calloc(1, sizeof(*mig));
 	char err[512];
-	if (!vm || !ctl)
+	if (!vm || !ctl || !mig)
 		die("out of memory");
 	if (vm__create(vm, &o.vm, err, sizeof(err)))
 		die("%s", err);
 	if (control__init(ctl, vm, o.qmp, err, sizeof(err)))
 		die("%s", err);
+	migration__init(mig, vm, ctl);
+	ctl->mig = mig;
+	if (ctl->qmp && migration__register_qmp(mig))
+		die("cannot register the migration commands");
 	if (vm__start(vm, o.incoming != NULL))
 		die("cannot start vCPU threads");
-	if (o.incoming)
+	if (o.incoming) {
 		vm__set_status(vm, VM_STATUS_INMIGRATE);
+		if (strcmp(o.incoming, "defer") && migration__incoming(mig, o.incoming, err, sizeof(err)))
+			die("--incoming %s: %s", o.incoming, err);
+	}
 	int status = control__run(ctl);
+	migration__cancel(mig);
 	vm__destroy(vm);
+	migration__destroy(mig);
 	control__destroy(ctl);
+	free(mig);
 	free(vm);
 	free(ctl);
 	return status;

@@ -112,14 +112,15 @@ static int control__status(struct control *c)
 {
 	if (atomic_load(&c->shutdown_seen))
 		return atomic_load(&c->vm->exit_code);
-	if (atomic_load(&c->failed_seen))
+	if (atomic_load(&c->failed_seen) || atomic_load(&c->incoming_failed))
 		return 1;
 	return 0;
 }
 
 static bool control__done(struct control *c)
 {
-	if (atomic_load(&c->quit) || atomic_load(&c->shutdown_seen))
+	if (atomic_load(&c->quit) || atomic_load(&c->shutdown_seen) ||
+	    atomic_load(&c->incoming_failed))
 		return true;
 	return atomic_load(&c->failed_seen) && c->exit_on_failure;
 }

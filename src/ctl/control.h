@@ -22,6 +22,7 @@ struct control {
 	atomic_bool quit;            /* leave the loop */
 	atomic_bool shutdown_seen;   /* the guest powered off */
 	atomic_bool failed_seen;     /* a guest failure parked the VM */
+	atomic_bool incoming_failed; /* the incoming migration failed: exit non-zero */
 	bool exit_on_failure;        /* without QMP nobody can inspect a failed VM */
 };
 

@@ -1,0 +1,155 @@
+/* The incoming migration: listen, load RAM and state, resume, answer. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/timeutil.h"
+#include "ctl/control.h"
+#include "kvm/vm.h"
+#include "mig/migration.h"
+#include "mig/recv.h"
+#include "mig/send_impl.h"
+#include "state/state.h"
+
+struct incoming {
+	struct migration *m;
+	struct mig_recv recv;
+	struct mig_stream stream;
+	unsigned sections;
+};
+
+static int incoming__on_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
+			      const void *data, size_t len)
+{
+	struct incoming *in = ctx;
+	char why[256] = "";
+	int rc = state__load(in->m->vm, id, ver, inst, data, len, why, sizeof(why));
+	if (rc)
+		return mig_recv__fail(&in->recv, rc, "%s", why);
+	in->sections++;
+	return 0;
+}
+
+/* Loads the whole stream; 0 when the guest may resume. */
+static int incoming__load(struct incoming *in)
+{
+	int rc = mig_recv__run(&in->recv, &in->stream);
+	if (rc)
+		return rc;
+	unsigned want = state__expected_sections(in->m->vm);
+	if (in->sections != want)
+		return mig_recv__fail(&in->recv, -EPROTO, "stream carried %u state sections, expected %u",
+				      in->sections, want);
+	if (mig_recv__checksum_present(&in->recv) && !mig_recv__checksum_ok(&in->recv))
+		return mig_recv__fail(&in->recv, -EIO, "guest RAM checksum mismatch (x-verify)");
+	return 0;
+}
+
+static int incoming__accept(struct incoming *in, const char *uri)
+{
+	struct mig_listener l;
+	char err[256];
+	int rc = mig_listener__open(&l, uri, err, sizeof(err));
+	if (!rc) {
+		log_info("incoming migration: listening on %s", uri);
+		rc = mig_listener__accept(&l, &in->stream, err, sizeof(err));
+		mig_listener__close(&l);
+	}
+	if (rc)
+		migration__set_error(in->m, "%s", err);
+	return rc;
+}
+
+static void incoming__finish(struct incoming *in, int rc, bool connected)
+{
+	struct migration *m = in->m;
+	struct vm *vm = m->vm;
+	if (!rc) {
+		vm__set_status(vm, VM_STATUS_RUNNING);
+		vm__resume_vcpus(vm);
+		control__event(m->ctl, "RESUME", NULL);
+	}
+	if (connected) {
+		int r2 = mig_recv__reply(&in->recv, &in->stream);
+		if (r2 && !rc)
+			log_warn("incoming migration: could not confirm to the source: %s",
+				 strerror(-r2));
+	}
+	if (rc) {
+		if (connected && mig_recv__error(&in->recv)[0])
+			migration__set_error(m, "%s", mig_recv__error(&in->recv));
+		migration__set_error(m, "%s", strerror(-rc));
+		log_err("incoming migration failed: %s", m->error);
+		migration__set_status(m, MIG_FAILED);
+		atomic_store(&m->ctl->incoming_failed, true);
+		control__wake(m->ctl);
+		return;
+	}
+	const struct mig_recv_stats *st = mig_recv__stats(&in->recv);
+	pthread_mutex_lock(&m->lock);
+	m->stats.transferred = st->bytes;
+	m->stats.normal = st->pages;
+	m->stats.duplicate = st->zero_pages;
+	m->stats.total_ms = time__now_ms() - m->stats.start_ms;
+	pthread_mutex_unlock(&m->lock);
+	log_info("incoming migration completed: %llu pages, %llu zero pages, %llu bytes",
+		 (unsigned long long)st->pages, (unsigned long long)st->zero_pages,
+		 (unsigned long long)st->bytes);
+	migration__set_status(m, MIG_COMPLETED);
+}
+
+void *migration__incoming_thread(void *arg)
+{
+	struct migration *m = arg;
+	struct incoming *in = calloc(1, sizeof(*in));
+	pthread_setname_np(pthread_self(), "incoming");
+	if (!in)
+		return NULL;
+	in->m = m;
+	struct proto_ram pr;
+	sender__proto_ram(&m->vm->ram, &pr);
+	struct mig_recv_ops ops = { .on_state = incoming__on_state, .ctx = in };
+	int rc = incoming__accept(in, m->in_uri);
+	bool connected = rc == 0;
+	if (!rc) {
+		pthread_mutex_lock(&m->lock);
+		m->stats.start_ms = time__now_ms();
+		pthread_mutex_unlock(&m->lock);
+		migration__set_status(m, MIG_ACTIVE);
+		rc = mig_recv__init(&in->recv, &pr, &ops);
+		if (!rc)
+			rc = incoming__load(in);
+	}
+	incoming__finish(in, rc, connected);
+	if (connected) {
+		mig_recv__free(&in->recv);
+		mig_stream__close(&in->stream);
+	}
+	free(in);
+	return NULL;
+}
+
+int migration__incoming(struct migration *m, const char *uri, char *err, size_t errlen)
+{
+	if (m->in_running) {
+		snprintf(err, errlen, "The incoming migration has already been started");
+		return -EBUSY;
+	}
+	if (vm__status(m->vm) != VM_STATUS_INMIGRATE) {
+		snprintf(err, errlen, "'-incoming' was not specified on the command line");
+		return -EINVAL;
+	}
+	struct mig_uri u;
+	if (mig_uri__parse(uri, &u, err, errlen))
+		return -EINVAL;
+	snprintf(m->in_uri, sizeof(m->in_uri), "%s", uri);
+	migration__set_status(m, MIG_SETUP);
+	int rc = pthread_create(&m->in_thread, NULL, migration__incoming_thread, m);
+	if (rc) {
+		snprintf(err, errlen, "cannot start the incoming migration thread");
+		return -rc;
+	}
+	m->in_running = true;
+	return 0;
+}

@@ -1,0 +1,103 @@
+/* The migration engine of one VM: the outgoing side (QMP migrate) and the
+ * incoming side (--incoming / migrate-incoming), their parameters,
+ * capabilities and statistics.
+ *
+ * Threads: QMP handlers (loop thread) call migration__start,
+ * migration__cancel, the parameter setters and migration__query; the
+ * migration work runs on its own thread (one at a time per direction).
+ * m->lock guards status, statistics and parameters. */
+#ifndef KMIG_MIG_MIGRATION_H
+#define KMIG_MIG_MIGRATION_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/bitmap.h"
+#include "base/log.h"
+#include "mig/policy.h"
+#include "mig/stream.h"
+
+struct control;
+struct vm;
+
+/* QMP MigrationStatus names. */
+enum mig_status {
+	MIG_NONE, MIG_SETUP, MIG_ACTIVE, MIG_DEVICE, MIG_COMPLETED,
+	MIG_CANCELLING, MIG_CANCELLED, MIG_FAILED,
+};
+const char *mig_status__name(enum mig_status s);
+
+struct mig_params {
+	uint64_t max_bandwidth;      /* bytes/s; 0 = unlimited */
+	struct policy_params policy; /* downtime-limit and auto-converge knobs */
+	bool cap_events;             /* MIGRATION / MIGRATION_PASS events */
+	bool cap_auto_converge;
+	bool cap_verify;             /* x-verify: whole-RAM hash checked on the destination */
+	bool cap_zero_detect;        /* send all-zero pages as offsets only (default on) */
+	enum policy_kind throttle_policy; /* x-cpu-throttle-policy: step | computed */
+};
+
+struct mig_stats {
+	uint64_t start_ms, setup_ms, total_ms, downtime_ms, expected_downtime_ms;
+	uint64_t transferred, remaining, total;
+	uint64_t duplicate, normal, normal_bytes;
+	uint64_t dirty_pages_rate, dirty_rate_peak;
+	double mbps;
+	uint64_t dirty_sync_count, pages_per_second;
+	uint64_t precopy_bytes, downtime_bytes;
+	unsigned throttle_pct;
+	uint64_t iteration;
+};
+
+struct migration {
+	struct vm *vm;
+	struct control *ctl;
+	pthread_mutex_t lock;
+	struct mig_params params;
+	enum mig_status status;
+	struct mig_stats stats;
+	char error[256];
+	/* outgoing */
+	pthread_t thread;
+	bool thread_running;
+	atomic_bool cancel;
+	struct mig_stream stream;
+	bool stream_open;
+	struct bitmap todo;          /* pages still to send */
+	struct policy_state pstate;
+	/* incoming */
+	pthread_t in_thread;
+	bool in_running;
+	char in_uri[256];
+	char out_uri[256];
+	bool incoming_expected;      /* --incoming given: the VM waits for a stream */
+};
+
+void migration__init(struct migration *m, struct vm *vm, struct control *ctl);
+void migration__destroy(struct migration *m);
+
+/* Starts an outgoing migration to uri in the background. */
+int migration__start(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* Requests cancellation (any phase); the thread cleans up. */
+void migration__cancel(struct migration *m);
+/* Starts listening for an incoming stream on uri in the background. */
+int migration__incoming(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* query-migrate's answer (new reference). */
+json_t *migration__query(struct migration *m);
+/* Sets the status and emits MIGRATION when the capability is on. */
+void migration__set_status(struct migration *m, enum mig_status s);
+/* Records a failure description (first one wins until the next start). */
+void migration__set_error(struct migration *m, const char *fmt, ...) KMIG_PRINTF(2, 3);
+
+/* Registers migrate, migrate_cancel, query-migrate, migrate-incoming,
+ * migrate-set/query-parameters and -capabilities (mig/qmp_mig.c). */
+int migration__register_qmp(struct migration *m) KMIG_MUST_CHECK;
+
+/* Outgoing worker (mig/send.c) and incoming worker (mig/incoming.c). */
+void *migration__send_thread(void *arg);
+void *migration__incoming_thread(void *arg);
+
+#endif

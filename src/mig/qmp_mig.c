@@ -1,0 +1,218 @@
+/* QMP commands of the migration engine, with QEMU's names and units. */
+#include <errno.h>
+#include <string.h>
+
+#include "ctl/control.h"
+#include "mig/migration.h"
+
+static json_t *cmd_migrate(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct migration *m = ctx;
+	static const char *const known[] = { "uri", "blk", "inc", "detach", "resume", NULL };
+	const char *uri = NULL;
+	char why[256];
+	if (qmp_arg__check_known(args, known, err) || qmp_arg__str(args, "uri", &uri, true, err) < 0)
+		return NULL;
+	if (migration__start(m, uri, why, sizeof(why)))
+		qmp_error__set(err, QMP_ERROR_GENERIC, "%s", why);
+	return NULL;
+}
+
+static json_t *cmd_migrate_incoming(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct migration *m = ctx;
+	static const char *const known[] = { "uri", NULL };
+	const char *uri = NULL;
+	char why[256];
+	if (qmp_arg__check_known(args, known, err) || qmp_arg__str(args, "uri", &uri, true, err) < 0)
+		return NULL;
+	if (migration__incoming(m, uri, why, sizeof(why)))
+		qmp_error__set(err, QMP_ERROR_GENERIC, "%s", why);
+	return NULL;
+}
+
+static json_t *cmd_migrate_cancel(void *ctx, json_t *args, struct qmp_error *err)
+{
+	(void)args;
+	(void)err;
+	migration__cancel(ctx);
+	return NULL;
+}
+
+static json_t *cmd_query_migrate(void *ctx, json_t *args, struct qmp_error *err)
+{
+	(void)args;
+	(void)err;
+	return migration__query(ctx);
+}
+
+static const char *const policy_names[] = { "none", "step", "computed" };
+
+static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct migration *m = ctx;
+	(void)args;
+	(void)err;
+	pthread_mutex_lock(&m->lock);
+	struct mig_params p = m->params;
+	pthread_mutex_unlock(&m->lock);
+	return json_pack("{s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s}",
+			 "max-bandwidth", (json_int_t)p.max_bandwidth,
+			 "downtime-limit", (json_int_t)p.policy.downtime_limit_ms,
+			 "throttle-trigger-threshold", p.policy.throttle_trigger_threshold,
+			 "cpu-throttle-initial", p.policy.cpu_throttle_initial,
+			 "cpu-throttle-increment", p.policy.cpu_throttle_increment,
+			 "cpu-throttle-tailslow", p.policy.cpu_throttle_tailslow,
+			 "max-cpu-throttle", p.policy.max_cpu_throttle,
+			 "x-cpu-throttle-policy", policy_names[p.throttle_policy]);
+}
+
+static int params_uint(json_t *args, const char *name, uint64_t max, unsigned *out,
+		       struct qmp_error *err)
+{
+	uint64_t v;
+	int rc = qmp_arg__uint(args, name, &v, false, err);
+	if (rc <= 0)
+		return rc;
+	if (v > max) {
+		qmp_error__set(err, QMP_ERROR_GENERIC,
+			       "Parameter '%s' expects a value from 0 to %llu", name,
+			       (unsigned long long)max);
+		return -EINVAL;
+	}
+	*out = (unsigned)v;
+	return 0;
+}
+
+static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct migration *m = ctx;
+	static const char *const known[] = {
+		"max-bandwidth", "downtime-limit", "throttle-trigger-threshold",
+		"cpu-throttle-initial", "cpu-throttle-increment", "cpu-throttle-tailslow",
+		"max-cpu-throttle", "x-cpu-throttle-policy", NULL };
+	pthread_mutex_lock(&m->lock);
+	struct mig_params p = m->params;
+	pthread_mutex_unlock(&m->lock);
+	const char *pol = NULL;
+	if (qmp_arg__check_known(args, known, err) ||
+	    qmp_arg__uint(args, "max-bandwidth", &p.max_bandwidth, false, err) < 0 ||
+	    qmp_arg__uint(args, "downtime-limit", &p.policy.downtime_limit_ms, false, err) < 0 ||
+	    params_uint(args, "throttle-trigger-threshold", 100, &p.policy.throttle_trigger_threshold, err) < 0 ||
+	    params_uint(args, "cpu-throttle-initial", 99, &p.policy.cpu_throttle_initial, err) < 0 ||
+	    params_uint(args, "cpu-throttle-increment", 99, &p.policy.cpu_throttle_increment, err) < 0 ||
+	    params_uint(args, "max-cpu-throttle", 99, &p.policy.max_cpu_throttle, err) < 0 ||
+	    qmp_arg__bool(args, "cpu-throttle-tailslow", &p.policy.cpu_throttle_tailslow, false, err) < 0 ||
+	    qmp_arg__str(args, "x-cpu-throttle-policy", &pol, false, err) < 0)
+		return NULL;
+	if (pol) {
+		if (!strcmp(pol, "step"))
+			p.throttle_policy = POLICY_STEP;
+		else if (!strcmp(pol, "computed"))
+			p.throttle_policy = POLICY_COMPUTED;
+		else {
+			qmp_error__set(err, QMP_ERROR_GENERIC,
+				       "Parameter 'x-cpu-throttle-policy' expects step or computed");
+			return NULL;
+		}
+	}
+	if (policy__params_check(&p.policy)) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Migration parameters out of range");
+		return NULL;
+	}
+	pthread_mutex_lock(&m->lock);
+	m->params = p;
+	pthread_mutex_unlock(&m->lock);
+	mig_stream__set_rate(&m->stream, p.max_bandwidth);
+	return NULL;
+}
+
+struct cap_desc {
+	const char *name;
+	size_t offset;
+};
+
+static const struct cap_desc caps[] = {
+	{ "events", offsetof(struct mig_params, cap_events) },
+	{ "auto-converge", offsetof(struct mig_params, cap_auto_converge) },
+	{ "x-verify", offsetof(struct mig_params, cap_verify) },
+	{ "zero-blocks", offsetof(struct mig_params, cap_zero_detect) },
+};
+#define NCAPS (sizeof(caps) / sizeof(caps[0]))
+
+static json_t *cmd_query_caps(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct migration *m = ctx;
+	(void)args;
+	(void)err;
+	json_t *list = json_array();
+	pthread_mutex_lock(&m->lock);
+	for (unsigned i = 0; i < NCAPS; i++) {
+		bool on = *(bool *)((char *)&m->params + caps[i].offset);
+		json_array_append_new(list, json_pack("{s:s, s:b}", "capability", caps[i].name,
+						      "state", on));
+	}
+	pthread_mutex_unlock(&m->lock);
+	return list;
+}
+
+static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct migration *m = ctx;
+	static const char *const known[] = { "capabilities", NULL };
+	json_t *list = NULL, *item;
+	size_t i;
+	if (qmp_arg__check_known(args, known, err) ||
+	    qmp_arg__array(args, "capabilities", &list, true, err) < 0)
+		return NULL;
+	pthread_mutex_lock(&m->lock);
+	struct mig_params p = m->params;
+	bool busy = m->status == MIG_SETUP || m->status == MIG_ACTIVE || m->status == MIG_DEVICE;
+	pthread_mutex_unlock(&m->lock);
+	if (busy) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "There's a migration process in progress");
+		return NULL;
+	}
+	json_array_foreach(list, i, item) {
+		const char *name = NULL;
+		bool state = false;
+		if (!json_is_object(item) || qmp_arg__str(item, "capability", &name, true, err) < 0 ||
+		    qmp_arg__bool(item, "state", &state, true, err) < 0) {
+			qmp_error__set(err, QMP_ERROR_GENERIC, "Invalid capability entry");
+			return NULL;
+		}
+		unsigned c = 0;
+		while (c < NCAPS && strcmp(caps[c].name, name))
+			c++;
+		if (c == NCAPS) {
+			qmp_error__set(err, QMP_ERROR_GENERIC,
+				       "Parameter 'capability' does not accept value '%s'", name);
+			return NULL;
+		}
+		*(bool *)((char *)&p + caps[c].offset) = state;
+	}
+	pthread_mutex_lock(&m->lock);
+	m->params = p;
+	pthread_mutex_unlock(&m->lock);
+	return NULL;
+}
+
+int migration__register_qmp(struct migration *m)
+{
+	static const struct { const char *name; qmp_handler fn; } cmds[] = {
+		{ "migrate", cmd_migrate },
+		{ "migrate-incoming", cmd_migrate_incoming },
+		{ "migrate_cancel", cmd_migrate_cancel },
+		{ "query-migrate", cmd_query_migrate },
+		{ "migrate-set-parameters", cmd_set_params },
+		{ "query-migrate-parameters", cmd_query_params },
+		{ "migrate-set-capabilities", cmd_set_caps },
+		{ "query-migrate-capabilities", cmd_query_caps },
+	};
+	for (unsigned i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		int rc = qmp__register(m->ctl->qmp, cmds[i].name, cmds[i].fn, m);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}

@@ -1,0 +1,180 @@
+/* The outgoing migration: setup, bulk pass, dirty rounds, switchover,
+ * return path.  Runs on the migration thread. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/timeutil.h"
+#include "ctl/control.h"
+#include "kvm/vm.h"
+#include "mem/dirty.h"
+#include "mig/migration.h"
+#include "mig/proto.h"
+#include "mig/send_impl.h"
+#include "state/state.h"
+
+static bool sender__page_is_zero(const uint8_t *p)
+{
+	const uint64_t *w = (const uint64_t *)p;
+	for (unsigned i = 0; i < RAM_PAGE_SIZE / 8; i += 4)
+		if (w[i] | w[i + 1] | w[i + 2] | w[i + 3])
+			return false;
+	return true;
+}
+
+static int sender__flush_zero(struct sender *s)
+{
+	if (!s->zn)
+		return 0;
+	ssize_t n = proto__encode_zero(s->rec, s->rec_cap, (uint32_t)s->zblock, s->zn, s->zoffs);
+	s->zn = 0;
+	if (n < 0)
+		return (int)n;
+	return mig_stream__write(s->stream, s->rec, (size_t)n);
+}
+
+static int sender__flush_pages(struct sender *s)
+{
+	if (!s->pn)
+		return 0;
+	const struct ram_block *b = &s->ram->blocks[s->pblock];
+	uint64_t data_len = (uint64_t)s->pn * RAM_PAGE_SIZE;
+	ssize_t n = proto__encode_pages_head(s->rec, s->rec_cap, 0, (uint32_t)s->pblock,
+					     s->pn, s->poffs, data_len);
+	int rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
+	for (unsigned i = 0; !rc && i < s->pn; i++)
+		rc = mig_stream__write(s->stream, b->host + s->poffs[i], RAM_PAGE_SIZE);
+	s->pn = 0;
+	return rc;
+}
+
+int sender__flush(struct sender *s)
+{
+	int rc = sender__flush_zero(s);
+	return rc ? rc : sender__flush_pages(s);
+}
+
+static int sender__page(struct sender *s, uint64_t page)
+{
+	int b = s->ram->nr_blocks > 1 && page >= s->ram->blocks[1].first_page ? 1 : 0;
+	uint64_t off = (page - s->ram->blocks[b].first_page) * RAM_PAGE_SIZE;
+	const uint8_t *host = s->ram->blocks[b].host + off;
+	int rc = 0;
+	if (s->zero_detect && sender__page_is_zero(host)) {
+		if (s->zn && (s->zblock != b || s->zn == SENDER_BATCH_ZERO))
+			rc = sender__flush_zero(s);
+		s->zblock = b;
+		s->zoffs[s->zn++] = off;
+		s->zero_pages++;
+	} else {
+		if (s->pn && (s->pblock != b || s->pn == SENDER_BATCH_PAGES))
+			rc = sender__flush_pages(s);
+		s->pblock = b;
+		s->poffs[s->pn++] = off;
+		s->normal_pages++;
+	}
+	return rc;
+}
+
+/* Sends every page set in todo, clearing it. */
+int sender__pass(struct sender *s)
+{
+	struct bitmap *todo = &s->m->todo;
+	uint64_t n = 0;
+	for (size_t p = bitmap__next_set(todo, 0); p < todo->nbits; p = bitmap__next_set(todo, p + 1)) {
+		bitmap__clear_bit(todo, p);
+		int rc = sender__page(s, p);
+		if (rc)
+			return rc;
+		if (++n % 4096 == 0) {
+			if (atomic_load(&s->m->cancel))
+				return -ECANCELED;
+			sender__update_stats(s);
+		}
+	}
+	return sender__flush(s);
+}
+
+static int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
+			     const void *data, size_t len)
+{
+	struct sender *s = ctx;
+	size_t need = PROTO_HDR_SIZE + 12 + len;
+	if (need > s->rec_cap)
+		return -E2BIG;
+	ssize_t n = proto__encode_state(s->rec, s->rec_cap, id, ver, inst, data, len);
+	if (n < 0)
+		return (int)n;
+	return mig_stream__write(s->stream, s->rec, (size_t)n);
+}
+
+/* Reads the destination's answer on the return path. */
+static int sender__await_destination(struct sender *s)
+{
+	struct proto_hdr hdr;
+	int rc = mig_stream__get_record(s->stream, &hdr, s->rec, s->rec_cap);
+	if (rc)
+		return rc;
+	if (hdr.type == PROTO_RP_OK)
+		return 0;
+	if (hdr.type == PROTO_RP_FAIL) {
+		struct proto_error e;
+		const char *why;
+		if (!proto__decode_error(s->rec, hdr.length, &e, &why))
+			migration__set_error(s->m, "destination failed: %.*s", (int)e.msg_len, e.msg);
+		else
+			migration__set_error(s->m, "destination failed (unreadable reason)");
+		return -EPROTO;
+	}
+	migration__set_error(s->m, "unexpected %s record on the return path",
+			     proto__type_name(hdr.type));
+	return -EPROTO;
+}
+
+static int sender__end(struct sender *s)
+{
+	uint8_t hash[PROTO_HASH_LEN];
+	bool verify = s->m->params.cap_verify;
+	if (verify) {
+		struct proto_ram pr;
+		sender__proto_ram(s->ram, &pr);
+		proto__ram_hash(&pr, hash);
+	}
+	ssize_t n = proto__encode_end(s->rec, s->rec_cap, verify ? hash : NULL);
+	if (n < 0)
+		return (int)n;
+	int rc = mig_stream__write(s->stream, s->rec, (size_t)n);
+	return rc ? rc : mig_stream__flush(s->stream);
+}
+
+/* Stop-and-copy: the last dirty pages, device state, END, the answer. */
+int sender__switchover(struct sender *s)
+{
+	struct vm *vm = s->m->vm;
+	uint64_t t0 = time__now_ms();
+	uint64_t bytes0 = mig_stream__bytes_out(s->stream);
+	migration__set_status(s->m, MIG_DEVICE);
+	vm__pause_vcpus(vm);
+	s->paused = true;
+	vm__set_status(vm, VM_STATUS_FINISH_MIGRATE);
+	control__event(s->m->ctl, "STOP", NULL);
+	atomic_store(&vm->throttle_pct, 0);
+	int64_t got = dirty__sync(vm->dirty, &s->m->todo, false);
+	int rc = got < 0 ? (int)got : 0;
+	if (!rc) {
+		s->m->stats.dirty_sync_count++;
+		rc = sender__pass(s);
+	}
+	if (!rc)
+		rc = state__save(vm, sender__put_state, s);
+	if (!rc)
+		rc = sender__end(s);
+	if (!rc)
+		rc = sender__await_destination(s);
+	pthread_mutex_lock(&s->m->lock);
+	s->m->stats.downtime_ms = time__now_ms() - t0;
+	s->m->stats.downtime_bytes = mig_stream__bytes_out(s->stream) - bytes0;
+	pthread_mutex_unlock(&s->m->lock);
+	return rc;
+}

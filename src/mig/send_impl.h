@@ -1,0 +1,40 @@
+/* Internals of the outgoing migration (send.c, send_loop.c). */
+#ifndef KMIG_MIG_SEND_IMPL_H
+#define KMIG_MIG_SEND_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "mem/ram.h"
+#include "mig/migration.h"
+#include "mig/proto.h"
+
+#define SENDER_BATCH_PAGES 256
+#define SENDER_BATCH_ZERO 4096
+
+struct sender {
+	struct migration *m;
+	struct ram *ram;
+	struct mig_stream *stream;
+	uint8_t *rec;               /* record buffer */
+	size_t rec_cap;
+	bool zero_detect;
+	bool paused;                /* we stopped the vCPUs */
+	/* pending batches */
+	int pblock, zblock;
+	unsigned pn, zn;
+	uint64_t poffs[SENDER_BATCH_PAGES];
+	uint64_t zoffs[SENDER_BATCH_ZERO];
+	/* counters */
+	uint64_t zero_pages, normal_pages;
+	uint64_t active_start_ms;
+	uint64_t bandwidth_bps;      /* last measured */
+};
+
+int sender__pass(struct sender *s);
+int sender__flush(struct sender *s);
+int sender__switchover(struct sender *s);
+void sender__update_stats(struct sender *s);
+void sender__proto_ram(const struct ram *ram, struct proto_ram *out);
+
+#endif

@@ -1,0 +1,216 @@
+/* The outgoing migration thread: phases and failure handling. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/timeutil.h"
+#include "ctl/control.h"
+#include "kvm/vm.h"
+#include "mem/dirty.h"
+#include "mig/send_impl.h"
+
+#define SENDER_REC_CAP (PROTO_HDR_SIZE + 16 + SENDER_BATCH_ZERO * 8 + 256 * 1024)
+
+void sender__proto_ram(const struct ram *ram, struct proto_ram *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->nr_blocks = ram->nr_blocks;
+	for (unsigned i = 0; i < ram->nr_blocks; i++)
+		out->blocks[i] = (struct proto_ram_block){ ram->blocks[i].gpa, ram->blocks[i].size,
+							   ram->blocks[i].host };
+}
+
+void sender__update_stats(struct sender *s)
+{
+	struct migration *m = s->m;
+	uint64_t now = time__now_ms();
+	pthread_mutex_lock(&m->lock);
+	struct mig_stats *st = &m->stats;
+	st->transferred = mig_stream__bytes_out(s->stream);
+	st->duplicate = s->zero_pages;
+	st->normal = s->normal_pages;
+	st->normal_bytes = s->normal_pages * RAM_PAGE_SIZE;
+	st->remaining = bitmap__count(&m->todo) * RAM_PAGE_SIZE;
+	st->total_ms = now - st->start_ms;
+	uint64_t active = now > s->active_start_ms ? now - s->active_start_ms : 0;
+	if (active) {
+		st->mbps = (double)st->transferred * 8.0 / 1e6 / ((double)active / 1000.0);
+		st->pages_per_second = (s->zero_pages + s->normal_pages) * 1000 / active;
+	}
+	st->throttle_pct = atomic_load(&m->vm->throttle_pct);
+	if (m->status != MIG_DEVICE)
+		st->precopy_bytes = st->transferred;
+	pthread_mutex_unlock(&m->lock);
+}
+
+static int sender__setup(struct sender *s, const char *uri)
+{
+	struct migration *m = s->m;
+	char err[256];
+	int rc = mig_stream__connect(s->stream, uri, err, sizeof(err));
+	if (rc) {
+		migration__set_error(m, "%s", err);
+		return rc;
+	}
+	m->stream_open = true;
+	mig_stream__set_rate(s->stream, m->params.max_bandwidth);
+	struct proto_ram pr;
+	struct proto_start st;
+	sender__proto_ram(s->ram, &pr);
+	proto_start__from_ram(&st, &pr);
+	ssize_t n = proto__encode_start(s->rec, s->rec_cap, &st);
+	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
+	if (rc)
+		return rc;
+	rc = dirty__start(m->vm->dirty);
+	if (rc) {
+		migration__set_error(m, "cannot start dirty tracking: %s", strerror(-rc));
+		return rc;
+	}
+	/* Collect (and re-protect, chunk by chunk) what tracking reports at
+	 * once, e.g. KVM_DIRTY_LOG_INITIALLY_SET: the bulk pass sends all. */
+	int64_t got = dirty__sync(m->vm->dirty, &m->todo, false);
+	if (got < 0)
+		return (int)got;
+	bitmap__set_all(&m->todo);
+	return 0;
+}
+
+/* Measures the round, asks the policy; returns 1 to switch over. */
+static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64_t ms_round,
+				  uint64_t dirty_pages)
+{
+	struct migration *m = s->m;
+	struct vm *vm = m->vm;
+	if (ms_round >= 5 && bytes_round)
+		s->bandwidth_bps = bytes_round * 1000 / ms_round;
+	struct dirty_stats ds;
+	dirty__get_stats(vm->dirty, &ds);
+	uint64_t rate = dirty__backend(vm->dirty) == DIRTY_RING ?
+			dirty__take_peak(vm->dirty) : ds.rate_pages;
+	struct policy_input in = {
+		.bytes_sent_period = bytes_round, .period_ms = ms_round,
+		.dirty_bytes_period = dirty_pages * RAM_PAGE_SIZE,
+		.remaining_bytes = bitmap__count(&m->todo) * RAM_PAGE_SIZE,
+		.bandwidth_bps = s->bandwidth_bps, .dirty_rate_bps = rate * RAM_PAGE_SIZE,
+		.throttle_pct = atomic_load(&vm->throttle_pct),
+	};
+	struct policy_params pp;
+	pthread_mutex_lock(&m->lock);
+	pp = m->params.policy;
+	pp.kind = m->params.cap_auto_converge ? m->params.throttle_policy : POLICY_NONE;
+	pthread_mutex_unlock(&m->lock);
+	struct policy_decision d;
+	policy__decide(&m->pstate, &pp, &in, &d);
+	pthread_mutex_lock(&m->lock);
+	m->stats.expected_downtime_ms = d.expected_downtime_ms;
+	m->stats.dirty_pages_rate = rate;
+	if (rate > m->stats.dirty_rate_peak)
+		m->stats.dirty_rate_peak = rate;
+	pthread_mutex_unlock(&m->lock);
+	if (d.action == POLICY_SWITCHOVER)
+		return 1;
+	if (d.action == POLICY_SET_THROTTLE)
+		atomic_store(&vm->throttle_pct, d.throttle_pct);
+	return 0;
+}
+
+static int sender__iterate(struct sender *s)
+{
+	struct migration *m = s->m;
+	uint64_t t = time__now_ms(), bytes = mig_stream__bytes_out(s->stream);
+	int rc = sender__pass(s); /* the bulk pass */
+	while (!rc) {
+		uint64_t now = time__now_ms(), out = mig_stream__bytes_out(s->stream);
+		/* no all-vCPU kick while throttled (seed 000 patch 3) */
+		bool kick = atomic_load(&m->vm->throttle_pct) == 0;
+		int64_t got = dirty__sync(m->vm->dirty, &m->todo, kick);
+		if (got < 0)
+			return (int)got;
+		pthread_mutex_lock(&m->lock);
+		m->stats.dirty_sync_count++;
+		m->stats.iteration++;
+		pthread_mutex_unlock(&m->lock);
+		sender__update_stats(s);
+		if (sender__round_decision(s, out - bytes, now - t, (uint64_t)got))
+			return 0;
+		if (m->params.cap_events)
+			control__event(m->ctl, "MIGRATION_PASS",
+				       json_pack("{s:I}", "pass", (json_int_t)m->stats.iteration + 1));
+		if (atomic_load(&m->cancel))
+			return -ECANCELED;
+		t = now;
+		bytes = out;
+		rc = sender__pass(s);
+	}
+	return rc;
+}
+
+static void sender__cleanup(struct sender *s, int rc)
+{
+	struct migration *m = s->m;
+	struct vm *vm = m->vm;
+	atomic_store(&vm->throttle_pct, 0);
+	if (dirty__stop(vm->dirty))
+		log_warn("migration: dirty tracking did not stop cleanly");
+	sender__update_stats(s);
+	if (!rc) {
+		vm__set_status(vm, VM_STATUS_POSTMIGRATE);
+		migration__set_status(m, MIG_COMPLETED);
+		return;
+	}
+	if (s->paused) {
+		vm__set_status(vm, VM_STATUS_RUNNING);
+		vm__resume_vcpus(vm);
+		control__event(m->ctl, "RESUME", NULL);
+	}
+	if (atomic_load(&m->cancel)) {
+		migration__set_status(m, MIG_CANCELLED);
+		return;
+	}
+	if (m->stream_open && mig_stream__error(s->stream))
+		migration__set_error(m, "%s", mig_stream__strerror(s->stream));
+	migration__set_error(m, "%s", strerror(-rc));
+	migration__set_status(m, MIG_FAILED);
+	log_err("migration failed: %s", m->error);
+}
+
+void *migration__send_thread(void *arg)
+{
+	struct migration *m = arg;
+	struct sender *s = calloc(1, sizeof(*s));
+	int rc = -ENOMEM;
+	pthread_setname_np(pthread_self(), "migration");
+	if (!s)
+		goto out;
+	s->m = m;
+	s->ram = &m->vm->ram;
+	s->stream = &m->stream;
+	s->rec_cap = SENDER_REC_CAP;
+	s->rec = malloc(s->rec_cap);
+	s->zero_detect = m->params.cap_zero_detect;
+	policy__state_init(&m->pstate);
+	rc = s->rec ? sender__setup(s, m->out_uri) : -ENOMEM;
+	if (!rc) {
+		pthread_mutex_lock(&m->lock);
+		m->stats.setup_ms = time__now_ms() - m->stats.start_ms;
+		pthread_mutex_unlock(&m->lock);
+		s->active_start_ms = time__now_ms();
+		migration__set_status(m, MIG_ACTIVE);
+		rc = sender__iterate(s);
+	}
+	if (!rc)
+		rc = sender__switchover(s);
+	if (rc && atomic_load(&m->cancel))
+		rc = -ECANCELED;
+	sender__cleanup(s, rc);
+	if (m->stream_open) {
+		mig_stream__close(&m->stream);
+		m->stream_open = false;
+	}
+	free(s->rec);
+out:
+	free(s);
+	return NULL;
+}
