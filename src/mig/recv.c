@@ -1,0 +1,334 @@
+/* Migration receiver state machine; see recv.h. */
+#include "mig/recv.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int mig_recv__init(struct mig_recv *r, const struct proto_ram *ram,
+		   const struct mig_recv_ops *ops)
+{
+	memset(r, 0, sizeof(*r));
+	if (!ram || ram->nr_blocks == 0 || ram->nr_blocks > PROTO_MAX_BLOCKS)
+		return -EINVAL;
+	for (unsigned i = 0; i < ram->nr_blocks; i++) {
+		const struct proto_ram_block *b = &ram->blocks[i];
+		if (!b->host || b->size == 0 || b->size % PROTO_PAGE_SIZE)
+			return -EINVAL;
+	}
+	r->ram = ram;
+	if (ops)
+		r->ops = *ops;
+	r->state = MIG_RECV_WAIT_START;
+	return 0;
+}
+
+void mig_recv__free(struct mig_recv *r)
+{
+	free(r->payload);
+	free(r->scratch);
+	proto_codec__free(&r->codec);
+	r->payload = r->scratch = NULL;
+}
+
+const char *mig_recv__state_name(enum mig_recv_state st)
+{
+	switch (st) {
+	case MIG_RECV_WAIT_START: return "wait-start";
+	case MIG_RECV_RAM:        return "ram";
+	case MIG_RECV_DONE:       return "done";
+	case MIG_RECV_FAILED:     return "failed";
+	}
+	return "?";
+}
+
+static int recv__vfail(struct mig_recv *r, int err, const char *fmt, va_list ap)
+{
+	if (r->state == MIG_RECV_FAILED)
+		return r->err;
+	r->err = err < 0 ? err : -EINVAL;
+	r->state = MIG_RECV_FAILED;
+	vsnprintf(r->errmsg, sizeof(r->errmsg), fmt, ap);
+	return r->err;
+}
+
+int mig_recv__fail(struct mig_recv *r, int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int e = recv__vfail(r, err, fmt, ap);
+	va_end(ap);
+	return e;
+}
+
+/* Checks block and every offset of a PAGES/ZERO run against guest RAM. */
+static int recv__check_run(struct mig_recv *r, const char *what, const struct proto_pages *pg)
+{
+	if (pg->block >= r->ram->nr_blocks)
+		return mig_recv__fail(r, -EINVAL, "%s: block %" PRIu32 " out of range (%u blocks)",
+				      what, pg->block, r->ram->nr_blocks);
+	uint64_t size = r->ram->blocks[pg->block].size;
+	for (uint32_t i = 0; i < pg->count; i++) {
+		uint64_t off = proto__offset(pg, i);
+		if (off % PROTO_PAGE_SIZE)
+			return mig_recv__fail(r, -EINVAL, "%s: offset 0x%" PRIx64
+					      " in block %" PRIu32 " is not page-aligned",
+					      what, off, pg->block);
+		if (off > size - PROTO_PAGE_SIZE)
+			return mig_recv__fail(r, -EINVAL, "%s: offset 0x%" PRIx64
+					      " beyond block %" PRIu32 " (size 0x%" PRIx64 ")",
+					      what, off, pg->block, size);
+	}
+	return 0;
+}
+
+static int recv__start(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	struct proto_start st;
+	const char *why = NULL;
+	char msg[200];
+	if (r->state != MIG_RECV_WAIT_START)
+		return mig_recv__fail(r, -EPROTO, "second START record");
+	if (proto__decode_start(p, h->length, &st, &why))
+		return mig_recv__fail(r, -EPROTO, "START: %s (version %" PRIu32 ", page size %"
+				      PRIu32 ")", why, st.version, st.page_size);
+	if (proto__layout_mismatch(&st, r->ram, msg, sizeof(msg)))
+		return mig_recv__fail(r, -EINVAL, "START: RAM layout differs: %s", msg);
+	r->state = MIG_RECV_RAM;
+	return 0;
+}
+
+static int recv__pages(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	struct proto_pages pg;
+	const char *why = NULL;
+	if (proto__decode_pages(p, h->length, h->flags, &pg, &why))
+		return mig_recv__fail(r, -EPROTO, "PAGES: %s", why);
+	int e = recv__check_run(r, "PAGES", &pg);
+	if (e)
+		return e;
+	const uint8_t *data = pg.data;
+	if (pg.comp != PROTO_COMP_NONE) {
+		if (!r->scratch && !(r->scratch = malloc((size_t)PROTO_MAX_PAGES * PROTO_PAGE_SIZE)))
+			return mig_recv__fail(r, -ENOMEM, "PAGES: out of memory");
+		e = proto__decompress(&r->codec, pg.comp, pg.data, pg.data_len, r->scratch,
+				      pg.raw_len);
+		if (e)
+			return mig_recv__fail(r, e, "PAGES: %s blob does not decompress to %"
+					      PRIu32 " bytes", pg.comp == PROTO_COMP_ZSTD ?
+					      "zstd" : "lz4", pg.raw_len);
+		data = r->scratch;
+	}
+	uint8_t *host = r->ram->blocks[pg.block].host;
+	for (uint32_t i = 0; i < pg.count; i++) {
+		uint64_t off = proto__offset(&pg, i);
+		memcpy(host + off, data + (size_t)i * PROTO_PAGE_SIZE, PROTO_PAGE_SIZE);
+		if (r->ops.on_page_written)
+			r->ops.on_page_written(r->ops.ctx, pg.block, off);
+	}
+	r->stats.pages += pg.count;
+	return 0;
+}
+
+static bool recv__page_is_zero(const uint8_t *p)
+{
+	uint64_t acc = 0, w;
+	for (size_t i = 0; i < PROTO_PAGE_SIZE; i += 8) {
+		memcpy(&w, p + i, 8);
+		acc |= w;
+	}
+	return acc == 0;
+}
+
+static int recv__hook_ret(int rc)
+{
+	return rc < 0 ? rc : -EINVAL;
+}
+
+static int recv__zero(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	struct proto_pages pg;
+	const char *why = NULL;
+	if (proto__decode_zero(p, h->length, &pg, &why))
+		return mig_recv__fail(r, -EPROTO, "ZERO: %s", why);
+	int e = recv__check_run(r, "ZERO", &pg);
+	if (e)
+		return e;
+	uint8_t *host = r->ram->blocks[pg.block].host;
+	for (uint32_t i = 0; i < pg.count; i++) {
+		uint64_t off = proto__offset(&pg, i);
+		if (r->ops.on_zero) {
+			int rc = r->ops.on_zero(r->ops.ctx, pg.block, off);
+			if (rc)
+				return mig_recv__fail(r, recv__hook_ret(rc), "ZERO: zeroing block %"
+						      PRIu32 " offset 0x%" PRIx64 " failed: %s",
+						      pg.block, off, strerror(-recv__hook_ret(rc)));
+		} else if (recv__page_is_zero(host + off)) {
+			r->stats.zero_skipped++;
+		} else {
+			memset(host + off, 0, PROTO_PAGE_SIZE);
+		}
+		if (r->ops.on_page_written)
+			r->ops.on_page_written(r->ops.ctx, pg.block, off);
+	}
+	r->stats.zero_pages += pg.count;
+	return 0;
+}
+
+static int recv__state_rec(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	struct proto_state st;
+	const char *why = NULL;
+	if (proto__decode_state(p, h->length, &st, &why))
+		return mig_recv__fail(r, -EPROTO, "STATE: %s", why);
+	if (!r->ops.on_state)
+		return mig_recv__fail(r, -ENOTSUP, "STATE section 0x%" PRIx32
+				      " but no state handler", st.id);
+	int rc = r->ops.on_state(r->ops.ctx, st.id, st.version, st.instance, st.data, st.len);
+	if (rc) {
+		rc = recv__hook_ret(rc);
+		return mig_recv__fail(r, rc, "STATE section 0x%" PRIx32 " version %" PRIu32
+				      " instance %" PRIu32 " (%zu bytes) rejected: %s",
+				      st.id, st.version, st.instance, st.len, strerror(-rc));
+	}
+	r->stats.sections++;
+	return 0;
+}
+
+static int recv__end(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	uint8_t theirs[PROTO_HASH_LEN], ours[PROTO_HASH_LEN];
+	bool has = false;
+	const char *why = NULL;
+	if (proto__decode_end(p, h->length, h->flags, theirs, &has, &why))
+		return mig_recv__fail(r, -EPROTO, "END: %s", why);
+	r->checksum_present = has;
+	if (has) {
+		proto__ram_hash(r->ram, ours);
+		r->checksum_ok = memcmp(ours, theirs, PROTO_HASH_LEN) == 0;
+		if (!r->checksum_ok)
+			return mig_recv__fail(r, -EBADMSG,
+					      "END: guest RAM checksum mismatch (pages lost or corrupted)");
+	}
+	r->state = MIG_RECV_DONE;
+	return 0;
+}
+
+/* The source's ERROR record: keep its text printable. */
+static int recv__error_rec(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	struct proto_error e;
+	const char *why = NULL;
+	char text[160];
+	if (proto__decode_error(p, h->length, &e, &why))
+		return mig_recv__fail(r, -EPROTO, "ERROR: %s", why);
+	size_t n = e.msg_len < sizeof(text) - 1 ? e.msg_len : sizeof(text) - 1;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)e.msg[i];
+		text[i] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
+	}
+	text[n] = 0;
+	return mig_recv__fail(r, -ECANCELED, "source aborted the migration (code %" PRIu32
+			      "): %s", e.code, text);
+}
+
+static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	uint64_t round;
+	const char *why = NULL;
+	switch (h->type) {
+	case PROTO_PAGES:
+		return recv__pages(r, h, p);
+	case PROTO_ZERO:
+		return recv__zero(r, h, p);
+	case PROTO_STATE:
+		return recv__state_rec(r, h, p);
+	case PROTO_SYNC:
+		if (proto__decode_sync(p, h->length, &round, &why))
+			return mig_recv__fail(r, -EPROTO, "SYNC: %s", why);
+		r->stats.syncs++;
+		r->stats.last_round = round;
+		if (r->ops.on_sync)
+			r->ops.on_sync(r->ops.ctx, round);
+		return 0;
+	case PROTO_END:
+		return recv__end(r, h, p);
+	default:
+		return mig_recv__fail(r, -EPROTO, "%s record on the migration stream",
+				      proto__type_name(h->type));
+	}
+}
+
+int mig_recv__feed_record(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	if (r->state == MIG_RECV_FAILED)
+		return r->err;
+	if (r->state == MIG_RECV_DONE)
+		return mig_recv__fail(r, -EPROTO, "%s record after END", proto__type_name(h->type));
+	const char *problem = proto__header_problem(h);
+	if (problem)
+		return mig_recv__fail(r, -EPROTO, "bad record header (type 0x%" PRIx32 " flags 0x%"
+				      PRIx32 " length %" PRIu64 "): %s",
+				      h->type, h->flags, h->length, problem);
+	if (h->length && !p)
+		return mig_recv__fail(r, -EINVAL, "record payload missing");
+	int e;
+	if (h->type == PROTO_ERROR)
+		return recv__error_rec(r, h, p);
+	if (h->type == PROTO_START)
+		e = recv__start(r, h, p);
+	else if (r->state == MIG_RECV_WAIT_START)
+		return mig_recv__fail(r, -EPROTO, "%s record before START",
+				      proto__type_name(h->type));
+	else
+		e = recv__ram_record(r, h, p);
+	if (e)
+		return e;
+	r->stats.records++;
+	r->stats.bytes += PROTO_HDR_SIZE + h->length;
+	return 0;
+}
+
+int mig_recv__step(struct mig_recv *r, struct mig_stream *s)
+{
+	struct proto_hdr h;
+	if (r->state == MIG_RECV_FAILED)
+		return r->err;
+	if (r->state == MIG_RECV_DONE)
+		return 0;
+	if (!r->payload && !(r->payload = malloc(PROTO_MAX_PAYLOAD)))
+		return mig_recv__fail(r, -ENOMEM, "out of memory for the record buffer");
+	int e = mig_stream__get_record(s, &h, r->payload, PROTO_MAX_PAYLOAD);
+	if (e)
+		return mig_recv__fail(r, e, "%s%s", e == -EPROTO ? "" : "stream: ",
+				      mig_stream__strerror(s));
+	return mig_recv__feed_record(r, &h, r->payload);
+}
+
+int mig_recv__run(struct mig_recv *r, struct mig_stream *s)
+{
+	while (r->state != MIG_RECV_DONE) {
+		int e = mig_recv__step(r, s);
+		if (e)
+			return e;
+	}
+	return 0;
+}
+
+int mig_recv__reply(struct mig_recv *r, struct mig_stream *s)
+{
+	uint8_t buf[PROTO_HDR_SIZE + 4 + PROTO_MAX_MSG];
+	ssize_t n;
+	if (r->state == MIG_RECV_DONE)
+		n = proto__encode_rp_ok(buf, sizeof(buf));
+	else
+		n = proto__encode_rp_fail(buf, sizeof(buf), (uint32_t)(r->err ? -r->err : EPROTO),
+					  r->errmsg[0] ? r->errmsg : "migration incomplete");
+	if (n < 0)
+		return (int)n;
+	int e = mig_stream__write(s, buf, (size_t)n);
+	return e ? e : mig_stream__flush(s);
+}

@@ -1,0 +1,132 @@
+/* Migration receiver: the destination's state machine over the record
+ * stream (docs/protocol.md, "Receiver state machine").
+ *
+ *   WAIT_START --START--> RAM --END--> DONE
+ *        \                 |  PAGES, ZERO, STATE, SYNC
+ *         `---- any error -+--> FAILED  (sticky, with a message)
+ *
+ * Every record is validated as a whole (header, payload structure, block
+ * index, every offset) before anything is written into guest RAM, so a
+ * rejected record leaves RAM unchanged.  Errors:
+ *   -EPROTO      record out of place or malformed (incl. bad magic/version)
+ *   -EINVAL      the source's RAM layout differs from ours, or an offset
+ *                or block index lies outside guest RAM
+ *   -EBADMSG     END checksum does not match our RAM
+ *   -ECANCELED   the source sent ERROR (it aborted)
+ *   other        a stream error, or what a hook returned
+ * After an error every call returns the same error; mig_recv__error()
+ * says what happened.
+ *
+ * Pure memory: guest RAM is a struct proto_ram supplied by the caller (who
+ * keeps it alive and mapped).  Not thread-safe: one thread drives a
+ * receiver; the hooks run on that thread.
+ */
+#ifndef KMIG_MIG_RECV_H
+#define KMIG_MIG_RECV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/log.h"
+#include "mig/proto.h"
+#include "mig/stream.h"
+
+enum mig_recv_state {
+	MIG_RECV_WAIT_START,
+	MIG_RECV_RAM,
+	MIG_RECV_DONE,
+	MIG_RECV_FAILED,
+};
+
+struct mig_recv_ops {
+	/* A STATE section.  Required (a STATE record without it fails with
+	 * -ENOTSUP).  A non-zero return fails the stream with that error
+	 * (positive values are turned into -EINVAL). */
+	int (*on_state)(void *ctx, uint32_t id, uint32_t ver, uint32_t instance,
+			const void *data, size_t len);
+	/* Optional: make the page at (block, offset) zero (e.g. madvise).
+	 * Default: memset, skipped if the page already reads as zero.
+	 * Non-zero return fails as for on_state. */
+	int (*on_zero)(void *ctx, uint32_t block, uint64_t offset);
+	/* Optional: called after each page of a PAGES or ZERO record was
+	 * applied (e.g. to mark it received). */
+	void (*on_page_written)(void *ctx, uint32_t block, uint64_t offset);
+	/* Optional: a SYNC (round) marker. */
+	void (*on_sync)(void *ctx, uint64_t round);
+	void *ctx;
+};
+
+struct mig_recv_stats {
+	uint64_t records;       /* records accepted */
+	uint64_t bytes;         /* header + payload bytes of those records */
+	uint64_t pages;         /* pages written from PAGES records */
+	uint64_t zero_pages;    /* pages from ZERO records */
+	uint64_t zero_skipped;  /* of those, already zero (default path) */
+	uint64_t sections;      /* STATE records */
+	uint64_t syncs;         /* SYNC records */
+	uint64_t last_round;    /* round of the last SYNC */
+};
+
+struct mig_recv {
+	enum mig_recv_state state;
+	const struct proto_ram *ram;
+	struct mig_recv_ops ops;
+	struct mig_recv_stats stats;
+	bool checksum_present, checksum_ok;
+	int err;
+	char errmsg[256];
+	uint8_t *payload;       /* record buffer for step(), lazily allocated */
+	uint8_t *scratch;       /* decompressed pages, lazily allocated */
+	struct proto_codec codec;
+};
+
+/* ram must outlive r; every block size must be a non-zero multiple of
+ * PROTO_PAGE_SIZE and nr_blocks in 1..PROTO_MAX_BLOCKS (else -EINVAL).
+ * ops is copied; NULL means no hooks. */
+int mig_recv__init(struct mig_recv *r, const struct proto_ram *ram,
+		   const struct mig_recv_ops *ops) KMIG_MUST_CHECK;
+void mig_recv__free(struct mig_recv *r);
+
+/* Applies one record whose payload (hdr->length bytes) is in memory.
+ * 0 or -errno (and the receiver is FAILED). */
+int mig_recv__feed_record(struct mig_recv *r, const struct proto_hdr *hdr,
+			  const void *payload) KMIG_MUST_CHECK;
+/* Reads one record from s and applies it.  In DONE, returns 0 without
+ * reading. */
+int mig_recv__step(struct mig_recv *r, struct mig_stream *s) KMIG_MUST_CHECK;
+/* Steps until DONE (0) or an error. */
+int mig_recv__run(struct mig_recv *r, struct mig_stream *s) KMIG_MUST_CHECK;
+
+/* Fails the receiver from outside (e.g. restoring state failed after
+ * END); keeps an earlier error.  Returns the error in force. */
+int mig_recv__fail(struct mig_recv *r, int err, const char *fmt, ...) KMIG_PRINTF(3, 4);
+/* Return path: RP_OK if DONE, else RP_FAIL with the error code (positive
+ * errno) and message; flushes.  Call RP_OK only once the guest runs. */
+int mig_recv__reply(struct mig_recv *r, struct mig_stream *s) KMIG_MUST_CHECK;
+
+static inline enum mig_recv_state mig_recv__state(const struct mig_recv *r)
+{
+	return r->state;
+}
+const char *mig_recv__state_name(enum mig_recv_state st);
+/* "" when there is no error. */
+static inline const char *mig_recv__error(const struct mig_recv *r)
+{
+	return r->errmsg;
+}
+static inline const struct mig_recv_stats *mig_recv__stats(const struct mig_recv *r)
+{
+	return &r->stats;
+}
+/* Whether END carried a checksum, and whether it matched our RAM. */
+static inline bool mig_recv__checksum_present(const struct mig_recv *r)
+{
+	return r->checksum_present;
+}
+static inline bool mig_recv__checksum_ok(const struct mig_recv *r)
+{
+	return r->checksum_ok;
+}
+
+#endif

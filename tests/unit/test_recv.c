@@ -1,0 +1,557 @@
+/* Unit tests of the receiver state machine on a fake two-block RAM. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "mig/proto_le.h"
+#include "mig/recv.h"
+
+#define B0_PAGES 16
+#define B1_PAGES 8
+#define PG PROTO_PAGE_SIZE
+
+struct fake {
+	struct proto_ram ram;
+	uint8_t *mem;               /* both blocks, back to back */
+	size_t len;
+};
+
+static void fake__init(struct fake *f, unsigned seed)
+{
+	f->len = (size_t)(B0_PAGES + B1_PAGES) * PG;
+	f->mem = malloc(f->len);
+	for (size_t i = 0; i < f->len; i++)
+		f->mem[i] = (uint8_t)(seed + i * 31 + i / PG);
+	f->ram.nr_blocks = 2;
+	f->ram.blocks[0] = (struct proto_ram_block){ 0, (uint64_t)B0_PAGES * PG, f->mem };
+	f->ram.blocks[1] = (struct proto_ram_block){ 1ull << 32, (uint64_t)B1_PAGES * PG,
+						     f->mem + (size_t)B0_PAGES * PG };
+}
+
+struct hooks {
+	int sections, written, zeroed, syncs;
+	uint32_t last_id, last_instance;
+	char last_data[32];
+	int state_ret;
+};
+
+static int h_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst, const void *d, size_t n)
+{
+	struct hooks *h = ctx;
+	(void)ver;
+	h->sections++;
+	h->last_id = id;
+	h->last_instance = inst;
+	memset(h->last_data, 0, sizeof(h->last_data));
+	memcpy(h->last_data, d, n < sizeof(h->last_data) ? n : sizeof(h->last_data) - 1);
+	return h->state_ret;
+}
+static void h_written(void *ctx, uint32_t b, uint64_t o) { (void)b; (void)o; ((struct hooks *)ctx)->written++; }
+static void h_sync(void *ctx, uint64_t r) { (void)r; ((struct hooks *)ctx)->syncs++; }
+
+/* Feeds one encoded record (header decoded without validation). */
+static int feed(struct mig_recv *r, const uint8_t *rec, ssize_t n)
+{
+	struct proto_hdr h;
+	if (n < (ssize_t)PROTO_HDR_SIZE)
+		return -999;
+	int bad = proto__decode_header(rec, (size_t)n, &h);   /* fed anyway */
+	(void)bad;
+	return mig_recv__feed_record(r, &h, rec + PROTO_HDR_SIZE);
+}
+
+/* A whole valid stream that turns dst into src, written into out[]. */
+struct rec { uint8_t *buf; ssize_t len; };
+
+static int build_stream(struct fake *src, struct rec *out)
+{
+	struct proto_codec codec = {0};
+	struct proto_start st;
+	size_t cap = proto__pages_record_size(8);
+	int n = 0;
+	for (int i = 0; i < 10; i++)
+		out[i].buf = malloc(cap);
+	proto_start__from_ram(&st, &src->ram);
+	out[n].len = proto__encode_start(out[n].buf, cap, &st); n++;
+	uint64_t o0[3] = { 0, 5 * PG, 15 * PG };
+	out[n].len = proto__encode_pages(out[n].buf, cap, 0, 3, o0, src->ram.blocks[0].host); n++;
+	/* make block 1 pages 0..3 compressible, send them with zstd and lz4 */
+	for (size_t i = 0; i < 4 * PG; i++)
+		src->ram.blocks[1].host[i] = (uint8_t)(i % 17 == 0);
+	uint64_t o1[2] = { 0, PG }, o2[2] = { 2 * PG, 3 * PG };
+	out[n].len = proto__encode_pages_comp(&codec, PROTO_COMP_ZSTD, out[n].buf, cap, 1, 2, o1,
+					      src->ram.blocks[1].host); n++;
+	out[n].len = proto__encode_pages_comp(&codec, PROTO_COMP_LZ4, out[n].buf, cap, 1, 2, o2,
+					      src->ram.blocks[1].host); n++;
+	/* zero pages: block 0 pages 1, 2 and block 1 page 7 */
+	memset(src->ram.blocks[0].host + PG, 0, 2 * PG);
+	memset(src->ram.blocks[1].host + 7 * PG, 0, PG);
+	uint64_t z0[2] = { PG, 2 * PG }, z1[1] = { 7 * PG };
+	out[n].len = proto__encode_zero(out[n].buf, cap, 0, 2, z0); n++;
+	out[n].len = proto__encode_zero(out[n].buf, cap, 1, 1, z1); n++;
+	out[n].len = proto__encode_sync(out[n].buf, cap, 3); n++;
+	out[n].len = proto__encode_state(out[n].buf, cap, 0x20, 1, 0, "cpu0", 4); n++;
+	out[n].len = proto__encode_state(out[n].buf, cap, 0x20, 1, 1, "cpu1", 4); n++;
+	proto_codec__free(&codec);
+	return n;
+}
+
+/* Copies to dst the pages the stream above does not carry, so that after
+ * applying it dst must equal src everywhere. */
+static void align_untouched(struct fake *dst, const struct fake *src)
+{
+	static const int b0_sent[] = { 0, 1, 2, 5, 15 }, b1_sent[] = { 0, 1, 2, 3, 7 };
+	for (int p = 0; p < B0_PAGES; p++) {
+		int sent = 0;
+		for (int k = 0; k < 5; k++) sent |= b0_sent[k] == p;
+		if (!sent) memcpy(dst->ram.blocks[0].host + p * PG, src->ram.blocks[0].host + p * PG, PG);
+	}
+	for (int p = 0; p < B1_PAGES; p++) {
+		int sent = 0;
+		for (int k = 0; k < 5; k++) sent |= b1_sent[k] == p;
+		if (!sent) memcpy(dst->ram.blocks[1].host + p * PG, src->ram.blocks[1].host + p * PG, PG);
+	}
+}
+
+static void t_valid_stream(struct t *t)
+{
+	struct fake src, dst;
+	struct rec recs[10];
+	struct hooks hk = {0};
+	struct mig_recv_ops ops = { .on_state = h_state, .on_page_written = h_written,
+				    .on_sync = h_sync, .ctx = &hk };
+	struct mig_recv r;
+	fake__init(&src, 1);
+	fake__init(&dst, 77);
+	int n = build_stream(&src, recs);
+	align_untouched(&dst, &src);
+	/* page 2 of block 0 is already zero on dst: its memset is skipped */
+	memset(dst.ram.blocks[0].host + 2 * PG, 0, PG);
+	T_CHECK(t, memcmp(src.mem, dst.mem, src.len) != 0);
+	T_CHECK_EQ(t, mig_recv__init(&r, &dst.ram, &ops), 0);
+	T_CHECK_EQ(t, mig_recv__state(&r), MIG_RECV_WAIT_START);
+	for (int i = 0; i < n; i++) {
+		T_CHECK(t, recs[i].len > 0);
+		T_CHECK_EQ(t, feed(&r, recs[i].buf, recs[i].len), 0);
+		if (i == 0)
+			T_CHECK_EQ(t, mig_recv__state(&r), MIG_RECV_RAM);
+	}
+	uint8_t hash[32], end[64];
+	proto__ram_hash(&src.ram, hash);
+	T_CHECK_EQ(t, feed(&r, end, proto__encode_end(end, sizeof(end), hash)), 0);
+	T_CHECK_EQ(t, mig_recv__state(&r), MIG_RECV_DONE);
+	T_CHECK(t, mig_recv__checksum_present(&r) && mig_recv__checksum_ok(&r));
+	T_CHECK(t, memcmp(src.mem, dst.mem, src.len) == 0);
+	T_CHECK(t, strcmp(mig_recv__error(&r), "") == 0);
+	const struct mig_recv_stats *s = mig_recv__stats(&r);
+	T_CHECK_EQ(t, s->pages, 7);
+	T_CHECK_EQ(t, s->zero_pages, 3);
+	T_CHECK_EQ(t, s->zero_skipped, 1);
+	T_CHECK_EQ(t, s->sections, 2);
+	T_CHECK_EQ(t, s->syncs, 1);
+	T_CHECK_EQ(t, s->last_round, 3);
+	T_CHECK_EQ(t, s->records, n + 1);
+	T_CHECK_EQ(t, hk.written, 10);
+	T_CHECK_EQ(t, hk.sections, 2);
+	T_CHECK_EQ(t, hk.syncs, 1);
+	T_CHECK(t, hk.last_id == 0x20 && hk.last_instance == 1 && !strcmp(hk.last_data, "cpu1"));
+	/* anything after END fails */
+	T_CHECK_EQ(t, feed(&r, recs[6].buf, recs[6].len), -EPROTO);
+	T_CHECK(t, strstr(mig_recv__error(&r), "after END") != NULL);
+	mig_recv__free(&r);
+	for (int i = 0; i < 10; i++)
+		free(recs[i].buf);
+	free(src.mem);
+	free(dst.mem);
+}
+
+/* ---- rejections: each leaves RAM byte-for-byte unchanged ---- */
+
+struct neg {
+	struct fake f;
+	uint8_t *snap;
+	struct mig_recv r;
+	struct hooks hk;
+	uint8_t buf[2 * PROTO_HDR_SIZE + 16 * (8 + PG) + 64];
+};
+
+static void neg__setup(struct neg *x, bool started)
+{
+	memset(&x->hk, 0, sizeof(x->hk));
+	fake__init(&x->f, 5);
+	x->snap = malloc(x->f.len);
+	memcpy(x->snap, x->f.mem, x->f.len);
+	struct mig_recv_ops ops = { .on_state = h_state, .ctx = &x->hk };
+	if (mig_recv__init(&x->r, &x->f.ram, &ops))
+		abort();
+	if (started) {
+		struct proto_start st;
+		proto_start__from_ram(&st, &x->f.ram);
+		if (feed(&x->r, x->buf, proto__encode_start(x->buf, sizeof(x->buf), &st)))
+			abort();
+	}
+}
+
+/* Feeds buf[0..n), expects error `err` with `substr` in the message, RAM
+ * unchanged, and the receiver stuck in FAILED. */
+static void neg__expect(struct t *t, struct neg *x, ssize_t n, int err, const char *substr)
+{
+	int e = feed(&x->r, x->buf, n);
+	T_CHECK_EQ(t, e, err);
+	T_CHECK_EQ(t, mig_recv__state(&x->r), MIG_RECV_FAILED);
+	T_CHECK(t, mig_recv__error(&x->r)[0] != 0);
+	if (substr && !strstr(mig_recv__error(&x->r), substr)) {
+		T_CHECK(t, !"message");
+		printf("#   message '%s' lacks '%s'\n", mig_recv__error(&x->r), substr);
+	}
+	T_CHECK(t, memcmp(x->snap, x->f.mem, x->f.len) == 0);
+	uint8_t sync[32];
+	T_CHECK_EQ(t, feed(&x->r, sync, proto__encode_sync(sync, sizeof(sync), 1)), err);
+}
+
+static void neg__done(struct neg *x)
+{
+	mig_recv__free(&x->r);
+	free(x->f.mem);
+	free(x->snap);
+}
+
+static void t_reject_order(struct t *t)
+{
+	struct neg x;
+	uint64_t o[1] = { 0 };
+	neg__setup(&x, false);
+	neg__expect(t, &x, proto__encode_pages(x.buf, sizeof(x.buf), 0, 1, o, x.f.mem), -EPROTO,
+		    "before START");
+	neg__done(&x);
+	neg__setup(&x, false);
+	neg__expect(t, &x, proto__encode_end(x.buf, sizeof(x.buf), NULL), -EPROTO, "before START");
+	neg__done(&x);
+	neg__setup(&x, true);
+	struct proto_start st;
+	proto_start__from_ram(&st, &x.f.ram);
+	neg__expect(t, &x, proto__encode_start(x.buf, sizeof(x.buf), &st), -EPROTO, "second START");
+	neg__done(&x);
+	neg__setup(&x, true);
+	neg__expect(t, &x, proto__encode_rp_ok(x.buf, sizeof(x.buf)), -EPROTO, "RP_OK");
+	neg__done(&x);
+	neg__setup(&x, true);
+	neg__expect(t, &x, proto__encode_error(x.buf, sizeof(x.buf), 5, "bye\n"), -ECANCELED,
+		    "source aborted the migration (code 5): bye?");
+	neg__done(&x);
+}
+
+static void t_reject_header(struct t *t)
+{
+	struct neg x;
+	uint64_t o[1] = { 0 };
+	neg__setup(&x, true);
+	T_CHECK_EQ(t, proto__encode_header(x.buf, 16, 0x42, 0, 0), 0);
+	neg__expect(t, &x, 16, -EPROTO, "unknown record type");
+	neg__done(&x);
+	neg__setup(&x, true);
+	ssize_t n = proto__encode_pages(x.buf, sizeof(x.buf), 0, 1, o, x.f.mem);
+	x.buf[4] = 0x20;                        /* unknown flag bit */
+	neg__expect(t, &x, n, -EPROTO, "flag");
+	neg__done(&x);
+	neg__setup(&x, true);
+	n = proto__encode_zero(x.buf, sizeof(x.buf), 0, 1, o);
+	x.buf[4] = PROTO_F_COMPRESSED_ZSTD;     /* flag not valid for ZERO */
+	neg__expect(t, &x, n, -EPROTO, "flag");
+	neg__done(&x);
+	neg__setup(&x, true);
+	T_CHECK_EQ(t, proto__encode_header(x.buf, 16, PROTO_PAGES, 0, PROTO_MAX_PAYLOAD + 1ull), 0);
+	neg__expect(t, &x, 16, -EPROTO, "16 MiB");
+	neg__done(&x);
+}
+
+static void t_reject_start(struct t *t)
+{
+	struct neg x;
+	struct proto_start st;
+	static const struct { int off; uint8_t val; int err; const char *msg; } cases[] = {
+		{ 16 + 0, 'k', -EPROTO, "magic" },
+		{ 16 + 8, 2, -EPROTO, "version" },
+		{ 16 + 13, 0x20, -EPROTO, "page size" },     /* 8192 */
+		{ 16 + 16, 3, -EPROTO, "block count" },
+		{ 16 + 20 + 16 + 8, 0x20, -EINVAL, "layout" }, /* block 1 size */
+		{ 16 + 20 + 0, 0x10, -EINVAL, "layout" },      /* block 0 gpa */
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		neg__setup(&x, false);
+		proto_start__from_ram(&st, &x.f.ram);
+		ssize_t n = proto__encode_start(x.buf, sizeof(x.buf), &st);
+		x.buf[cases[i].off] = cases[i].val;
+		neg__expect(t, &x, n, cases[i].err, cases[i].msg);
+		neg__done(&x);
+	}
+	/* fewer blocks than ours */
+	neg__setup(&x, false);
+	proto_start__from_ram(&st, &x.f.ram);
+	st.nr_blocks = 1;
+	neg__expect(t, &x, proto__encode_start(x.buf, sizeof(x.buf), &st), -EINVAL, "1 RAM blocks");
+	neg__done(&x);
+}
+
+static void t_reject_bounds(struct t *t)
+{
+	struct neg x;
+	static const char *msgs[] = { "out of range", "not page-aligned", "beyond block",
+				      "beyond block", "beyond block", "not page-aligned" };
+	uint64_t bad[][3] = {   /* block, offset of the last of 3 pages */
+		{ 2, 0 }, { 0, 100 }, { 0, 16 * PG }, { 1, 8 * PG },
+		{ 1, UINT64_MAX & ~(uint64_t)(PG - 1) }, { 0, UINT64_MAX },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		for (int zero = 0; zero < 2; zero++) {
+			neg__setup(&x, true);
+			uint64_t o[3] = { 0, PG, bad[i][1] };
+			ssize_t n;
+			/* block_host: encode from a scratch region, the bad
+			 * offset is patched in afterwards */
+			uint64_t ok[3] = { 0, PG, 2 * PG };
+			if (zero)
+				n = proto__encode_zero(x.buf, sizeof(x.buf), (uint32_t)bad[i][0], 3, o);
+			else {
+				n = proto__encode_pages(x.buf, sizeof(x.buf), (uint32_t)bad[i][0], 3, ok,
+							x.snap);
+				le__put64(x.buf + 16 + 8 + 16, bad[i][1]);
+			}
+			neg__expect(t, &x, n, -EINVAL, msgs[i]);
+			neg__done(&x);
+		}
+	}
+}
+
+static void t_reject_payload(struct t *t)
+{
+	struct neg x;
+	uint64_t o[2] = { 0, PG };
+	/* data one byte short / one byte long */
+	for (int d = -1; d <= 1; d += 2) {
+		neg__setup(&x, true);
+		ssize_t n = proto__encode_pages(x.buf, sizeof(x.buf), 0, 2, o, x.snap);
+		le__put64(x.buf + 8, (uint64_t)(n - 16 + d));
+		neg__expect(t, &x, n + d, -EPROTO, "count * page size");
+		neg__done(&x);
+	}
+	/* count 0, count beyond the payload */
+	neg__setup(&x, true);
+	ssize_t n = proto__encode_zero(x.buf, sizeof(x.buf), 0, 2, o);
+	le__put32(x.buf + 20, 0);
+	neg__expect(t, &x, n, -EPROTO, "count 0");
+	neg__done(&x);
+	neg__setup(&x, true);
+	n = proto__encode_zero(x.buf, sizeof(x.buf), 0, 2, o);
+	le__put32(x.buf + 20, 3);
+	neg__expect(t, &x, n, -EPROTO, "exceed the payload");
+	neg__done(&x);
+	neg__setup(&x, true);
+	n = proto__encode_pages(x.buf, sizeof(x.buf), 0, 2, o, x.snap);
+	le__put32(x.buf + 20, 0x40000000);      /* count * 8 overflows u32 */
+	neg__expect(t, &x, n, -EPROTO, NULL);
+	neg__done(&x);
+	/* STATE too short, SYNC wrong size */
+	neg__setup(&x, true);
+	T_CHECK_EQ(t, proto__encode_header(x.buf, 16, PROTO_STATE, 0, 8), 0);
+	neg__expect(t, &x, 24, -EPROTO, "too short");
+	neg__done(&x);
+	neg__setup(&x, true);
+	T_CHECK_EQ(t, proto__encode_header(x.buf, 16, PROTO_SYNC, 0, 9), 0);
+	neg__expect(t, &x, 25, -EPROTO, "length");
+	neg__done(&x);
+}
+
+static void t_reject_compressed(struct t *t)
+{
+	struct neg x;
+	struct proto_codec c = {0};
+	uint64_t o[2] = { 0, PG };
+	uint8_t *zeros = calloc(4, PG);
+	for (int kind = PROTO_COMP_ZSTD; kind <= PROTO_COMP_LZ4; kind++) {
+		/* corrupt blob */
+		neg__setup(&x, true);
+		ssize_t n = proto__encode_pages_comp(&c, kind, x.buf, sizeof(x.buf), 0, 2, o, zeros);
+		T_CHECK(t, n > 0 && n < 200);
+		memset(x.buf + 16 + 8 + 16 + 4, 0xee, (size_t)n - 44);
+		neg__expect(t, &x, n, -EPROTO, "decompress");
+		neg__done(&x);
+		/* blob of 1 page while count says 2: raw length mismatch */
+		neg__setup(&x, true);
+		n = proto__encode_pages_comp(&c, kind, x.buf, sizeof(x.buf), 0, 2, o, zeros);
+		le__put32(x.buf + 40, PG);
+		neg__expect(t, &x, n, -EPROTO, "raw length");
+		neg__done(&x);
+		/* valid 1-page blob with count 2 and raw length patched to 2 pages */
+		neg__setup(&x, true);
+		uint8_t one[256];
+		n = proto__encode_pages_comp(&c, kind, one, sizeof(one), 0, 1, o, zeros);
+		T_CHECK(t, n > 0);
+		size_t blob = (size_t)n - 16 - 16 - 4;
+		ssize_t h = proto__encode_pages_head(x.buf, sizeof(x.buf),
+			kind == PROTO_COMP_ZSTD ? PROTO_F_COMPRESSED_ZSTD : PROTO_F_COMPRESSED_LZ4,
+			0, 2, o, 4 + blob);
+		le__put32(x.buf + h, 2 * PG);
+		memcpy(x.buf + h + 4, one + 16 + 16 + 4, blob);
+		neg__expect(t, &x, h + 4 + (ssize_t)blob, -EPROTO, "decompress");
+		neg__done(&x);
+	}
+	proto_codec__free(&c);
+	free(zeros);
+}
+
+static void t_reject_hooks_and_checksum(struct t *t)
+{
+	struct neg x;
+	neg__setup(&x, true);
+	x.hk.state_ret = -ERANGE;
+	neg__expect(t, &x, proto__encode_state(x.buf, sizeof(x.buf), 7, 1, 0, "x", 1), -ERANGE,
+		    "section 0x7");
+	neg__done(&x);
+	/* no state handler */
+	neg__setup(&x, true);
+	x.r.ops.on_state = NULL;
+	neg__expect(t, &x, proto__encode_state(x.buf, sizeof(x.buf), 7, 1, 0, "x", 1), -ENOTSUP,
+		    "no state handler");
+	neg__done(&x);
+	/* wrong checksum */
+	neg__setup(&x, true);
+	uint8_t hash[32];
+	proto__ram_hash(&x.f.ram, hash);
+	hash[31] ^= 1;
+	neg__expect(t, &x, proto__encode_end(x.buf, sizeof(x.buf), hash), -EBADMSG, "checksum");
+	T_CHECK(t, mig_recv__checksum_present(&x.r) && !mig_recv__checksum_ok(&x.r));
+	neg__done(&x);
+	/* END without checksum: done, but not "ok" */
+	neg__setup(&x, true);
+	T_CHECK_EQ(t, feed(&x.r, x.buf, proto__encode_end(x.buf, sizeof(x.buf), NULL)), 0);
+	T_CHECK_EQ(t, mig_recv__state(&x.r), MIG_RECV_DONE);
+	T_CHECK(t, !mig_recv__checksum_present(&x.r) && !mig_recv__checksum_ok(&x.r));
+	neg__done(&x);
+	/* init rejects a bad RAM description */
+	struct mig_recv r;
+	struct proto_ram ram = { .nr_blocks = 1 };
+	ram.blocks[0] = (struct proto_ram_block){ 0, 100, x.buf };
+	T_CHECK_EQ(t, mig_recv__init(&r, &ram, NULL), -EINVAL);
+	ram.nr_blocks = 0;
+	T_CHECK_EQ(t, mig_recv__init(&r, &ram, NULL), -EINVAL);
+}
+
+/* ---- over a stream ---- */
+
+struct writer {
+	int fd;
+	struct rec *recs;
+	int n;
+	size_t cut;                 /* > 0: write only this many bytes in total */
+};
+
+static void *writer_thread(void *arg)
+{
+	struct writer *w = arg;
+	struct mig_stream s;
+	if (mig_stream__init(&s, w->fd))
+		return NULL;
+	size_t total = 0;
+	for (int i = 0; i < w->n; i++) {
+		size_t len = (size_t)w->recs[i].len;
+		if (w->cut && total + len > w->cut)
+			len = w->cut - total;
+		if (mig_stream__write(&s, w->recs[i].buf, len))
+			break;
+		total += len;
+		if (w->cut && total == w->cut)
+			break;
+	}
+	if (!mig_stream__flush(&s) && !w->cut) {
+		struct proto_hdr h;   /* wait for the reply */
+		uint8_t buf[PROTO_HDR_SIZE + 4 + PROTO_MAX_MSG];
+		if (!mig_stream__get_record(&s, &h, buf, sizeof(buf)))
+			w->n = (int)h.type;
+	}
+	mig_stream__close(&s);
+	return NULL;
+}
+
+static void run_stream(struct t *t, const struct fake *src, struct rec *recs, int n,
+		       size_t cut, int want_err)
+{
+	struct fake dst;
+	fake__init(&dst, 77);
+	align_untouched(&dst, src);
+	int sv[2];
+	T_CHECK_EQ(t, socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	struct writer w = { sv[0], recs, n, cut };
+	struct mig_stream s;
+	struct mig_recv r;
+	struct hooks hk = {0};
+	struct mig_recv_ops ops = { .on_state = h_state, .ctx = &hk };
+	T_CHECK_EQ(t, mig_stream__init(&s, sv[1]), 0);
+	T_CHECK_EQ(t, mig_recv__init(&r, &dst.ram, &ops), 0);
+	uint8_t *snap = malloc(dst.len);
+	memcpy(snap, dst.mem, dst.len);
+	pthread_t th;
+	pthread_create(&th, NULL, writer_thread, &w);
+	T_CHECK_EQ(t, mig_recv__run(&r, &s), want_err);
+	int reply = mig_recv__reply(&r, &s);
+	pthread_join(th, NULL);
+	if (!want_err) {
+		T_CHECK_EQ(t, reply, 0);
+		T_CHECK_EQ(t, w.n, PROTO_RP_OK);
+		T_CHECK(t, mig_recv__checksum_ok(&r));
+		T_CHECK(t, memcmp(src->mem, dst.mem, dst.len) == 0);
+		T_CHECK_EQ(t, mig_stream__bytes_in(&s), mig_recv__stats(&r)->bytes);
+		T_CHECK_EQ(t, hk.sections, 2);
+	} else {
+		T_CHECK_EQ(t, mig_recv__state(&r), MIG_RECV_FAILED);
+		T_CHECK(t, strstr(mig_recv__error(&r), "closed") != NULL);
+		T_CHECK(t, memcmp(snap, dst.mem, dst.len) == 0);   /* partial record: nothing written */
+	}
+	mig_recv__free(&r);
+	mig_stream__close(&s);
+	free(snap);
+	free(dst.mem);
+}
+
+static void t_stream(struct t *t)
+{
+	struct fake src;
+	struct rec recs[11];
+	fake__init(&src, 1);
+	int n = build_stream(&src, recs);
+	uint8_t hash[32];
+	proto__ram_hash(&src.ram, hash);
+	recs[n].len = proto__encode_end(recs[n].buf, 64, hash);
+	n++;
+	run_stream(t, &src, recs, n, 0, 0);
+	/* connection lost inside the first PAGES record: in its header, right
+	 * after the header, and in the middle of its payload */
+	size_t start_len = (size_t)recs[0].len;
+	run_stream(t, &src, recs, n, start_len + 10, -ECONNRESET);
+	run_stream(t, &src, recs, n, start_len + 16, -ECONNRESET);
+	run_stream(t, &src, recs, n, start_len + 16 + 100, -ECONNRESET);
+	run_stream(t, &src, recs, n, start_len, -ECONNRESET);
+	for (int i = 0; i < 10; i++)
+		free(recs[i].buf);
+	free(src.mem);
+}
+
+int main(void)
+{
+	struct t t = {0};
+	T_RUN(&t, t_valid_stream);
+	T_RUN(&t, t_reject_order);
+	T_RUN(&t, t_reject_header);
+	T_RUN(&t, t_reject_start);
+	T_RUN(&t, t_reject_bounds);
+	T_RUN(&t, t_reject_payload);
+	T_RUN(&t, t_reject_compressed);
+	T_RUN(&t, t_reject_hooks_and_checksum);
+	T_RUN(&t, t_stream);
+	printf("%d passed, %d failed\n", t.passed, t.failed);
+	return T_DONE(&t);
+}
