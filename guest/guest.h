@@ -1,0 +1,125 @@
+/* Ring-3 side of the kmig test guest: shared declarations. */
+#ifndef KMIG_GUEST_H
+#define KMIG_GUEST_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "layout.h"
+
+typedef uint8_t u8;
+typedef uint32_t u32;
+typedef uint64_t u64;
+
+#define PAGE_SIZE 4096UL
+#define PAGES_PER_MIB 256UL
+#define PAGES_PER_GIB 262144UL
+
+/* ---- traps into ring 0 (see docs/guest.md, "Trap ABI") ---- */
+static inline u64 trap(u64 fn, u64 a, u64 b)
+{
+	register u64 rax __asm__("rax") = KMIG_MAGIC;
+	__asm__ volatile("ud2" : "+r"(rax), "+D"(fn), "+S"(a), "+d"(b) : : "rcx", "memory");
+	return rax;
+}
+
+static inline u64 rdtsc(void)
+{
+	u32 lo, hi;
+	__asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+	return ((u64)hi << 32) | lo;
+}
+
+static inline void cpu_relax(void)
+{
+	__asm__ volatile("pause" ::: "memory");
+}
+
+static inline void cpuid(u32 leaf, u32 sub, u32 *a, u32 *b, u32 *c, u32 *d)
+{
+	__asm__ volatile("cpuid" : "=a"(*a), "=b"(*b), "=c"(*c), "=d"(*d) : "a"(leaf), "c"(sub));
+}
+
+__attribute__((noreturn)) static inline void halt_cpu(void)
+{
+	for (;;)
+		trap(TRAP_HALT, 0, 0);
+}
+
+/* ---- configuration (command line) ---- */
+enum workload { WL_STRESS, WL_IDLE, WL_FILL_FREE, WL_VERIFY };
+enum crash { CRASH_NONE, CRASH_TRIPLE, CRASH_EMUL, CRASH_UD };
+
+struct cfg {
+	enum workload workload;
+	u64 mb;
+	u64 cpus;
+	u64 report_ms;
+	u64 tsc_khz;		/* 0: not given */
+	u64 exit_ms;		/* 0: never */
+	u64 corrupt_round;	/* 0: never */
+	enum crash crash;
+};
+extern struct cfg cfg;
+
+/* ---- memory: usable RAM ranges above the image, page aligned ---- */
+#define MAX_RANGES 32
+struct range {
+	u64 base, end;
+};
+struct seg {			/* pages [base, base + npages * 4096) */
+	u64 base, npages;
+};
+#define MAX_SEGS 8
+struct share {			/* one vCPU's part of the workload memory */
+	struct seg seg[MAX_SEGS];
+	int nseg;
+	u64 npages;
+	u32 *gen;		/* verify: expected generation per page */
+};
+
+extern struct range ram[MAX_RANGES];
+extern int nram;
+extern struct share shares[MAX_CPUS];
+extern u64 ncpus;		/* CPUs running */
+
+int take_pages(u64 npages, struct share *s);
+void *take_contig(u64 npages);
+
+/* ---- time ---- */
+extern u64 tsc_khz, tsc0;
+static inline u64 cycles_to_ms(u64 c) { return c / tsc_khz; }
+static inline u64 now_ms(void) { return cycles_to_ms(rdtsc() - tsc0); }
+void delay_us(u64 us);
+
+/* ---- console ---- */
+void con_write(const char *s, u64 n);
+void kprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int kvsnprintf(char *buf, int size, const char *fmt, va_list ap);
+
+/* ---- misc ---- */
+void *memset(void *d, int c, size_t n);
+void *memcpy(void *d, const void *s, size_t n);
+void *memmove(void *d, const void *s, size_t n);
+int memcmp(const void *a, const void *b, size_t n);
+size_t strlen(const char *s);
+
+/* stop flag: set by exit_ms; workloads poll it and halt */
+extern volatile int g_stop;
+void poll_exit(int cpu);
+
+/* workloads (each runs forever on its CPU) */
+void stress_run(int cpu);
+void idle_run(int cpu);
+void fill_free_run(int cpu);
+void verify_run(int cpu);
+int verify_prepare(void);	/* carves expectation tables; 0 or -1 */
+
+/* page allocator (fill-free; later the balloon driver) */
+void palloc_init(void);
+u64 palloc_alloc(void);		/* one 4 KiB page, 0 when empty */
+void palloc_free(u64 page);
+u64 palloc_free_pages(void);
+int palloc_extents(struct range *out, int max);
+
+#endif
