@@ -123,8 +123,8 @@ static inline uint64_t proto__offset(const struct proto_pages *p, uint32_t i)
 	return v;
 }
 
-/* Name of a record type for messages ("PAGES", "RP_OK", "type 0x1234"
- * is not returned: unknown types give "unknown"). */
+/* Name of a record type for messages ("PAGES", "RP_OK", ...); "unknown"
+ * for any other value. */
 const char *proto__type_name(uint32_t type);
 
 /* ---- header ---- */
