@@ -86,7 +86,9 @@ int mig_stream__get_record(struct mig_stream *s, struct proto_hdr *hdr, void *bu
 void mig_stream__set_rate(struct mig_stream *s, uint64_t bytes_per_sec);
 uint64_t mig_stream__rate(struct mig_stream *s);
 /* Aborts the stream from any thread: shutdown(SHUT_RDWR) so a blocked
- * read or write returns; the sticky error becomes -ECANCELED. */
+ * read or write returns; the sticky error becomes -ECANCELED.  On a
+ * non-socket fd (pipe, file) only the error is set: a call blocked in the
+ * kernel is not woken. */
 void mig_stream__shutdown(struct mig_stream *s);
 /* TCP_NODELAY (off by default: bulk transfer, we buffer ourselves).
  * No-op (0) on non-TCP descriptors. */
