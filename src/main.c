@@ -141,6 +141,8 @@ static int cmd_run(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+	if (getenv("KMIG_DEBUG"))
+		log__set_level(LOG_DEBUG);
 	if (argc < 2) {
 		usage(stderr);
 		return 2;

@@ -36,6 +36,15 @@ int vcpu__create(struct vcpu *v, struct vm *vm, unsigned index)
 		return -ENOMEM;
 	int rc = ioctl(v->fd, KVM_SET_CPUID2, c) < 0 ? -errno : 0;
 	free(c);
+	struct kvm_sregs sr;
+	struct kvm_regs r;
+	if (!rc && index > 0 && ioctl(v->fd, KVM_GET_SREGS, &sr) == 0 &&
+	    ioctl(v->fd, KVM_GET_REGS, &r) == 0) {
+		ioctl(v->fd, KVM_SET_SREGS, &sr);
+		ioctl(v->fd, KVM_SET_REGS, &r);
+		struct kvm_mp_state mp = { KVM_MP_STATE_UNINITIALIZED };
+		ioctl(v->fd, KVM_SET_MP_STATE, &mp);
+	}
 	return rc;
 }
 
@@ -103,6 +112,9 @@ static void vcpu__pio(struct vcpu *v)
 
 static void vcpu__mmio(struct vcpu *v)
 {
+	log_debug("vcpu%u: unhandled MMIO %s at 0x%llx len %u", v->index,
+		  v->run->mmio.is_write ? "write" : "read",
+		  (unsigned long long)v->run->mmio.phys_addr, v->run->mmio.len);
 	if (!v->run->mmio.is_write)
 		memset(v->run->mmio.data, 0xff, sizeof(v->run->mmio.data));
 }
@@ -210,8 +222,14 @@ static void *vcpu__thread(void *arg)
 		vcpu__throttle(v);
 		int rc = ioctl(v->fd, KVM_RUN, 0);
 		if (rc < 0) {
-			if (errno == EINTR || errno == EAGAIN)
+			if (errno == EINTR || errno == EAGAIN) {
+				struct kvm_mp_state mp = { 0 };
+				int e = errno;
+				ioctl(v->fd, KVM_GET_MP_STATE, &mp);
+				log_debug("vcpu%u: KVM_RUN %s, mp_state %u", v->index,
+					  e == EINTR ? "EINTR" : "EAGAIN", mp.mp_state);
 				continue;
+			}
 			log_err("vcpu%u: KVM_RUN failed: %s", v->index, strerror(errno));
 			vm__fail(v->vm, VM_STATUS_INTERNAL_ERROR);
 			continue;
