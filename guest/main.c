@@ -144,6 +144,49 @@ static u64 pit_calibrate(void)
 	return (t1 - t0) * 1193182ULL / (count * 1000ULL);
 }
 
+/* KVM's pvclock: the host publishes tsc_to_system_mul/tsc_shift in a page
+ * we name with MSR_KVM_SYSTEM_TIME_NEW; the page is released right after. */
+#define MSR_KVM_SYSTEM_TIME_NEW 0x4b564d01
+struct pvclock {
+	u32 version, pad0;
+	u64 tsc_timestamp, system_time;
+	u32 mul;
+	int8_t shift;
+	u8 flags, pad[2];
+};
+static struct pvclock kvmclock __attribute__((aligned(64)));
+
+static u64 kvmclock_khz(void)
+{
+	u32 a, b, c, d;
+	cpuid(0x40000000, 0, &a, &b, &c, &d);
+	if (a < 0x40000001 || b != 0x4b4d564b || c != 0x564b4d56 || d != 0x4d)	/* "KVMKVMKVM" */
+		return 0;
+	cpuid(0x40000001, 0, &a, &b, &c, &d);
+	if (!(a & (1u << 3)))		/* KVM_FEATURE_CLOCKSOURCE2 */
+		return 0;
+	volatile struct pvclock *pv = &kvmclock;
+	trap(TRAP_WRMSR, MSR_KVM_SYSTEM_TIME_NEW, (u64)&kvmclock | 1);
+	u32 mul = 0, v;
+	int shift = 0;
+	for (int tries = 0; tries < 1000000 && !mul; tries++) {
+		v = pv->version;
+		if (v & 1)
+			continue;
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		mul = pv->mul;
+		shift = pv->shift;
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (pv->version != v)
+			mul = 0;
+	}
+	trap(TRAP_WRMSR, MSR_KVM_SYSTEM_TIME_NEW, 0);
+	if (!mul)
+		return 0;
+	u64 khz = (1000000ULL << 32) / mul;
+	return shift < 0 ? khz << -shift : khz >> shift;
+}
+
 static void find_tsc_khz(void)
 {
 	u32 a, b, c, d, max;
@@ -176,11 +219,18 @@ static void find_tsc_khz(void)
 		}
 	}
 	if (!tsc_khz) {
-		kprintf("kmig-guest tsc: no frequency from cmdline or cpuid, calibrating against the PIT\n");
-		tsc_khz = pit_calibrate();
-		src = "pit";
+		tsc_khz = kvmclock_khz();
+		src = "kvmclock";
 	}
 	if (!tsc_khz) {
+		kprintf("kmig-guest tsc: no frequency from cmdline, cpuid or kvmclock, calibrating against the PIT\n");
+		tsc_khz = pit_calibrate();
+		src = "pit";
+		if (tsc_khz < 100000)		/* no PIT (port 0x61 reads garbage) */
+			tsc_khz = 0;
+	}
+	if (!tsc_khz) {
+		kprintf("kmig-guest tsc: PIT calibration failed, assuming 2 GHz\n");
 		tsc_khz = 2000000;
 		src = "default";
 	}
