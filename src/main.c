@@ -25,7 +25,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: kmig run --kernel FILE [--cmdline S] [--memory SIZE] [--cpus N]\n"
 		"                [--console stdio|file:PATH|none] [--qmp unix:PATH]\n"
-		"                [--dirty-ring ENTRIES] [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
+		"                [--dirty-ring ENTRIES] [--reaper fixed|adaptive]\n"
+		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
 		"       kmig version\n");
 }
 
@@ -52,6 +53,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		{ "memory", required_argument, 0, 'm' }, { "cpus", required_argument, 0, 'n' },
 		{ "console", required_argument, 0, 'o' }, { "qmp", required_argument, 0, 'q' },
 		{ "dirty-ring", required_argument, 0, 'r' }, { "incoming", required_argument, 0, 'i' },
+		{ "reaper", required_argument, 0, 'R' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	uint64_t v;
@@ -89,6 +91,11 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 			o->vm.dirty_ring = (uint32_t)v;
 			break;
 		case 'i': o->incoming = optarg; break;
+		case 'R':
+			if (strcmp(optarg, "fixed") && strcmp(optarg, "adaptive"))
+				die("--reaper %s: expected fixed or adaptive", optarg);
+			o->vm.reaper_fixed = !strcmp(optarg, "fixed");
+			break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
 		}

@@ -140,7 +140,7 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 			rc = vcpu__setup_pvh(&vm->vcpus[0], bi.entry, (uint32_t)bi.start_info);
 	}
 	if (!rc) {
-		rc = dirty__create(&vm->dirty, vm, REAPER_ADAPTIVE);
+		rc = dirty__create(&vm->dirty, vm, cfg->reaper_fixed ? REAPER_FIXED : REAPER_ADAPTIVE);
 		if (rc)
 			snprintf(err, errlen, "cannot set up dirty tracking: %s", strerror(-rc));
 	}

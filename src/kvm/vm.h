@@ -47,6 +47,7 @@ struct vm_config {
 	int console_fd;          /* -1: console discarded */
 	uint32_t dirty_ring;     /* entries per vCPU ring; 0 = bitmap tracking */
 	bool incoming;           /* do not load a kernel: RAM and state arrive by migration */
+	bool reaper_fixed;       /* ring reaper every 1 s (QEMU's way) instead of adaptive */
 };
 
 struct dirty;                    /* mem/dirty.h */

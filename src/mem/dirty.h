@@ -18,13 +18,13 @@
 
 #include "base/bitmap.h"
 #include "base/log.h"
+#include "mem/reaper_policy.h"
 
 struct vm;
 struct vcpu;
 struct dirty;
 
 enum dirty_backend { DIRTY_BITMAP, DIRTY_RING };
-enum reaper_mode { REAPER_FIXED, REAPER_ADAPTIVE };
 
 struct dirty_stats {
 	uint64_t syncs;              /* dirty__sync calls since start */

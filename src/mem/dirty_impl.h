@@ -30,7 +30,7 @@ struct dirty {
 	pthread_mutex_t reaper_lock;
 	pthread_cond_t reaper_cond;
 	uint64_t reaper_full_seen;   /* ring-full exits seen at the previous run */
-	unsigned reaper_level, reaper_calm;
+	struct reaper_policy reaper_policy;
 };
 
 int dirty_ring__map(struct dirty *d);

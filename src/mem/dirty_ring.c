@@ -118,32 +118,16 @@ void dirty__on_ring_full(struct dirty *d, struct vcpu *v)
 	pthread_mutex_unlock(&d->lock);
 }
 
-/* Reaper interval levels (ms); the adaptive mode moves between them. */
-static const unsigned reaper_levels[] = { 1000, 500, 250, 125, 64, 32, 16 };
-#define REAPER_NLEVELS (sizeof(reaper_levels) / sizeof(reaper_levels[0]))
-
 static unsigned dirty_ring__next_interval(struct dirty *d, uint64_t harvested)
 {
-	if (d->mode == REAPER_FIXED)
-		return 1000;
 	uint64_t full = 0;
 	for (unsigned i = 0; i < d->vm->nr_vcpus; i++)
 		full += atomic_load(&d->vm->vcpus[i].ring_full_exits);
 	uint64_t cap = (uint64_t)d->vm->cfg.dirty_ring * d->vm->nr_vcpus;
-	unsigned want = (unsigned)(harvested * 10 / (cap ? cap : 1));
-	if (want >= REAPER_NLEVELS)
-		want = REAPER_NLEVELS - 1;
-	if (full > d->reaper_full_seen && d->reaper_level + 1 < REAPER_NLEVELS)
-		want = d->reaper_level + 1 > want ? d->reaper_level + 1 : want;
+	unsigned ms = reaper_policy__next_interval_ms(&d->reaper_policy, harvested, cap,
+						      full - d->reaper_full_seen);
 	d->reaper_full_seen = full;
-	if (want > d->reaper_level) {
-		d->reaper_level = want;
-		d->reaper_calm = 0;
-	} else if (want < d->reaper_level && ++d->reaper_calm > 5) {
-		d->reaper_level--;
-		d->reaper_calm = 0;
-	}
-	return reaper_levels[d->reaper_level];
+	return ms;
 }
 
 static void *dirty_ring__reaper(void *arg)
@@ -183,7 +167,7 @@ int dirty_ring__start_reaper(struct dirty *d)
 	pthread_cond_init(&d->reaper_cond, &ca);
 	pthread_condattr_destroy(&ca);
 	d->reaper_stop = false;
-	d->reaper_level = 0;
+	reaper_policy__init(&d->reaper_policy, d->mode);
 	int rc = pthread_create(&d->reaper, NULL, dirty_ring__reaper, d);
 	if (rc)
 		return -rc;
