@@ -317,11 +317,7 @@ def migrate(src, dst, uri, caps=None, params=None, timeout=60.0):
               capabilities=[{"capability": k, "state": bool(v)} for k, v in caps.items()])
     if params:
         q.cmd("migrate-set-parameters", **params)
-    if dst is not None and uri.startswith("tcp:"):
+    if dst is not None:
         wait_incoming(dst)
-    if dst is not None and uri.startswith("unix:"):
-        deadline = time.time() + 30
-        while not os.path.exists(uri[5:]) and time.time() < deadline:
-            time.sleep(0.05)
     q.cmd("migrate", uri=uri)
     return wait_migration(q, timeout)
