@@ -106,7 +106,8 @@ size_t strlen(const char *s);
 
 /* stop flag: set by exit_ms; workloads poll it and halt */
 extern volatile int g_stop;
-void poll_exit(int cpu);
+extern u64 exit_at;		/* TSC value of exit_ms, ~0 if none */
+void poll_exit(int cpu);	/* halts if stopping; cpu 0 powers off at exit_at */
 
 /* workloads (each runs forever on its CPU) */
 void stress_run(int cpu);

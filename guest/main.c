@@ -387,11 +387,13 @@ static void start_aps(void)
 
 /* ---------------- workloads ---------------- */
 
+u64 exit_at = ~0ULL;
+
 void poll_exit(int cpu)
 {
 	if (g_stop)
 		halt_cpu();
-	if (cfg.exit_ms && now_ms() >= cfg.exit_ms && cpu == 0) {
+	if (rdtsc() >= exit_at && cpu == 0) {
 		g_stop = 1;
 		kprintf("kmig-guest exit t_ms=%lu\n", now_ms());
 		for (;;)
@@ -446,6 +448,8 @@ static void bsp_main(void)
 	}
 	parse_cmdline();
 	find_tsc_khz();
+	if (cfg.exit_ms)
+		exit_at = tsc0 + cfg.exit_ms * tsc_khz;
 	crash_now();
 
 	u64 usable_mb = usable_pages / PAGES_PER_MIB;
@@ -459,6 +463,10 @@ static void bsp_main(void)
 		g_stop = 1;
 		halt_cpu();
 	}
+	for (u64 i = 0; i < ncpus; i++)
+		for (int k = 0; k < shares[i].nseg; k++)
+			kprintf("kmig-guest share cpu=%lu base=0x%lx pages=%lu\n", i,
+				shares[i].seg[k].base, shares[i].seg[k].npages);
 	kprintf("kmig-guest ready cpus=%lu mem_mb=%lu\n", ncpus, usable_mb);
 	__atomic_store_n(&g_go, 1, __ATOMIC_RELEASE);
 	run_workload(0);

@@ -80,8 +80,8 @@ void verify_run(int cpu)
 				u64 g = s->gen[i] >= GEN_MAX ? 1 : s->gen[i] + 1;
 				write_page(s->seg[k].base + p * PAGE_SIZE, g);
 				s->gen[i] = (u32)g;
-				if ((i & 255) == 0 && g_stop)
-					halt_cpu();
+				if ((i & 63) == 0 && (g_stop || rdtsc() >= exit_at))
+					poll_exit(cpu);
 			}
 		}
 		if (cpu == 0 && round == cfg.corrupt_round) {
@@ -99,8 +99,8 @@ void verify_run(int cpu)
 				if (j >= 0 && bad++ < MAX_BAD_PER_ROUND)
 					kprintf("verify BAD page=0x%lx cpu=%d round=%lu word=%d got=0x%lx want=0x%lx\n",
 						a, cpu, round, j, got, want);
-				if ((i & 255) == 0 && g_stop)
-					halt_cpu();
+				if ((i & 63) == 0 && (g_stop || rdtsc() >= exit_at))
+					poll_exit(cpu);
 			}
 		}
 		checked += s->npages;

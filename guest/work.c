@@ -53,10 +53,9 @@ void stress_run(int cpu)
 					next_report += period;
 					if (next_report <= t)
 						next_report = t + period;
-					poll_exit(cpu);
 				}
-				if (g_stop)
-					halt_cpu();
+				if (g_stop || t >= exit_at)
+					poll_exit(cpu);
 			}
 		}
 		val = (u8)(val == 255 ? 1 : val + 1);
@@ -78,8 +77,9 @@ void idle_run(int cpu)
 			next += period;
 			if (next <= t)
 				next = t + period;
-			poll_exit(cpu);
 		}
+		if (t >= exit_at)
+			poll_exit(cpu);
 		cpu_relax();
 	}
 }
