@@ -12,10 +12,10 @@
 #include "base/timeutil.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
+#include "mig/throttle_math.h"
 #include "x86/cpuid.h"
 
 #define VCPU_KICK_SIGNAL SIGUSR1
-#define THROTTLE_SLICE_NS 10000000ull
 
 int vcpu__create(struct vcpu *v, struct vm *vm, unsigned index)
 {
@@ -204,9 +204,9 @@ static void vcpu__throttle(struct vcpu *v)
 	if (!pct)
 		return;
 	uint64_t now = time__now_ns();
-	if (now - v->last_throttle_ns < THROTTLE_SLICE_NS)
+	if (now - v->last_throttle_ns < THROTTLE_TIMESLICE_NS)
 		return;
-	uint64_t sleep = THROTTLE_SLICE_NS * pct / (100 - pct);
+	uint64_t sleep = throttle__sleep_ns(pct, THROTTLE_TIMESLICE_NS);
 	time__sleep_ns(sleep);
 	atomic_fetch_add(&v->throttle_ns, sleep);
 	v->last_throttle_ns = time__now_ns();

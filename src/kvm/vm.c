@@ -158,11 +158,12 @@ int vm__start(struct vm *vm, bool start_paused)
 		if (rc)
 			return rc;
 	}
-	return 0;
+	return throttle__start(&vm->throttle, vm);
 }
 
 void vm__destroy(struct vm *vm)
 {
+	throttle__stop(&vm->throttle);
 	pthread_mutex_lock(&vm->lock);
 	vm->quit = true;
 	pthread_cond_broadcast(&vm->cond);

@@ -20,6 +20,7 @@
 
 #include "base/log.h"
 #include "dev/serial.h"
+#include "kvm/throttle.h"
 #include "mem/ram.h"
 
 #define VM_MAX_VCPUS 64
@@ -76,7 +77,8 @@ struct vm {
 	bool failed;                 /* under lock: a guest failure parked the VM */
 	bool quit;                   /* under lock: vCPU threads exit */
 	atomic_int exit_code;        /* process exit status once shut down */
-	atomic_uint throttle_pct;    /* 0..99: share of time vCPUs sleep */
+	atomic_uint throttle_pct;    /* 0..99: share of time vCPUs sleep (set via throttle) */
+	struct throttle throttle;
 
 	vm_event_fn on_event;
 	void *event_ctx;

@@ -159,7 +159,7 @@ int sender__switchover(struct sender *s)
 	s->paused = true;
 	vm__set_status(vm, VM_STATUS_FINISH_MIGRATE);
 	control__event(s->m->ctl, "STOP", NULL);
-	atomic_store(&vm->throttle_pct, 0);
+	throttle__set(&vm->throttle, 0);
 	int64_t got = dirty__sync(vm->dirty, &s->m->todo, false);
 	int rc = got < 0 ? (int)got : 0;
 	if (!rc) {

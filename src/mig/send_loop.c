@@ -112,7 +112,7 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 	if (d.action == POLICY_SWITCHOVER)
 		return 1;
 	if (d.action == POLICY_SET_THROTTLE)
-		atomic_store(&vm->throttle_pct, d.throttle_pct);
+		throttle__set(&vm->throttle, d.throttle_pct);
 	return 0;
 }
 
@@ -151,7 +151,7 @@ static void sender__cleanup(struct sender *s, int rc)
 {
 	struct migration *m = s->m;
 	struct vm *vm = m->vm;
-	atomic_store(&vm->throttle_pct, 0);
+	throttle__set(&vm->throttle, 0);
 	if (dirty__stop(vm->dirty))
 		log_warn("migration: dirty tracking did not stop cleanly");
 	sender__update_stats(s);

@@ -1,0 +1,28 @@
+/* vCPU throttling (QEMU's cpu-throttle): at p percent every vCPU, after
+ * running for a 10 ms slice, sleeps slice * p / (100 - p).  A timer thread
+ * kicks the vCPUs out of KVM_RUN once per slice while p > 0, and the vCPU
+ * threads sleep in their run loop (kvm/vcpu.c).  Any thread may set p. */
+#ifndef KMIG_KVM_THROTTLE_H
+#define KMIG_KVM_THROTTLE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "base/log.h"
+
+struct vm;
+
+struct throttle {
+	struct vm *vm;
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool running, stop;
+};
+
+int throttle__start(struct throttle *t, struct vm *vm) KMIG_MUST_CHECK;
+void throttle__stop(struct throttle *t);
+/* Sets the percentage (clamped to 0..99) and wakes the timer. */
+void throttle__set(struct throttle *t, unsigned pct);
+
+#endif
