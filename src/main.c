@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "base/units.h"
+#include "ctl/client.h"
 #include "ctl/control.h"
 #include "kvm/vm.h"
 #include "mig/migration.h"
@@ -27,6 +28,8 @@ static void usage(FILE *f)
 		"                [--console stdio|file:PATH|none] [--qmp unix:PATH]\n"
 		"                [--dirty-ring ENTRIES] [--reaper fixed|adaptive]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
+		"       kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS]\n"
+		"                    [--auto-converge step|computed] [--verify] [--json]\n"
 		"       kmig version\n");
 }
 
@@ -156,6 +159,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "run"))
 		return cmd_run(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "migrate"))
+		return client__migrate_main(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "version")) {
 		printf("kmig 0.1.0\n");
 		return 0;

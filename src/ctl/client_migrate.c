@@ -1,0 +1,159 @@
+/* `kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS]
+ *  [--auto-converge step|computed] [--verify] [--json]`: drives a migration
+ * through the source's QMP socket and shows its progress. */
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/units.h"
+#include "ctl/client.h"
+
+struct migrate_opts {
+	const char *qmp, *uri, *policy;
+	uint64_t bandwidth_mbs, downtime_ms;
+	bool have_bw, have_dt, json, verify;
+};
+
+static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
+{
+	static const struct option longopts[] = {
+		{ "qmp", required_argument, 0, 'q' }, { "bandwidth", required_argument, 0, 'b' },
+		{ "downtime", required_argument, 0, 'd' }, { "json", no_argument, 0, 'j' },
+		{ "auto-converge", required_argument, 0, 'a' }, { "verify", no_argument, 0, 'v' },
+		{ 0, 0, 0, 0 },
+	};
+	int c;
+	memset(o, 0, sizeof(*o));
+	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'q':
+			if (strncmp(optarg, "unix:", 5) || !optarg[5])
+				die("--qmp %s: expected unix:PATH", optarg);
+			o->qmp = optarg + 5;
+			break;
+		case 'b':
+			if (units__parse_u64(optarg, 0, 1000000, &o->bandwidth_mbs))
+				die("--bandwidth %s: MB/s from 0 (unlimited) to 1000000", optarg);
+			o->have_bw = true;
+			break;
+		case 'd':
+			if (units__parse_u64(optarg, 0, 2000000, &o->downtime_ms))
+				die("--downtime %s: milliseconds from 0 to 2000000", optarg);
+			o->have_dt = true;
+			break;
+		case 'a':
+			if (strcmp(optarg, "step") && strcmp(optarg, "computed"))
+				die("--auto-converge %s: expected step or computed", optarg);
+			o->policy = optarg;
+			break;
+		case 'v': o->verify = true; break;
+		case 'j': o->json = true; break;
+		default:
+			fprintf(stderr, "usage: kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] "
+					"[--downtime MS] [--auto-converge step|computed] [--verify] [--json]\n");
+			return -1;
+		}
+	}
+	if (!o->qmp || optind != argc - 1)
+		die("usage: kmig migrate --qmp unix:PATH URI [options]");
+	o->uri = argv[optind];
+	return 0;
+}
+
+static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, char *err, size_t n)
+{
+	json_t *params = json_object();
+	if (o->have_bw)
+		json_object_set_new(params, "max-bandwidth", json_integer(o->bandwidth_mbs * 1000000));
+	if (o->have_dt)
+		json_object_set_new(params, "downtime-limit", json_integer(o->downtime_ms));
+	if (o->policy)
+		json_object_set_new(params, "x-cpu-throttle-policy", json_string(o->policy));
+	json_t *r = qmp_client__call(c, "migrate-set-parameters", params, err, n);
+	if (!r)
+		return -1;
+	json_decref(r);
+	json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b}]}", "capabilities",
+				 "capability", "auto-converge", "state", o->policy != NULL,
+				 "capability", "x-verify", "state", o->verify);
+	r = qmp_client__call(c, "migrate-set-capabilities", caps, err, n);
+	if (!r)
+		return -1;
+	json_decref(r);
+	r = qmp_client__call(c, "migrate", json_pack("{s:s}", "uri", o->uri), err, n);
+	if (!r)
+		return -1;
+	json_decref(r);
+	return 0;
+}
+
+static json_int_t jint(json_t *o, const char *k)
+{
+	return json_integer_value(json_object_get(o, k));
+}
+
+static void migrate__progress(json_t *q, bool tty)
+{
+	json_t *ram = json_object_get(q, "ram");
+	json_int_t total = jint(ram, "total"), rem = jint(ram, "remaining");
+	double pct = total ? 100.0 * (double)(jint(ram, "transferred")) / (double)total : 0;
+	fprintf(stderr, "%s%-9s %7.1f%% of RAM sent  %6.0f Mbit/s  dirty %7lld pages/s  "
+		"expected downtime %5lld ms  remaining %6lld MiB  throttle %2lld%%%s",
+		tty ? "\r" : "", json_string_value(json_object_get(q, "status")), pct,
+		json_real_value(json_object_get(ram, "mbps")), jint(ram, "dirty-pages-rate"),
+		jint(q, "expected-downtime"), rem >> 20, jint(q, "cpu-throttle-percentage"),
+		tty ? "" : "\n");
+}
+
+static void migrate__summary(json_t *q)
+{
+	json_t *ram = json_object_get(q, "ram");
+	printf("status %s: total %lld ms, downtime %lld ms, setup %lld ms\n",
+	       json_string_value(json_object_get(q, "status")), jint(q, "total-time"),
+	       jint(q, "downtime"), jint(q, "setup-time"));
+	printf("sent %lld MiB (%lld pages, %lld zero pages), %lld dirty syncs, %.0f Mbit/s\n",
+	       jint(ram, "transferred") >> 20, jint(ram, "normal"), jint(ram, "duplicate"),
+	       jint(ram, "dirty-sync-count"), json_real_value(json_object_get(ram, "mbps")));
+	const char *e = json_string_value(json_object_get(q, "error-desc"));
+	if (e)
+		printf("error: %s\n", e);
+}
+
+int client__migrate_main(int argc, char **argv)
+{
+	struct migrate_opts o;
+	struct qmp_client c;
+	char err[512];
+	if (migrate__parse(argc, argv, &o))
+		return 2;
+	if (qmp_client__connect(&c, o.qmp, err, sizeof(err)) || migrate__setup(&c, &o, err, sizeof(err)))
+		die("%s", err);
+	bool tty = isatty(STDERR_FILENO);
+	json_t *q = NULL;
+	for (;;) {
+		json_decref(q);
+		q = qmp_client__call(&c, "query-migrate", NULL, err, sizeof(err));
+		if (!q)
+			die("%s", err);
+		const char *st = json_string_value(json_object_get(q, "status"));
+		if (!strcmp(st, "completed") || !strcmp(st, "failed") || !strcmp(st, "cancelled"))
+			break;
+		if (!o.json)
+			migrate__progress(q, tty);
+		usleep(250000);
+	}
+	if (tty && !o.json)
+		fputc('\n', stderr);
+	if (o.json) {
+		json_dumpf(q, stdout, JSON_INDENT(2));
+		putchar('\n');
+	} else {
+		migrate__summary(q);
+	}
+	int ok = !strcmp(json_string_value(json_object_get(q, "status")), "completed");
+	json_decref(q);
+	qmp_client__close(&c);
+	return ok ? 0 : 1;
+}
