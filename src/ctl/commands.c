@@ -7,8 +7,8 @@
 static json_t *cmd_query_status(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct control *c = ctx;
-	(void)args;
-	(void)err;
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
 	enum vm_status s = vm__status(c->vm);
 	return json_pack("{s:b, s:b, s:s}", "running", s == VM_STATUS_RUNNING,
 			 "singlestep", 0, "status", vm_status__name(s));
@@ -17,8 +17,8 @@ static json_t *cmd_query_status(void *ctx, json_t *args, struct qmp_error *err)
 static json_t *cmd_stop(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct control *c = ctx;
-	(void)args;
-	(void)err;
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
 	if (vm__status(c->vm) == VM_STATUS_RUNNING)
 		control__stop_vm(c, VM_STATUS_PAUSED);
 	return NULL;
@@ -27,7 +27,8 @@ static json_t *cmd_stop(void *ctx, json_t *args, struct qmp_error *err)
 static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct control *c = ctx;
-	(void)args;
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
 	switch (vm__status(c->vm)) {
 	case VM_STATUS_PAUSED:
 	case VM_STATUS_POSTMIGRATE:
@@ -48,8 +49,8 @@ static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
 static json_t *cmd_quit(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct control *c = ctx;
-	(void)args;
-	(void)err;
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
 	atomic_store(&c->quit, true);
 	control__event(c, "SHUTDOWN", json_pack("{s:b, s:s}", "guest", 0, "reason", "host-qmp-quit"));
 	return NULL;

@@ -36,15 +36,6 @@ int vcpu__create(struct vcpu *v, struct vm *vm, unsigned index)
 		return -ENOMEM;
 	int rc = ioctl(v->fd, KVM_SET_CPUID2, c) < 0 ? -errno : 0;
 	free(c);
-	struct kvm_sregs sr;
-	struct kvm_regs r;
-	if (!rc && index > 0 && ioctl(v->fd, KVM_GET_SREGS, &sr) == 0 &&
-	    ioctl(v->fd, KVM_GET_REGS, &r) == 0) {
-		ioctl(v->fd, KVM_SET_SREGS, &sr);
-		ioctl(v->fd, KVM_SET_REGS, &r);
-		struct kvm_mp_state mp = { KVM_MP_STATE_UNINITIALIZED };
-		ioctl(v->fd, KVM_SET_MP_STATE, &mp);
-	}
 	return rc;
 }
 

@@ -110,6 +110,21 @@ static int vm__create_vcpus(struct vm *vm, char *err, size_t errlen)
 			vm->tsc_khz = khz > 0 ? (uint32_t)khz : 0;
 		}
 	}
+	/*
+	 * KVM rebuilds its APIC ID -> vCPU map while KVM_CREATE_VCPU resets the
+	 * new vCPU, before that vCPU is visible, so the map lacks the last vCPU
+	 * created and an INIT/SIPI sent to it is dropped (it stays
+	 * UNINITIALIZED) until something else rebuilds the map: an AP's INIT,
+	 * a guest SVR write, or KVM_SET_LAPIC.  Rebuild it now that all vCPUs
+	 * exist; one vCPU's round trip is enough.
+	 */
+	struct kvm_lapic_state lapic;
+	if (ioctl(vm->vcpus[0].fd, KVM_GET_LAPIC, &lapic) < 0 ||
+	    ioctl(vm->vcpus[0].fd, KVM_SET_LAPIC, &lapic) < 0) {
+		int e = errno;
+		snprintf(err, errlen, "KVM_GET/SET_LAPIC failed: %s", strerror(e));
+		return -e;
+	}
 	return 0;
 }
 

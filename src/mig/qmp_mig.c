@@ -33,16 +33,16 @@ static json_t *cmd_migrate_incoming(void *ctx, json_t *args, struct qmp_error *e
 
 static json_t *cmd_migrate_cancel(void *ctx, json_t *args, struct qmp_error *err)
 {
-	(void)args;
-	(void)err;
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
 	migration__cancel(ctx);
 	return NULL;
 }
 
 static json_t *cmd_query_migrate(void *ctx, json_t *args, struct qmp_error *err)
 {
-	(void)args;
-	(void)err;
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
 	return migration__query(ctx);
 }
 
@@ -51,8 +51,8 @@ static const char *const policy_names[] = { "none", "step", "computed" };
 static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct migration *m = ctx;
-	(void)args;
-	(void)err;
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
@@ -143,8 +143,8 @@ static const struct cap_desc caps[] = {
 static json_t *cmd_query_caps(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct migration *m = ctx;
-	(void)args;
-	(void)err;
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
 	json_t *list = json_array();
 	pthread_mutex_lock(&m->lock);
 	for (unsigned i = 0; i < NCAPS; i++) {
