@@ -65,7 +65,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 	o->vm.mem_size = 1ull << 30;
 	o->vm.cpus = 1;
 	o->console = "stdio";
-	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'k': o->vm.kernel = optarg; break;
 		case 'c': o->vm.cmdline = optarg; break;
@@ -100,7 +100,8 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 			o->vm.reaper_fixed = !strcmp(optarg, "fixed");
 			break;
 		case 'h': usage(stdout); exit(0);
-		default: usage(stderr); exit(2);
+		case ':': die("%s: missing argument", argv[optind - 1]);
+		default: die("unknown option: %s (see kmig run --help)", argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
