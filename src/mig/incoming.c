@@ -17,7 +17,32 @@ struct incoming {
 	struct mig_recv recv;
 	struct mig_stream stream;
 	unsigned sections;
+	struct bitmap written;       /* pages a PAGES record has filled */
 };
+
+static uint64_t incoming__page(struct incoming *in, uint32_t block, uint64_t offset)
+{
+	return in->m->vm->ram.blocks[block].first_page + offset / RAM_PAGE_SIZE;
+}
+
+static void incoming__on_page(void *ctx, uint32_t block, uint64_t offset)
+{
+	struct incoming *in = ctx;
+	bitmap__set(&in->written, incoming__page(in, block, offset));
+}
+
+/* Guest RAM starts out zero here; only a page filled earlier in this
+ * stream needs clearing (reading every page to check would cost more). */
+static int incoming__on_zero(void *ctx, uint32_t block, uint64_t offset)
+{
+	struct incoming *in = ctx;
+	uint64_t page = incoming__page(in, block, offset);
+	if (bitmap__test(&in->written, page)) {
+		memset(in->m->vm->ram.blocks[block].host + offset, 0, RAM_PAGE_SIZE);
+		bitmap__clear_bit(&in->written, page);
+	}
+	return 0;
+}
 
 static int incoming__on_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
 			      const void *data, size_t len)
@@ -55,6 +80,9 @@ static int incoming__accept(struct incoming *in, const char *uri)
 		log_info("incoming migration: listening on %s", uri);
 		rc = mig_listener__accept(&l, &in->stream, err, sizeof(err));
 		mig_listener__close(&l);
+		/* the return path carries one small record: send it at once */
+		if (!rc && mig_stream__set_nodelay(&in->stream, true))
+			log_debug("incoming migration: TCP_NODELAY not set");
 	}
 	if (rc)
 		migration__set_error(in->m, "%s", err);
@@ -109,8 +137,11 @@ void *migration__incoming_thread(void *arg)
 	in->m = m;
 	struct proto_ram pr;
 	sender__proto_ram(&m->vm->ram, &pr);
-	struct mig_recv_ops ops = { .on_state = incoming__on_state, .ctx = in };
-	int rc = incoming__accept(in, m->in_uri);
+	struct mig_recv_ops ops = { .on_state = incoming__on_state, .on_zero = incoming__on_zero,
+				    .on_page_written = incoming__on_page, .ctx = in };
+	int rc = bitmap__init(&in->written, m->vm->ram.npages);
+	if (!rc)
+		rc = incoming__accept(in, m->in_uri);
 	bool connected = rc == 0;
 	if (!rc) {
 		pthread_mutex_lock(&m->lock);
@@ -126,6 +157,7 @@ void *migration__incoming_thread(void *arg)
 		mig_recv__free(&in->recv);
 		mig_stream__close(&in->stream);
 	}
+	bitmap__free(&in->written);
 	free(in);
 	return NULL;
 }

@@ -155,6 +155,9 @@ int sender__switchover(struct sender *s)
 	uint64_t t0 = time__now_ms();
 	uint64_t bytes0 = mig_stream__bytes_out(s->stream);
 	migration__set_status(s->m, MIG_DEVICE);
+	/* from here on every flush must leave at once: no Nagle delays */
+	if (mig_stream__set_nodelay(s->stream, true))
+		log_debug("switchover: TCP_NODELAY not set");
 	vm__pause_vcpus(vm);
 	s->paused = true;
 	vm__set_status(vm, VM_STATUS_FINISH_MIGRATE);
@@ -162,14 +165,19 @@ int sender__switchover(struct sender *s)
 	throttle__set(&vm->throttle, 0);
 	int64_t got = dirty__sync(vm->dirty, &s->m->todo, false);
 	int rc = got < 0 ? (int)got : 0;
+	log_debug("switchover: vCPUs stopped and synced after %llu ms",
+		  (unsigned long long)(time__now_ms() - t0));
 	if (!rc) {
 		s->m->stats.dirty_sync_count++;
 		rc = sender__pass(s);
 	}
 	if (!rc)
 		rc = state__save(vm, sender__put_state, s);
+	log_debug("switchover: pages and state queued after %llu ms",
+		  (unsigned long long)(time__now_ms() - t0));
 	if (!rc)
 		rc = sender__end(s);
+	log_debug("switchover: END sent after %llu ms", (unsigned long long)(time__now_ms() - t0));
 	if (!rc)
 		rc = sender__await_destination(s);
 	pthread_mutex_lock(&s->m->lock);
