@@ -155,6 +155,22 @@ def test_crash_triple():
         vm.kill()
 
 
+def test_crash_emul():
+    vm = boot("crash-emul", "crash=emul")
+    try:
+        vm.console.wait(r"kmig-guest crash=emul", timeout=20, proc=vm.proc)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            out, text = vm.output(), vm.console.text()
+            # kvm_pvm: emulation failure at the popcnt; real KVM: #BP at the int3
+            if "internal error" in out or "fault vec=3 " in text:
+                break
+            time.sleep(0.1)
+        R.ok("crash-emul", "internal error" in out or "fault vec=3 " in text, out[-300:] + text[-200:])
+    finally:
+        vm.kill()
+
+
 def test_bad_mb():
     vm = boot("bad-mb", "workload=stress mb=4096", memory="512M")
     try:
@@ -195,6 +211,7 @@ def main():
     test_verify(1, corrupt=True)
     test_crash_ud()
     test_crash_triple()
+    test_crash_emul()
     test_bad_mb()
     test_exit(2)
     test_exit(1, firmware="seabios")
