@@ -285,6 +285,8 @@ def case_bandwidth(d, vms):
     ram = r["ram"]
     secs = max(r.get("total-time", 0), 1) / 1000.0
     rate = ram["transferred"] / secs
+    print("# %s: %.1f MiB in %.2f s = %.1f MiB/s (limit %d MiB/s)"
+          % (name, ram["transferred"] / MIB, secs, rate / MIB, limit // MIB))
     R.ok(name + "_data_sent", ram["transferred"] >= 40 * MIB, repr(r))
     # an upper bound on the bytes per second of the whole migration; the
     # token bucket may burst a little, so be lenient
