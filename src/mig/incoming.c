@@ -1,5 +1,8 @@
 /* The incoming migration: listen, load RAM and state, resume, answer. */
 #include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +92,22 @@ static int incoming__accept(struct incoming *in, const char *uri)
 	return rc;
 }
 
+/* After refusing a stream: stop sending and read what the source still
+ * sends for a while, so closing does not reset the connection before the
+ * source has read our reason. */
+static void incoming__linger(struct incoming *in)
+{
+	char buf[65536];
+	shutdown(in->stream.fd, SHUT_WR);
+	for (int i = 0; i < 40; i++) {
+		struct pollfd p = { .fd = in->stream.fd, .events = POLLIN };
+		if (poll(&p, 1, 50) < 0)
+			return;
+		if (p.revents && read(in->stream.fd, buf, sizeof(buf)) <= 0)
+			return;
+	}
+}
+
 static void incoming__finish(struct incoming *in, int rc, bool connected)
 {
 	struct migration *m = in->m;
@@ -103,6 +122,8 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 		if (r2 && !rc)
 			log_warn("incoming migration: could not confirm to the source: %s",
 				 strerror(-r2));
+		if (rc)
+			incoming__linger(in);
 	}
 	if (rc) {
 		if (connected && mig_recv__error(&in->recv)[0])

@@ -168,7 +168,7 @@ json_t *migration__query(struct migration *m)
 		json_object_set_new(r, "setup-time", json_integer((json_int_t)st.setup_ms));
 		if (done)
 			json_object_set_new(r, "downtime", json_integer((json_int_t)st.downtime_ms));
-		else
+		else if (st.expected_downtime_ms <= INT64_MAX) /* UINT64_MAX: not measured yet */
 			json_object_set_new(r, "expected-downtime",
 					    json_integer((json_int_t)st.expected_downtime_ms));
 		json_object_set_new(r, "ram", migration__ram_json(&st));

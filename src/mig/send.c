@@ -1,6 +1,8 @@
 /* The outgoing migration: setup, bulk pass, dirty rounds, switchover,
  * return path.  Runs on the migration thread. */
 #include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +79,29 @@ static int sender__page(struct sender *s, uint64_t page)
 	return rc;
 }
 
+/* Reads the destination's reason if it has sent one (RP_FAIL) within
+ * timeout_ms.  Raw reads: the stream may already hold a sticky write error
+ * after the destination gave up.  Returns -EPROTO with the error set if a
+ * reason arrived, 0 otherwise. */
+int sender__check_return_path(struct sender *s, int timeout_ms)
+{
+	struct pollfd p = { .fd = s->stream->fd, .events = POLLIN };
+	if (poll(&p, 1, timeout_ms) <= 0 || !(p.revents & POLLIN))
+		return 0;
+	uint8_t buf[PROTO_HDR_SIZE + PROTO_MAX_MSG + 8];
+	ssize_t n = recv(s->stream->fd, buf, sizeof(buf), MSG_DONTWAIT);
+	struct proto_hdr hdr;
+	if (n < (ssize_t)PROTO_HDR_SIZE || proto__decode_header(buf, (size_t)n, &hdr) ||
+	    hdr.type != PROTO_RP_FAIL || hdr.length > (uint64_t)n - PROTO_HDR_SIZE)
+		return 0;
+	struct proto_error e;
+	const char *why;
+	if (proto__decode_error(buf + PROTO_HDR_SIZE, hdr.length, &e, &why))
+		return 0;
+	migration__set_error(s->m, "destination refused the stream: %.*s", (int)e.msg_len, e.msg);
+	return -EPROTO;
+}
+
 /* Sends every page set in todo, clearing it. */
 int sender__pass(struct sender *s)
 {
@@ -90,6 +115,9 @@ int sender__pass(struct sender *s)
 		if (++n % 4096 == 0) {
 			if (atomic_load(&s->m->cancel))
 				return -ECANCELED;
+			rc = sender__check_return_path(s, 0);
+			if (rc)
+				return rc;
 			sender__update_stats(s);
 		}
 	}
@@ -155,6 +183,7 @@ int sender__switchover(struct sender *s)
 	uint64_t t0 = time__now_ms();
 	uint64_t bytes0 = mig_stream__bytes_out(s->stream);
 	migration__set_status(s->m, MIG_DEVICE);
+	s->prev_status = vm__status(vm);
 	/* from here on every flush must leave at once: no Nagle delays */
 	if (mig_stream__set_nodelay(s->stream, true))
 		log_debug("switchover: TCP_NODELAY not set");

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kvm/vm.h"
 #include "mem/ram.h"
 #include "mig/migration.h"
 #include "mig/proto.h"
@@ -20,6 +21,7 @@ struct sender {
 	size_t rec_cap;
 	bool zero_detect;
 	bool paused;                /* we stopped the vCPUs */
+	enum vm_status prev_status; /* VM status before switchover */
 	/* pending batches */
 	int pblock, zblock;
 	unsigned pn, zn;
@@ -34,6 +36,7 @@ struct sender {
 int sender__pass(struct sender *s);
 int sender__flush(struct sender *s);
 int sender__switchover(struct sender *s);
+int sender__check_return_path(struct sender *s, int timeout_ms);
 void sender__update_stats(struct sender *s);
 void sender__proto_ram(const struct ram *ram, struct proto_ram *out);
 

@@ -154,23 +154,28 @@ static void sender__cleanup(struct sender *s, int rc)
 	throttle__set(&vm->throttle, 0);
 	if (dirty__stop(vm->dirty))
 		log_warn("migration: dirty tracking did not stop cleanly");
-	sender__update_stats(s);
+	if (m->stream_open)
+		sender__update_stats(s);
 	if (!rc) {
 		vm__set_status(vm, VM_STATUS_POSTMIGRATE);
 		migration__set_status(m, MIG_COMPLETED);
 		return;
 	}
 	if (s->paused) {
-		vm__set_status(vm, VM_STATUS_RUNNING);
+		/* a VM the user had stopped stays stopped (its own pause remains) */
+		vm__set_status(vm, s->prev_status);
 		vm__resume_vcpus(vm);
-		control__event(m->ctl, "RESUME", NULL);
+		if (s->prev_status == VM_STATUS_RUNNING)
+			control__event(m->ctl, "RESUME", NULL);
 	}
 	if (atomic_load(&m->cancel)) {
 		migration__set_status(m, MIG_CANCELLED);
 		return;
 	}
-	if (m->stream_open && mig_stream__error(s->stream))
+	if (m->stream_open && mig_stream__error(s->stream)) {
+		sender__check_return_path(s, 500); /* the destination may say why */
 		migration__set_error(m, "%s", mig_stream__strerror(s->stream));
+	}
 	migration__set_error(m, "%s", strerror(-rc));
 	migration__set_status(m, MIG_FAILED);
 	log_err("migration failed: %s", m->error);

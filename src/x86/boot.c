@@ -75,10 +75,15 @@ int boot__parse_pvh(const uint8_t *img, size_t len, const struct ram *ram,
 	const Elf64_Phdr *ph = (const void *)(img + eh->e_phoff);
 	int found = 0;
 	memset(out, 0, sizeof(*out));
-	for (unsigned i = 0; i < eh->e_phnum; i++) {
+	for (unsigned i = 0; i < eh->e_phnum; i++)
 		if (ph[i].p_type == PT_NOTE && ph[i].p_offset <= len &&
 		    ph[i].p_filesz <= len - ph[i].p_offset)
 			found |= boot__find_note(img + ph[i].p_offset, ph[i].p_filesz, &out->entry);
+	if (!found) {
+		snprintf(err, errlen, "no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): not a PVH kernel");
+		return -ENOEXEC;
+	}
+	for (unsigned i = 0; i < eh->e_phnum; i++) {
 		if (ph[i].p_type != PT_LOAD)
 			continue;
 		int rc = boot__segment_ok(&ph[i], len, ram);
@@ -91,10 +96,6 @@ int boot__parse_pvh(const uint8_t *img, size_t len, const struct ram *ram,
 		}
 		if (ph[i].p_paddr + ph[i].p_memsz > out->image_end)
 			out->image_end = ph[i].p_paddr + ph[i].p_memsz;
-	}
-	if (!found) {
-		snprintf(err, errlen, "no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY)");
-		return -ENOEXEC;
 	}
 	return 0;
 }
