@@ -52,6 +52,9 @@ def run_case(name, fn, d):
     finally:
         for vm in vms:
             vm.kill()
+        san = kt.sanitizer_reports(vms)
+        if san:
+            R.ok(name + "_sanitizers", False, repr(san))
 
 
 def dump(vm, n=15):

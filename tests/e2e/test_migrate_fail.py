@@ -45,6 +45,9 @@ def run_case(name, fn, d):
     finally:
         for vm in vms:
             vm.kill()
+        san = kt.sanitizer_reports(vms)
+        if san:
+            R.ok(name + "_sanitizers", False, repr(san))
 
 
 def source(d, vms, cmdline, memory="256M", name="src"):

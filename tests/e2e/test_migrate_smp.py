@@ -109,6 +109,10 @@ def main():
                 finally:
                     for vm in vms:
                         vm.kill()
+                    san = kt.sanitizer_reports(vms)
+                    if san:
+                        R.ok("migrate_smp_%s_%s_sanitizers" % (workload, backend), False,
+                             repr(san))
     finally:
         shutil.rmtree(d, ignore_errors=True)
 

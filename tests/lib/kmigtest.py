@@ -253,6 +253,24 @@ def qemu_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), firmware="qboot"):
 
 MIG_FINAL = ("completed", "failed", "cancelled")
 
+# what ASan/UBSan print in a `make SAN=1` build (KMIG_BUILD=build-san)
+SANITIZER_RX = re.compile(r"ERROR: (?:Address|Leak|Thread)Sanitizer.*|runtime error: .*")
+
+
+def sanitizer_reports(vms):
+    """[(console name, first sanitizer line)] over the VMs' outputs (also
+    after kill())."""
+    found = []
+    for vm in vms:
+        try:
+            with open(vm.out.name, errors="replace") as f:
+                m = SANITIZER_RX.search(f.read())
+        except OSError:
+            continue
+        if m:
+            found.append((os.path.basename(vm.console.path), m.group(0)))
+    return found
+
 
 def free_port(host="127.0.0.1"):
     """A TCP port that was free a moment ago (bind to port 0, read it back)."""
