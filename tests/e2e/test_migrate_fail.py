@@ -214,6 +214,66 @@ def case_layout_mismatch(d, vms, name):
     R.ok(name + "_dst_never_ran", dst.console.count(r"^heartbeat") == 0, dump(dst))
 
 
+def case_cpus_mismatch(d, vms, name):
+    cmd = "workload=idle report_ms=200"
+    src = kt.kmig_vm(d, "src", cmd, memory="256M", cpus=1)
+    vms.append(src)
+    if not R.ok(name + "_boot", src.console.wait(r"^heartbeat", 30, proc=src.proc) is not None,
+                dump(src)):
+        return
+    uri = tcp_uri()
+    dst = kt.kmig_vm(d, "dst", cmd, memory="256M", cpus=2, extra=["--incoming", uri])
+    vms.append(dst)
+    r = kt.migrate(src, dst, uri, timeout=30)
+    R.ok(name + "_failed", r.get("status") == "failed" and bool(r.get("error-desc")), repr(r))
+    print("# %s: error-desc %r" % (name, r.get("error-desc")))
+    R.ok(name + "_src_running", status(src) == "running", dump(src))
+    R.ok(name + "_guest_goes_on", guest_goes_on(src, r"^heartbeat"), dump(src))
+    rc = dst.wait_exit(20)
+    R.ok(name + "_dst_exits_nonzero", rc == 1, "exit %r; %s" % (rc, dump(dst)))
+    R.ok(name + "_dst_never_ran", dst.console.count(r"^heartbeat") == 0, dump(dst))
+
+
+def case_cancel_stalled(d, vms, name):
+    """The destination stops reading (SIGSTOP): the source's writes block;
+    migrate_cancel must still end the migration and leave the guest running."""
+    cmd = "workload=stress mb=64 report_ms=300"
+    src = source(d, vms, cmd)
+    if not R.ok(name + "_boot", src.console.wait(r"^stress cpu=0", 30, proc=src.proc) is not None,
+                dump(src)):
+        return
+    uri = tcp_uri()
+    dst = dest(d, vms, cmd, uri)
+    q = src.qmp()
+    kt.set_params(q, max_bandwidth=0, downtime_limit=1)
+    kt.wait_incoming(dst)
+    q.cmd("migrate", uri=uri)
+    wait_until(q, lambda r: r.get("status") == "active"
+               and r.get("ram", {}).get("transferred", 0) > 8 * MIB, 30)
+    os.killpg(dst.proc.pid, signal.SIGSTOP)
+    try:
+        # let the socket buffers fill up so that the sender blocks
+        t0 = q.cmd("query-migrate").get("ram", {}).get("transferred", 0)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            time.sleep(0.5)
+            t1 = q.cmd("query-migrate").get("ram", {}).get("transferred", 0)
+            if t1 == t0:
+                break
+            t0 = t1
+        r = q.cmd("query-migrate")
+        R.ok(name + "_stalled", r.get("status") == "active", repr(r))
+        q.cmd("migrate_cancel")
+        r = wait_until(q, lambda r: r.get("status") == "cancelled", 20)
+        R.ok(name + "_cancelled", r.get("status") == "cancelled", repr(r))
+        R.ok(name + "_src_running", status(src) == "running", dump(src))
+        R.ok(name + "_guest_goes_on", guest_goes_on(src, r"^stress cpu=0"), dump(src))
+    finally:
+        os.killpg(dst.proc.pid, signal.SIGCONT)
+    rc = dst.wait_exit(20)
+    R.ok(name + "_dst_exits_nonzero", rc == 1, "exit %r; %s" % (rc, dump(dst)))
+
+
 def start_record(magic=b"KMIGSTRM", version=1, blocks=((0, 256 * MIB),)):
     payload = magic + struct.pack("<III", version, 4096, len(blocks))
     for gpa, size in blocks:
@@ -343,6 +403,8 @@ def main():
         run_case("fail_cancel_rounds", case_cancel_rounds, d)
         run_case("fail_dst_killed", case_dst_killed, d)
         run_case("fail_layout_mismatch", case_layout_mismatch, d)
+        run_case("fail_cpus_mismatch", case_cpus_mismatch, d)
+        run_case("fail_cancel_stalled", case_cancel_stalled, d)
         run_case("fail_garbage", case_garbage, d)
         run_case("fail_nobody_listens", case_nobody_listens, d)
         run_case("fail_second_migrate", case_second_migrate, d)
