@@ -126,6 +126,19 @@ void dirty__mark(struct dirty *d, uint64_t gpa, uint64_t len)
 	}
 }
 
+/* Moves the VMM's marks into acc; d->lock held.  dirty__mark runs without
+ * the lock, so each word is taken with an atomic exchange: an OR followed
+ * by a clear of the whole map would drop marks set in between. */
+static void dirty__take_vmm(struct dirty *d)
+{
+	for (size_t w = 0; w < BITMAP_WORDS(d->vmm.nbits); w++) {
+		if (!__atomic_load_n(&d->vmm.words[w], __ATOMIC_RELAXED))
+			continue;
+		uint64_t bits = __atomic_exchange_n(&d->vmm.words[w], 0, __ATOMIC_ACQ_REL);
+		__atomic_fetch_or(&d->acc.words[w], bits, __ATOMIC_RELAXED);
+	}
+}
+
 /* Bitmap backend: fetch each slot's log into acc, re-protecting as we go. */
 static int dirty__bitmap_collect(struct dirty *d)
 {
@@ -168,8 +181,7 @@ int64_t dirty__sync(struct dirty *d, struct bitmap *dst, bool kick)
 		dirty_ring__harvest_all(d, NULL);
 	else
 		rc = dirty__bitmap_collect(d);
-	bitmap__or(&d->acc, &d->vmm);
-	bitmap__clear_all(&d->vmm);
+	dirty__take_vmm(d);
 	uint64_t added = bitmap__or(dst, &d->acc);
 	uint64_t found = bitmap__count(&d->acc);
 	bitmap__clear_all(&d->acc);

@@ -2,6 +2,7 @@
 #include "mem/dirty_impl.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -11,6 +12,7 @@
 #include "kvm/vm.h"
 
 #define RATE_PERIOD_NS 1000000000ull
+#define RESET_TRIES 8
 
 int dirty__enable_ring_cap(int vm_fd, uint32_t entries, bool *acq_rel)
 {
@@ -96,6 +98,35 @@ static void dirty_ring__rate_tick(struct dirty *d)
 	bitmap__clear_all(&d->period);
 }
 
+/* Re-protects the harvested entries (at least want of them).  Since Linux
+ * 6.17, KVM_RESET_DIRTY_RINGS stops when the calling thread has a signal
+ * pending and returns the count so far: the entries of the batch it was
+ * coalescing are then consumed without their pages being write-protected,
+ * so later writes to those pages are never logged.  vCPU threads (the
+ * ring-full path) receive kick signals: block every signal meanwhile, and
+ * call again while entries are left. */
+static void dirty_ring__reset(struct dirty *d, uint64_t want)
+{
+	sigset_t all, old;
+	uint64_t done = 0;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	for (int i = 0; i < RESET_TRIES && (done < want || !i); i++) {
+		int r = ioctl(d->vm->vm_fd, KVM_RESET_DIRTY_RINGS, 0);
+		if (r < 0 && errno != EINTR) {
+			log_warn("KVM_RESET_DIRTY_RINGS failed: %s", strerror(errno));
+			break;
+		}
+		if (r == 0)
+			break;
+		done += r > 0 ? (uint64_t)r : 0;
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (done < want)
+		log_warn("KVM_RESET_DIRTY_RINGS reset %llu of %llu entries",
+			 (unsigned long long)done, (unsigned long long)want);
+}
+
 uint64_t dirty_ring__harvest_all(struct dirty *d, struct vcpu *only)
 {
 	uint64_t count = 0;
@@ -104,8 +135,10 @@ uint64_t dirty_ring__harvest_all(struct dirty *d, struct vcpu *only)
 		if (v->ring && (!only || only == v))
 			count += dirty_ring__harvest_one(d, v);
 	}
-	if (count && ioctl(d->vm->vm_fd, KVM_RESET_DIRTY_RINGS, 0) < 0)
-		log_warn("KVM_RESET_DIRTY_RINGS failed: %s", strerror(errno));
+	/* A ring-full exit with nothing new still needs a reset: KVM counts
+	 * harvested entries as used until they are reset. */
+	if (count || only)
+		dirty_ring__reset(d, count);
 	d->stats.harvested += count;
 	dirty_ring__rate_tick(d);
 	return count;
