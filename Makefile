@@ -17,6 +17,7 @@ OBJS      := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRCS) src/main.c)
 LIB_OBJS  := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
 UNIT_SRCS := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
+KVM_TEST_BINS := $(patsubst tests/kvm/%.c,$(BUILD)/tests/test_kvm_%,$(wildcard tests/kvm/*.c))
 
 .PHONY: all guest test unit deps demo bench clean
 all: $(BUILD)/kmig
@@ -32,7 +33,11 @@ $(BUILD)/tests/%: tests/unit/%.c $(LIB_OBJS) tests/unit/harness.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
 
-unit: $(UNIT_BINS)
+$(BUILD)/tests/test_kvm_%: tests/kvm/%.c $(LIB_OBJS) tests/unit/harness.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
+
+unit: $(UNIT_BINS) $(KVM_TEST_BINS)
 
 deps:
 	@scripts/setup-deps.sh

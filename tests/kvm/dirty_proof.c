@@ -1,0 +1,689 @@
+/* KVM test: dirty tracking is lossless.  "Every page written between two
+ * syncs is reported by the next one."
+ *
+ * Each case boots the test guest in-process (workload verify or stress),
+ * starts tracking, takes a shadow copy of all guest RAM and then runs
+ * thousands of rounds of {sleep 0-2 ms, dirty__sync, copy every reported
+ * page into the shadow} while the guest keeps writing, exactly what a
+ * pre-copy migration does.  Every few rounds the low part of RAM (where
+ * the guest writes) is compared page by page with the shadow: a page that
+ * differs but was not reported must be reported by the next kicked sync,
+ * else it is counted lost.  At the end the vCPUs are paused, a last sync
+ * is copied and the shadow must equal guest RAM byte for byte.
+ *
+ * Also: dirty__mark (deterministic, and racing with syncs from another
+ * thread) and stop/start of logging.  Runs from the repository root. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "base/bitmap.h"
+#include "base/timeutil.h"
+#include "kvm/vcpu.h"
+#include "kvm/vm.h"
+#include "mem/dirty.h"
+#include "mem/ram.h"
+
+#define GUEST_ELF "build/guest/kmig-guest.elf"
+#define MEM_SIZE (256ull << 20)
+#define PG RAM_PAGE_SIZE
+#define SCAN_SLACK_MB 8          /* scanned beyond the workload: image, stack, tables */
+#define MARK_GPA (128ull << 20)  /* VMM-written region, never touched by the guest */
+#define MARK_PAGES 4096ull
+
+/* ---------------------------------------------------------------- guest */
+
+struct guest {
+	struct vm vm;
+	FILE *console;
+	bool created;
+	unsigned cpus_up;            /* from the guest's "ready cpus=N" line */
+};
+
+static unsigned smp_cpus = 2;    /* lowered to 1 once the guest's APs fail to start */
+
+static int guest__read_console(struct guest *g, char *buf, size_t len)
+{
+	fflush(g->console);
+	ssize_t n = pread(fileno(g->console), buf, len - 1, 0);
+	if (n < 0)
+		return -errno;
+	buf[n] = 0;
+	return (int)n;
+}
+
+static bool guest__console_has(struct guest *g, const char *what)
+{
+	static char buf[1 << 20];
+	return guest__read_console(g, buf, sizeof(buf)) > 0 && strstr(buf, what);
+}
+
+static int guest__wait_ready(struct guest *g, unsigned timeout_ms)
+{
+	static char buf[1 << 16];
+	uint64_t end = time__now_ms() + timeout_ms;
+	while (time__now_ms() < end) {
+		if (guest__read_console(g, buf, sizeof(buf)) > 0) {
+			const char *r = strstr(buf, "kmig-guest ready cpus=");
+			if (r) {
+				g->cpus_up = (unsigned)atoi(r + strlen("kmig-guest ready cpus="));
+				return 0;
+			}
+		}
+		time__sleep_ns(20 * 1000000ull);
+	}
+	return -ETIMEDOUT;
+}
+
+static int guest__boot(struct guest *g, const char *cmdline, unsigned cpus,
+		       uint32_t ring, bool fixed, char *err, size_t errlen)
+{
+	memset(g, 0, sizeof(*g));
+	g->console = tmpfile();
+	if (!g->console) {
+		snprintf(err, errlen, "tmpfile: %s", strerror(errno));
+		return -errno;
+	}
+	struct vm_config cfg = { .kernel = GUEST_ELF, .cmdline = cmdline, .mem_size = MEM_SIZE,
+				 .cpus = cpus, .console_fd = fileno(g->console),
+				 .dirty_ring = ring, .reaper_fixed = fixed };
+	int rc = vm__create(&g->vm, &cfg, err, errlen);
+	g->created = true;
+	if (!rc)
+		rc = vm__start(&g->vm, false);
+	if (rc && !err[0])
+		snprintf(err, errlen, "vm__start: %s", strerror(-rc));
+	if (!rc && (rc = guest__wait_ready(g, cpus > 1 ? 9000 : 4000)))
+		snprintf(err, errlen, "no ready line from the guest");
+	return rc;
+}
+
+static void guest__destroy(struct guest *g)
+{
+	if (g->created)
+		vm__destroy(&g->vm);
+	if (g->console)
+		fclose(g->console);
+	g->created = false;
+	g->console = NULL;
+}
+
+static uint64_t guest__ring_full_exits(struct guest *g)
+{
+	uint64_t n = 0;
+	for (unsigned i = 0; i < g->vm.nr_vcpus; i++)
+		n += atomic_load(&g->vm.vcpus[i].ring_full_exits);
+	return n;
+}
+
+/* ---------------------------------------------------------------- probe */
+
+/* The shadow of guest RAM and what the rounds found. */
+struct probe {
+	struct vm *vm;
+	uint8_t *shadow;             /* VM-wide page i at shadow + i * PG */
+	struct bitmap bm;            /* reported by the current sync */
+	struct bitmap ever;          /* reported at least once */
+	struct bitmap pending;       /* differed and unreported at the last scan */
+	uint64_t scan_pages;         /* scans cover pages [0, scan_pages) */
+	uint64_t rounds, nokick, reported, scans;
+	uint64_t scan_reported, scan_changed; /* on scan rounds, inside the scan range */
+	uint64_t late;               /* unreported at a scan and at the next kicked one */
+	uint64_t first_late, mismatches, first_bad;
+	uint64_t sync_ns_max, sync_ns_sum;
+};
+
+static int probe__init(struct probe *p, struct vm *vm, uint64_t scan_pages)
+{
+	memset(p, 0, sizeof(*p));
+	p->vm = vm;
+	p->scan_pages = scan_pages < vm->ram.npages ? scan_pages : vm->ram.npages;
+	p->shadow = malloc(vm->ram.size);
+	if (!p->shadow)
+		return -ENOMEM;
+	int rc = bitmap__init(&p->bm, vm->ram.npages);
+	if (!rc)
+		rc = bitmap__init(&p->ever, vm->ram.npages);
+	if (!rc)
+		rc = bitmap__init(&p->pending, vm->ram.npages);
+	if (rc)
+		return rc;
+	for (uint64_t i = 0; i < vm->ram.npages; i++)
+		memcpy(p->shadow + i * PG, ram__page_host(&vm->ram, i), PG);
+	return 0;
+}
+
+static void probe__free(struct probe *p)
+{
+	free(p->shadow);
+	bitmap__free(&p->bm);
+	bitmap__free(&p->ever);
+	bitmap__free(&p->pending);
+	p->shadow = NULL;
+}
+
+static bool probe__differs(const struct probe *p, uint64_t i)
+{
+	return memcmp(p->shadow + i * PG, ram__page_host(&p->vm->ram, i), PG) != 0;
+}
+
+/* Compares the scan range with the shadow before the reported pages are
+ * copied.  A page still pending from the previous scan was unreported by
+ * every sync since, the last of them kicked: lost. */
+static void probe__scan(struct probe *p)
+{
+	p->scans++;
+	for (uint64_t i = 0; i < p->scan_pages; i++) {
+		bool rep = bitmap__test(&p->bm, i);
+		p->scan_reported += rep;
+		if (!probe__differs(p, i)) {
+			bitmap__clear_bit(&p->pending, i);
+			continue;
+		}
+		p->scan_changed++;
+		if (rep)
+			continue;
+		if (!bitmap__test_and_set(&p->pending, i) && !p->late++)
+			p->first_late = i;
+	}
+}
+
+static void probe__copy_reported(struct probe *p)
+{
+	for (uint64_t i = bitmap__next_set(&p->bm, 0); i < p->bm.nbits;
+	     i = bitmap__next_set(&p->bm, i + 1)) {
+		memcpy(p->shadow + i * PG, ram__page_host(&p->vm->ram, i), PG);
+		bitmap__set(&p->ever, i);
+		bitmap__clear_bit(&p->pending, i);
+		p->reported++;
+	}
+	bitmap__clear_all(&p->bm);
+}
+
+static int probe__sync(struct probe *p, bool kick, bool scan)
+{
+	uint64_t t0 = time__now_ns();
+	int64_t n = dirty__sync(p->vm->dirty, &p->bm, kick);
+	uint64_t dt = time__now_ns() - t0;
+	if (n < 0)
+		return (int)n;
+	p->rounds++;
+	p->nokick += !kick;
+	p->sync_ns_sum += dt;
+	if (dt > p->sync_ns_max)
+		p->sync_ns_max = dt;
+	if (scan)
+		probe__scan(p);
+	probe__copy_reported(p);
+	return 0;
+}
+
+/* Pauses the guest, copies the last sync and compares all of RAM. */
+static int probe__final(struct probe *p)
+{
+	vm__pause_vcpus(p->vm);
+	int rc = probe__sync(p, false, false);
+	p->first_bad = UINT64_MAX;
+	for (uint64_t i = 0; i < p->vm->ram.npages && !rc; i++) {
+		if (!probe__differs(p, i))
+			continue;
+		if (!p->mismatches++)
+			p->first_bad = i;
+	}
+	vm__resume_vcpus(p->vm);
+	return rc;
+}
+
+/* ---------------------------------------------------------------- rounds */
+
+struct plan {
+	unsigned rounds;
+	unsigned max_sleep_us;
+	unsigned scan_every;         /* scan rounds are always kicked */
+	unsigned nokick_every;       /* 0: always kick */
+};
+
+static const struct plan PLAN_DEFAULT = { 2000, 2000, 16, 5 };
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng__next(void)
+{
+	uint64_t x = rng_state;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return rng_state = x;
+}
+
+static int rounds__run(struct probe *p, const struct plan *pl)
+{
+	for (unsigned r = 1; r <= pl->rounds; r++) {
+		uint64_t us = rng__next() % (pl->max_sleep_us + 1);
+		if (us)
+			time__sleep_ns(us * 1000);
+		bool scan = pl->scan_every && r % pl->scan_every == 0;
+		bool kick = scan || !pl->nokick_every || r % pl->nokick_every != 0;
+		int rc = probe__sync(p, kick, scan);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static void probe__print(const struct probe *p, const char *name, struct guest *g)
+{
+	printf("# %s: rounds=%" PRIu64 " (unkicked %" PRIu64 ") reported=%" PRIu64
+	       " scans=%" PRIu64 " scan_reported=%" PRIu64 " scan_changed=%" PRIu64
+	       " late=%" PRIu64 " mismatches=%" PRIu64 " sync_avg_us=%" PRIu64
+	       " sync_max_us=%" PRIu64 " ring_full_exits=%" PRIu64 "\n",
+	       name, p->rounds, p->nokick, p->reported, p->scans, p->scan_reported,
+	       p->scan_changed, p->late, p->mismatches,
+	       p->rounds ? p->sync_ns_sum / p->rounds / 1000 : 0, p->sync_ns_max / 1000,
+	       guest__ring_full_exits(g));
+}
+
+/* The lossless checks every case makes. */
+static void probe__check(struct t *t, const struct probe *p, const char *name)
+{
+	T_CHECK(t, p->reported > 0);
+	T_CHECK(t, p->scan_changed > 0);
+	T_CHECK_EQ(t, p->late, 0);
+	T_CHECK_EQ(t, p->mismatches, 0);
+	T_CHECK(t, p->scan_reported <= 3 * p->scan_changed + 64 * p->scans);
+	if (p->late)
+		printf("#   %s: page %" PRIu64 " (gpa 0x%" PRIx64 ") differed at a scan and was"
+		       " not reported by the next kicked sync\n", name, p->first_late,
+		       ram__page_gpa(&p->vm->ram, p->first_late));
+	if (p->mismatches)
+		printf("#   %s: %" PRIu64 " pages differ at the end; first page %" PRIu64
+		       " (gpa 0x%" PRIx64 "), %s reported\n", name, p->mismatches, p->first_bad,
+		       ram__page_gpa(&p->vm->ram, p->first_bad),
+		       bitmap__test(&p->ever, p->first_bad) ? "was" : "never");
+}
+
+/* ---------------------------------------------------------------- cases */
+
+struct tcase {
+	const char *name;
+	const char *workload;        /* "verify" or "stress" */
+	unsigned mb;
+	uint32_t ring;               /* 0: bitmap */
+	bool fixed;
+	bool smp;                    /* try smp_cpus vCPUs */
+	bool expect_ring_full;
+	unsigned rounds;             /* 0: PLAN_DEFAULT's */
+};
+
+static bool kvm_missing(const char *name)
+{
+	if (access("/dev/kvm", F_OK) == 0)
+		return false;
+	printf("skip %s: no /dev/kvm\n", name);
+	return true;
+}
+
+static void note_smp(struct guest *g, unsigned asked)
+{
+	if (asked < 2)
+		return;
+	if (g->cpus_up < asked) {
+		printf("# SMP: the guest's APs did not start (ready cpus=%u of %u);"
+		       " the remaining cases run with 1 vCPU\n", g->cpus_up, asked);
+		smp_cpus = 1;
+	} else {
+		printf("# SMP: ready cpus=%u\n", g->cpus_up);
+	}
+}
+
+static int tcase__boot(struct t *t, const struct tcase *c, struct guest *g, unsigned cpus)
+{
+	char cmd[160], err[256] = "";
+	snprintf(cmd, sizeof(cmd), "workload=%s mb=%u cpus=%u report_ms=500",
+		 c->workload, c->mb, cpus);
+	int rc = guest__boot(g, cmd, cpus, c->ring, c->fixed, err, sizeof(err));
+	if (rc) {
+		printf("#   %s: %s\n", c->name, err);
+		T_CHECK_EQ(t, rc, 0);
+	}
+	return rc;
+}
+
+static void tcase__run(struct t *t, const struct tcase *c)
+{
+	struct guest g;
+	struct probe p = { 0 };
+	unsigned cpus = c->smp ? smp_cpus : 1;
+	if (tcase__boot(t, c, &g, cpus))
+		goto out;
+	note_smp(&g, cpus);
+	int rc = dirty__start(g.vm.dirty);
+	T_CHECK_EQ(t, rc, 0);
+	if (!rc)
+		rc = probe__init(&p, &g.vm, ((uint64_t)c->mb + SCAN_SLACK_MB) << 8);
+	struct plan pl = PLAN_DEFAULT;
+	if (c->rounds)
+		pl.rounds = c->rounds;
+	if (!rc)
+		rc = rounds__run(&p, &pl);
+	if (!rc)
+		rc = probe__final(&p);
+	T_CHECK_EQ(t, rc, 0);
+	probe__print(&p, c->name, &g);
+	if (!rc)
+		probe__check(t, &p, c->name);
+	if (c->expect_ring_full)
+		T_CHECK(t, guest__ring_full_exits(&g) > 0);
+	T_CHECK(t, !guest__console_has(&g, "verify BAD"));
+	T_CHECK_EQ(t, dirty__stop(g.vm.dirty), 0);
+out:
+	probe__free(&p);
+	guest__destroy(&g);
+}
+
+/* Smallest ring KVM accepts, probed on a scratch VM. */
+static uint32_t smallest_ring(void)
+{
+	int kvm = open("/dev/kvm", O_RDWR | O_CLOEXEC);
+	if (kvm < 0)
+		return 0;
+	uint32_t found = 0;
+	for (uint32_t n = 256; n <= 65536 && !found; n *= 2) {
+		int fd = ioctl(kvm, KVM_CREATE_VM, 0);
+		bool acq;
+		if (fd >= 0 && dirty__enable_ring_cap(fd, n, &acq) == 0)
+			found = n;
+		if (fd >= 0)
+			close(fd);
+	}
+	close(kvm);
+	return found;
+}
+
+static void t_bitmap_verify(struct t *t)
+{
+	static const struct tcase c = { .name = "bitmap_verify", .workload = "verify", .mb = 16 };
+	tcase__run(t, &c);
+}
+
+static void t_ring4096_adaptive_verify(struct t *t)
+{
+	static const struct tcase c = { .name = "ring4096_adaptive_verify", .workload = "verify",
+					.mb = 16, .ring = 4096 };
+	tcase__run(t, &c);
+}
+
+static void t_ring4096_fixed_verify(struct t *t)
+{
+	static const struct tcase c = { .name = "ring4096_fixed_verify", .workload = "verify",
+					.mb = 16, .ring = 4096, .fixed = true };
+	tcase__run(t, &c);
+}
+
+/* The smallest ring fills between syncs: the ring-full path is exercised. */
+static void ring_small__run(struct t *t, const char *name, bool smp, unsigned rounds)
+{
+	struct tcase c = { .name = name, .workload = "verify", .mb = 16, .ring = smallest_ring(),
+			   .smp = smp, .expect_ring_full = true, .rounds = rounds };
+	T_CHECK(t, c.ring > 0);
+	if (!c.ring)
+		return;
+	printf("# smallest dirty ring KVM accepts: %u entries\n", c.ring);
+	tcase__run(t, &c);
+}
+
+static void t_ring_small_verify(struct t *t)
+{
+	ring_small__run(t, "ring_small_verify", false, 0);
+}
+
+/* Kicking two busy vCPUs on two host cores costs milliseconds: fewer rounds. */
+static void t_ring_small_smp_verify(struct t *t)
+{
+	ring_small__run(t, "ring_small_smp_verify", true, 500);
+}
+
+static void t_bitmap_stress_smp(struct t *t)
+{
+	static const struct tcase c = { .name = "bitmap_stress_smp", .workload = "stress",
+					.mb = 64, .smp = true };
+	tcase__run(t, &c);
+}
+
+static void t_ring4096_stress(struct t *t)
+{
+	static const struct tcase c = { .name = "ring4096_stress", .workload = "stress",
+					.mb = 64, .ring = 4096 };
+	tcase__run(t, &c);
+}
+
+/* ---------------------------------------------------------------- dirty__mark */
+
+static bool bitmap_equal(const struct bitmap *a, const struct bitmap *b)
+{
+	return a->nbits == b->nbits &&
+	       !memcmp(a->words, b->words, BITMAP_WORDS(a->nbits) * sizeof(uint64_t));
+}
+
+/* With the guest paused, the next sync reports exactly the marked pages. */
+static void mark__exact(struct t *t, struct guest *g)
+{
+	struct bitmap got, want;
+	struct ram *r = &g->vm.ram;
+	if (bitmap__init(&got, r->npages) || bitmap__init(&want, r->npages)) {
+		T_CHECK(t, false);
+		goto out;
+	}
+	vm__pause_vcpus(&g->vm);
+	T_CHECK(t, dirty__sync(g->vm.dirty, &got, false) >= 0);   /* drain */
+	bitmap__clear_all(&got);
+	uint64_t base = MARK_GPA >> RAM_PAGE_SHIFT;
+	dirty__mark(g->vm.dirty, MARK_GPA + 100, 1);               /* one byte */
+	dirty__mark(g->vm.dirty, MARK_GPA + 3 * PG - 1, 2);        /* straddles 2|3 */
+	dirty__mark(g->vm.dirty, MARK_GPA + 10 * PG, 5 * PG);      /* 10..14 */
+	dirty__mark(g->vm.dirty, MARK_GPA + 40 * PG, 0);           /* nothing */
+	dirty__mark(g->vm.dirty, MEM_SIZE - 10, 100);              /* clipped at the end */
+	bitmap__set(&want, base);
+	bitmap__set_range(&want, base + 2, 2);
+	bitmap__set_range(&want, base + 10, 5);
+	bitmap__set(&want, r->npages - 1);
+	int64_t n = dirty__sync(g->vm.dirty, &got, false);
+	T_CHECK_EQ(t, n, 9);
+	T_CHECK(t, bitmap_equal(&got, &want));
+	bitmap__clear_all(&got);
+	T_CHECK_EQ(t, dirty__sync(g->vm.dirty, &got, false), 0);  /* consumed */
+	vm__resume_vcpus(&g->vm);
+out:
+	bitmap__free(&got);
+	bitmap__free(&want);
+}
+
+/* A VMM thread writes pages of the mark region and marks them while the
+ * main thread syncs: mark number i writes i into page i % MARK_PAGES. */
+struct marker {
+	struct guest *g;
+	atomic_ullong done;          /* marks 1..done completed (write, then mark) */
+	atomic_bool stop;
+	pthread_t thread;
+};
+
+static void *marker__main(void *arg)
+{
+	struct marker *m = arg;
+	struct ram *r = &m->g->vm.ram;
+	for (uint64_t i = 1; !atomic_load_explicit(&m->stop, memory_order_relaxed); i++) {
+		uint64_t gpa = MARK_GPA + (i % MARK_PAGES) * PG;
+		uint64_t *w = ram__gpa_to_host(r, gpa, PG);
+		__atomic_store_n(w, i, __ATOMIC_RELAXED);
+		dirty__mark(m->g->vm.dirty, gpa, PG);
+		atomic_store_explicit(&m->done, i, memory_order_release);
+	}
+	return NULL;
+}
+
+/* Every mark completed before a sync started is in the shadow after it:
+ * page q must hold at least the last mark j <= done with j % MARK_PAGES == q. */
+static uint64_t mark__lost_since(struct probe *p, uint64_t done)
+{
+	uint64_t lost = 0;
+	for (uint64_t q = 0; q < MARK_PAGES; q++) {
+		uint64_t back = (done % MARK_PAGES + MARK_PAGES - q) % MARK_PAGES;
+		if (back >= done)
+			continue;       /* page q not marked yet */
+		uint64_t want = done - back, have;
+		memcpy(&have, p->shadow + ((MARK_GPA >> RAM_PAGE_SHIFT) + q) * PG, sizeof(have));
+		lost += have < want;
+	}
+	return lost;
+}
+
+static void mark__race(struct t *t, struct guest *g)
+{
+	struct probe p;
+	struct marker m = { .g = g };
+	int rc = probe__init(&p, &g->vm, 0);
+	T_CHECK_EQ(t, rc, 0);
+	if (rc || pthread_create(&m.thread, NULL, marker__main, &m)) {
+		probe__free(&p);
+		T_CHECK(t, false);
+		return;
+	}
+	uint64_t lost = 0, rounds = 3000, marks;
+	for (uint64_t r = 0; r < rounds && !rc; r++) {
+		uint64_t done = atomic_load_explicit(&m.done, memory_order_acquire);
+		rc = probe__sync(&p, r % 2, false);
+		lost += mark__lost_since(&p, done);
+		if (r % 8 == 7)
+			time__sleep_ns(rng__next() % 1000000);
+	}
+	atomic_store(&m.stop, true);
+	pthread_join(m.thread, NULL);
+	marks = atomic_load(&m.done);
+	if (!rc)
+		rc = probe__final(&p);
+	T_CHECK_EQ(t, rc, 0);
+	printf("# mark_race: %" PRIu64 " syncs, %" PRIu64 " marks, %" PRIu64
+	       " marks missing after the sync that followed them, %" PRIu64 " pages differ at the end\n",
+	       p.rounds, marks, lost, p.mismatches);
+	T_CHECK(t, marks > rounds);
+	T_CHECK_EQ(t, lost, 0);
+	T_CHECK_EQ(t, p.mismatches, 0);
+	probe__free(&p);
+}
+
+static void t_mark(struct t *t)
+{
+	static const struct tcase c = { .name = "mark", .workload = "verify", .mb = 16 };
+	struct guest g;
+	if (tcase__boot(t, &c, &g, 1))
+		goto out;
+	T_CHECK_EQ(t, dirty__start(g.vm.dirty), 0);
+	mark__exact(t, &g);
+	mark__race(t, &g);
+	T_CHECK_EQ(t, dirty__stop(g.vm.dirty), 0);
+out:
+	guest__destroy(&g);
+}
+
+/* ---------------------------------------------------------------- start / stop */
+
+/* KVM keeps a dirty bitmap for a slot only while it logs. */
+static int slot_log_errno(struct guest *g)
+{
+	static uint64_t buf[BITMAP_WORDS(MEM_SIZE / PG)];
+	struct kvm_dirty_log log = { .slot = g->vm.ram.blocks[0].slot, .dirty_bitmap = buf };
+	return ioctl(g->vm.vm_fd, KVM_GET_DIRTY_LOG, &log) < 0 ? errno : 0;
+}
+
+static void start_stop__cycle(struct t *t, struct guest *g, bool bitmap, unsigned cycle)
+{
+	static const struct plan pl = { 400, 2000, 16, 5 };
+	struct probe p = { 0 };
+	T_CHECK_EQ(t, dirty__start(g->vm.dirty), 0);
+	T_CHECK(t, g->vm.ram.logging && dirty__active(g->vm.dirty));
+	if (bitmap)
+		T_CHECK_EQ(t, slot_log_errno(g), 0);
+	int rc = probe__init(&p, &g->vm, (16ull + SCAN_SLACK_MB) << 8);
+	if (!rc)
+		rc = rounds__run(&p, &pl);
+	if (!rc)
+		rc = probe__final(&p);
+	T_CHECK_EQ(t, rc, 0);
+	char name[64];
+	snprintf(name, sizeof(name), "%s_start_stop_cycle%u", bitmap ? "bitmap" : "ring", cycle);
+	probe__print(&p, name, g);
+	if (!rc)
+		probe__check(t, &p, name);
+	T_CHECK_EQ(t, dirty__stop(g->vm.dirty), 0);
+	T_CHECK(t, !g->vm.ram.logging && !dirty__active(g->vm.dirty));
+	if (bitmap)
+		T_CHECK_EQ(t, slot_log_errno(g), ENOENT);
+	bitmap__clear_all(&p.bm);
+	T_CHECK_EQ(t, dirty__sync(g->vm.dirty, &p.bm, true), -EINVAL);
+	T_CHECK_EQ(t, dirty__stop(g->vm.dirty), 0);               /* idempotent */
+	probe__free(&p);
+}
+
+static void start_stop__run(struct t *t, uint32_t ring)
+{
+	struct tcase c = { .name = "start_stop", .workload = "verify", .mb = 16, .ring = ring };
+	struct guest g;
+	if (tcase__boot(t, &c, &g, 1))
+		goto out;
+	if (!ring)
+		T_CHECK_EQ(t, slot_log_errno(&g), ENOENT);
+	for (unsigned i = 1; i <= 2; i++)
+		start_stop__cycle(t, &g, !ring, i);
+out:
+	guest__destroy(&g);
+}
+
+static void t_bitmap_start_stop(struct t *t)
+{
+	start_stop__run(t, 0);
+}
+
+static void t_ring_start_stop(struct t *t)
+{
+	start_stop__run(t, 4096);
+}
+
+/* argv[1], if given, runs only the cases whose name contains it. */
+#define RUN_CASE(t, fn, filter) do { \
+	if (!(filter) || strstr(#fn, (filter))) \
+		T_RUN(t, fn); \
+} while (0)
+
+int main(int argc, char **argv)
+{
+	struct t t = { 0 };
+	const char *f = argc > 1 ? argv[1] : NULL;
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (kvm_missing("test_kvm_dirty"))
+		return 0;
+	if (access(GUEST_ELF, R_OK)) {
+		printf("not ok test_kvm_dirty: %s missing (make guest)\n", GUEST_ELF);
+		return 1;
+	}
+	uint64_t t0 = time__now_ms();
+	RUN_CASE(&t, t_bitmap_verify, f);
+	RUN_CASE(&t, t_ring4096_adaptive_verify, f);
+	RUN_CASE(&t, t_ring4096_fixed_verify, f);
+	RUN_CASE(&t, t_ring_small_verify, f);
+	RUN_CASE(&t, t_ring_small_smp_verify, f);
+	RUN_CASE(&t, t_bitmap_stress_smp, f);
+	RUN_CASE(&t, t_ring4096_stress, f);
+	RUN_CASE(&t, t_mark, f);
+	RUN_CASE(&t, t_bitmap_start_stop, f);
+	RUN_CASE(&t, t_ring_start_stop, f);
+	printf("# test_kvm_dirty: %" PRIu64 " ms\n", time__now_ms() - t0);
+	return T_DONE(&t);
+}
