@@ -12,6 +12,9 @@
 
 #define CLEAR_CHUNK_PAGES (256ull * 1024) /* 1 GiB per KVM_CLEAR_DIRTY_LOG */
 
+static int dirty__start_locked(struct dirty *d);
+static int dirty__stop_locked(struct dirty *d);
+
 int dirty__create(struct dirty **out, struct vm *vm, enum reaper_mode mode)
 {
 	struct dirty *d = calloc(1, sizeof(*d));
@@ -22,9 +25,12 @@ int dirty__create(struct dirty **out, struct vm *vm, enum reaper_mode mode)
 	d->backend = vm->cfg.dirty_ring ? DIRTY_RING : DIRTY_BITMAP;
 	d->mode = mode;
 	pthread_mutex_init(&d->lock, NULL);
+	pthread_mutex_init(&d->users_lock, NULL);
 	pthread_mutex_init(&d->reaper_lock, NULL);
 	pthread_cond_init(&d->reaper_cond, NULL);
-	int rc = bitmap__init(&d->acc, d->ram->npages);
+	int rc = dirtyrate__init(&d->est, vm->nr_vcpus, DIRTYRATE_DEFAULT_PERIOD_MS, time__now_ms());
+	if (!rc)
+		rc = bitmap__init(&d->acc, d->ram->npages);
 	if (!rc)
 		rc = bitmap__init(&d->vmm, d->ram->npages);
 	if (!rc)
@@ -57,12 +63,14 @@ void dirty__destroy(struct dirty *d)
 {
 	if (!d)
 		return;
-	if (d->active && dirty__stop(d))
+	if (d->active && dirty__stop_locked(d))
 		log_warn("dirty tracking did not stop cleanly");
+	dirtyrate__free(&d->est);
 	bitmap__free(&d->acc);
 	bitmap__free(&d->vmm);
 	bitmap__free(&d->period);
 	free(d->kvm_bitmap);
+	free(d->vcpu_entries);
 	pthread_mutex_destroy(&d->lock);
 	free(d);
 }
@@ -79,13 +87,31 @@ bool dirty__active(const struct dirty *d)
 
 int dirty__start(struct dirty *d)
 {
-	if (d->active)
-		return 0;
+	pthread_mutex_lock(&d->users_lock);
+	int rc = d->users++ ? 0 : dirty__start_locked(d);
+	if (rc)
+		d->users--;
+	pthread_mutex_unlock(&d->users_lock);
+	return rc;
+}
+
+int dirty__stop(struct dirty *d)
+{
+	pthread_mutex_lock(&d->users_lock);
+	int rc = 0;
+	if (d->users && !--d->users)
+		rc = dirty__stop_locked(d);
+	pthread_mutex_unlock(&d->users_lock);
+	return rc;
+}
+
+static int dirty__start_locked(struct dirty *d)
+{
 	pthread_mutex_lock(&d->lock);
 	bitmap__clear_all(&d->acc);
 	bitmap__clear_all(&d->period);
 	d->stats.syncs = d->stats.harvested = 0;
-	d->period_start_ns = time__now_ns();
+	dirtyrate__reset(&d->est, time__now_ms());
 	int rc = ram__set_logging(d->ram, true);
 	if (!rc)
 		__atomic_store_n(&d->active, true, __ATOMIC_RELEASE);
@@ -95,10 +121,8 @@ int dirty__start(struct dirty *d)
 	return rc;
 }
 
-int dirty__stop(struct dirty *d)
+static int dirty__stop_locked(struct dirty *d)
 {
-	if (!d->active)
-		return 0;
 	if (d->backend == DIRTY_RING)
 		dirty_ring__stop_reaper(d);
 	pthread_mutex_lock(&d->lock);
@@ -217,7 +241,36 @@ uint64_t dirty__take_peak(struct dirty *d)
 {
 	pthread_mutex_lock(&d->lock);
 	uint64_t peak = d->stats.peak_rate_pages;
+	if (d->backend == DIRTY_RING)
+		dirtyrate__take_peak(&d->est);
 	d->stats.peak_rate_pages = d->stats.rate_pages;
 	pthread_mutex_unlock(&d->lock);
 	return peak;
+}
+
+uint64_t dirty__vcpu_rate(struct dirty *d, unsigned vcpu)
+{
+	pthread_mutex_lock(&d->lock);
+	uint64_t r = dirtyrate__vcpu_rate(&d->est, vcpu);
+	pthread_mutex_unlock(&d->lock);
+	return r;
+}
+
+uint64_t dirty__vcpu_entries(struct dirty *d, unsigned vcpu)
+{
+	uint64_t n = 0;
+	pthread_mutex_lock(&d->lock);
+	if (d->vcpu_entries && vcpu < d->vm->nr_vcpus)
+		n = d->vcpu_entries[vcpu];
+	pthread_mutex_unlock(&d->lock);
+	return n;
+}
+
+void dirty__harvest(struct dirty *d)
+{
+	if (d->backend != DIRTY_RING || !dirty__active(d))
+		return;
+	pthread_mutex_lock(&d->lock);
+	dirty_ring__harvest_all(d, NULL);
+	pthread_mutex_unlock(&d->lock);
 }

@@ -46,7 +46,9 @@ void dirty__destroy(struct dirty *d);
 enum dirty_backend dirty__backend(const struct dirty *d);
 
 /* Starts tracking: memslots get KVM_MEM_LOG_DIRTY_PAGES, the reaper runs.
- * Cheap: no vCPU is paused. */
+ * Cheap: no vCPU is paused.  Counted: several users (migration,
+ * dirty-limit, calc-dirty-rate) may hold tracking on; each start needs
+ * one stop, and tracking goes off with the last. */
 int dirty__start(struct dirty *d) KMIG_MUST_CHECK;
 /* Stops tracking and the reaper; memslots drop logging so KVM can map
  * huge pages again.  Safe to call when not started. */
@@ -69,5 +71,13 @@ void dirty__on_ring_full(struct dirty *d, struct vcpu *v);
 void dirty__get_stats(struct dirty *d, struct dirty_stats *out);
 /* Returns the peak dirty rate (pages/s) and starts a new peak window. */
 uint64_t dirty__take_peak(struct dirty *d);
+/* Ring backend: one vCPU's rate of the last closed period (pages newly
+ * dirtied per second, a page counted once per period), and the ring
+ * entries harvested from it since the VM started.  0 on the bitmap. */
+uint64_t dirty__vcpu_rate(struct dirty *d, unsigned vcpu);
+uint64_t dirty__vcpu_entries(struct dirty *d, unsigned vcpu);
+/* Ring backend: harvests every ring now (rates stay current between
+ * syncs); no-op on the bitmap or when tracking is off. */
+void dirty__harvest(struct dirty *d);
 
 #endif

@@ -7,6 +7,7 @@
 #include "kvm/vcpu.h"
 #include "mem/dirty.h"
 #include "mem/ram.h"
+#include "mig/dirtyrate.h"
 
 struct dirty {
 	struct vm *vm;
@@ -16,12 +17,16 @@ struct dirty {
 	bool active;                 /* atomic: tracking on */
 	bool manual_protect, initially_set;
 
+	pthread_mutex_t users_lock;  /* guards users */
+	unsigned users;              /* dirty__start calls not yet stopped */
 	pthread_mutex_t lock;        /* serialises harvests, syncs, stats */
 	struct bitmap acc;           /* harvested since the last sync */
 	struct bitmap vmm;           /* written by the VMM since the last sync */
 	struct bitmap period;        /* ring: pages seen in the current rate period */
 	uint64_t *kvm_bitmap;        /* bitmap backend: buffer for one slot's log */
-	uint64_t period_start_ns, period_pages, last_sync_end_ns;
+	uint64_t last_sync_end_ns;
+	struct dirtyrate est;        /* ring: new pages per vCPU per period */
+	uint64_t *vcpu_entries;      /* ring: entries harvested per vCPU, ever */
 	struct dirty_stats stats;
 
 	/* reaper (ring backend) */

@@ -2,6 +2,7 @@
 #include "mem/dirty_impl.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -11,7 +12,6 @@
 #include "base/timeutil.h"
 #include "kvm/vm.h"
 
-#define RATE_PERIOD_NS 1000000000ull
 #define RESET_TRIES 8
 
 int dirty__enable_ring_cap(int vm_fd, uint32_t entries, bool *acq_rel)
@@ -49,7 +49,8 @@ int dirty_ring__map(struct dirty *d)
 		v->ring = p;
 		v->ring_next = 0;
 	}
-	return 0;
+	d->vcpu_entries = calloc(d->vm->nr_vcpus, sizeof(*d->vcpu_entries));
+	return d->vcpu_entries ? 0 : -ENOMEM;
 }
 
 /* Marks one harvested gfn; returns 1 if the page is new in this rate period. */
@@ -83,18 +84,19 @@ static uint64_t dirty_ring__harvest_one(struct dirty *d, struct vcpu *v)
 		v->ring_next++;
 		count++;
 	}
-	d->period_pages += fresh;
+	if (dirtyrate__add(&d->est, v->index, fresh))
+		log_debug("dirty rate: no vCPU %u", v->index);
+	d->vcpu_entries[v->index] += count;
 	return count;
 }
 
+/* Closes a rate period when it is due: a page counts once per period. */
 static void dirty_ring__rate_tick(struct dirty *d)
 {
-	uint64_t now = time__now_ns();
-	if (now - d->period_start_ns < RATE_PERIOD_NS)
+	if (!dirtyrate__tick(&d->est, time__now_ms()))
 		return;
-	dirty__rate_update(d, d->period_pages, now - d->period_start_ns);
-	d->period_pages = 0;
-	d->period_start_ns = now;
+	d->stats.rate_pages = dirtyrate__rate(&d->est);
+	d->stats.peak_rate_pages = dirtyrate__peak(&d->est);
 	bitmap__clear_all(&d->period);
 }
 
