@@ -12,12 +12,15 @@ static void *throttle__thread(void *arg)
 	pthread_setname_np(pthread_self(), "throttle");
 	pthread_mutex_lock(&t->lock);
 	while (!t->stop) {
-		if (!atomic_load(&t->vm->throttle_pct)) {
+		bool limit = dirtylimit__active(&t->vm->dirtylimit);
+		if (!atomic_load(&t->vm->throttle_pct) && !limit) {
 			pthread_cond_wait(&t->cond, &t->lock);
 			continue;
 		}
 		pthread_mutex_unlock(&t->lock);
 		time__sleep_ns(THROTTLE_TIMESLICE_NS);
+		if (limit)
+			dirtylimit__tick(&t->vm->dirtylimit, time__now_ms());
 		vm__kick_all(t->vm);
 		pthread_mutex_lock(&t->lock);
 	}

@@ -1,7 +1,9 @@
 /* vCPU throttling (QEMU's cpu-throttle): at p percent every vCPU, after
  * running for a 10 ms slice, sleeps slice * p / (100 - p).  A timer thread
- * kicks the vCPUs out of KVM_RUN once per slice while p > 0, and the vCPU
- * threads sleep in their run loop (kvm/vcpu.c).  Any thread may set p. */
+ * kicks the vCPUs out of KVM_RUN once per slice while p > 0 or a dirty
+ * limit is set (it also runs the dirty-limit control step), and the vCPU
+ * threads sleep in their run loop (kvm/vcpu.c).  Any thread may set p;
+ * throttle__set also wakes the timer after a dirty-limit change. */
 #ifndef KMIG_KVM_THROTTLE_H
 #define KMIG_KVM_THROTTLE_H
 

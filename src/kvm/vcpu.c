@@ -189,18 +189,40 @@ static bool vcpu__gate(struct vcpu *v)
 	return go;
 }
 
+/* Sleeps ns unless a pause or quit comes first (a pause must not wait for
+ * a throttled vCPU's sleep: that would add to the migration downtime). */
+static void vcpu__sleep(struct vcpu *v, uint64_t ns)
+{
+	struct vm *vm = v->vm;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t t = (uint64_t)ts.tv_nsec + ns;
+	ts.tv_sec += t / 1000000000ull;
+	ts.tv_nsec = t % 1000000000ull;
+	pthread_mutex_lock(&vm->lock);
+	while (!vcpu__must_park(vm) &&
+	       pthread_cond_timedwait(&vm->cond, &vm->lock, &ts) != ETIMEDOUT)
+		;
+	pthread_mutex_unlock(&vm->lock);
+}
+
+/* cpu-throttle and dirty-limit: after each 10 ms run slice, sleep the
+ * larger of the two sleeps (the throttle timer kicks us once per slice). */
 static void vcpu__throttle(struct vcpu *v)
 {
 	unsigned pct = atomic_load(&v->vm->throttle_pct);
-	if (!pct)
+	uint64_t limit = atomic_load(&v->limit_sleep_ns);
+	if (!pct && !limit)
 		return;
 	uint64_t now = time__now_ns();
 	if (now - v->last_throttle_ns < THROTTLE_TIMESLICE_NS)
 		return;
 	uint64_t sleep = throttle__sleep_ns(pct, THROTTLE_TIMESLICE_NS);
-	time__sleep_ns(sleep);
-	atomic_fetch_add(&v->throttle_ns, sleep);
+	if (limit > sleep)
+		sleep = limit;
+	vcpu__sleep(v, sleep);
 	v->last_throttle_ns = time__now_ns();
+	atomic_fetch_add(&v->throttle_ns, v->last_throttle_ns - now);
 }
 
 static void *vcpu__thread(void *arg)

@@ -32,6 +32,7 @@ struct vcpu {
 	/* statistics */
 	atomic_ullong exits, ring_full_exits;
 	atomic_ullong throttle_ns;   /* time slept for throttling / dirty limit */
+	atomic_ullong limit_sleep_ns; /* dirty-limit: sleep per 10 ms run slice */
 	/* dirty ring, when enabled (mem/dirty) */
 	struct kvm_dirty_gfn *ring;
 	uint32_t ring_next;          /* next entry to harvest (ring owner: dirty tracker) */

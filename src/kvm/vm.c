@@ -134,7 +134,11 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 	vm->cfg = *cfg;
 	vm->kvm_fd = vm->vm_fd = -1;
 	pthread_mutex_init(&vm->lock, NULL);
-	pthread_cond_init(&vm->cond, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* vCPU throttle sleeps wait on it */
+	pthread_cond_init(&vm->cond, &ca);
+	pthread_condattr_destroy(&ca);
 	serial__init(&vm->serial, cfg->console_fd);
 	vm->status = VM_STATUS_PRELAUNCH;
 	int rc = vm__open_kvm(vm, err, errlen);
@@ -173,12 +177,15 @@ int vm__start(struct vm *vm, bool start_paused)
 		if (rc)
 			return rc;
 	}
+	dirtylimit__init(&vm->dirtylimit, vm);
 	return throttle__start(&vm->throttle, vm);
 }
 
 void vm__destroy(struct vm *vm)
 {
 	throttle__stop(&vm->throttle);
+	if (vm->throttle.vm)
+		dirtylimit__destroy(&vm->dirtylimit);
 	pthread_mutex_lock(&vm->lock);
 	vm->quit = true;
 	pthread_cond_broadcast(&vm->cond);
@@ -214,6 +221,7 @@ void vm__pause_vcpus(struct vm *vm)
 {
 	pthread_mutex_lock(&vm->lock);
 	vm->pause_depth++;
+	pthread_cond_broadcast(&vm->cond); /* cuts throttle sleeps short */
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)
 		vcpu__signal(&vm->vcpus[i]);
 	while (!vm__all_parked(vm))

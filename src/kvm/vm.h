@@ -20,6 +20,7 @@
 
 #include "base/log.h"
 #include "dev/serial.h"
+#include "kvm/dirtylimit.h"
 #include "kvm/throttle.h"
 #include "mem/ram.h"
 
@@ -79,6 +80,7 @@ struct vm {
 	atomic_int exit_code;        /* process exit status once shut down */
 	atomic_uint throttle_pct;    /* 0..99: share of time vCPUs sleep (set via throttle) */
 	struct throttle throttle;
+	struct dirtylimit dirtylimit;
 
 	vm_event_fn on_event;
 	void *event_ctx;

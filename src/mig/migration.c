@@ -29,6 +29,9 @@ void migration__init(struct migration *m, struct vm *vm, struct control *ctl)
 	policy__params_default(&m->params.policy);
 	m->params.throttle_policy = POLICY_STEP;
 	m->params.cap_zero_detect = true;
+	m->params.dirty_limit_period_ms = 1000;
+	m->params.vcpu_dirty_limit = 1;
+	calcrate__init(&m->calc, vm);
 }
 
 static void migration__join(struct migration *m)
@@ -50,6 +53,7 @@ void migration__destroy(struct migration *m)
 		m->in_running = false;
 	}
 	bitmap__free(&m->todo);
+	calcrate__destroy(&m->calc);
 	pthread_mutex_destroy(&m->lock);
 }
 
@@ -175,6 +179,12 @@ json_t *migration__query(struct migration *m)
 		json_object_set_new(r, "cpu-throttle-percentage", json_integer(st.throttle_pct));
 		json_object_set_new(r, "x-dirty-rate-peak", json_integer((json_int_t)st.dirty_rate_peak));
 		json_object_set_new(r, "x-iterations", json_integer((json_int_t)st.iteration));
+		if (m->params.cap_dirty_limit) {
+			json_object_set_new(r, "dirty-limit-throttle-time-per-round",
+					    json_integer((json_int_t)st.limit_sleep_us));
+			json_object_set_new(r, "dirty-limit-ring-full-time",
+					    json_integer((json_int_t)st.limit_ring_full_us));
+		}
 	}
 	if (s == MIG_FAILED && m->error[0])
 		json_object_set_new(r, "error-desc", json_string(m->error));

@@ -17,6 +17,7 @@
 
 #include "base/bitmap.h"
 #include "base/log.h"
+#include "mig/calcrate.h"
 #include "mig/policy.h"
 #include "mig/stream.h"
 
@@ -38,6 +39,9 @@ struct mig_params {
 	bool cap_verify;             /* x-verify: whole-RAM hash checked on the destination */
 	bool cap_zero_detect;        /* send all-zero pages as offsets only (default on) */
 	enum policy_kind throttle_policy; /* x-cpu-throttle-policy: step | computed */
+	bool cap_dirty_limit;        /* dirty-limit: limit vCPU dirty rates instead of throttling */
+	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */
+	uint64_t vcpu_dirty_limit;   /* vcpu-dirty-limit, MB/s */
 };
 
 struct mig_stats {
@@ -50,6 +54,7 @@ struct mig_stats {
 	uint64_t precopy_bytes, downtime_bytes;
 	unsigned throttle_pct;
 	uint64_t iteration;
+	uint64_t limit_sleep_us, limit_ring_full_us; /* dirty-limit, last round */
 };
 
 struct migration {
@@ -74,6 +79,8 @@ struct migration {
 	char in_uri[256];
 	char out_uri[256];
 	bool incoming_expected;      /* --incoming given: the VM waits for a stream */
+	struct calcrate calc;        /* calc-dirty-rate */
+	bool limit_set;              /* this migration set dirty limits */
 };
 
 void migration__init(struct migration *m, struct vm *vm, struct control *ctl);
@@ -95,6 +102,9 @@ void migration__set_error(struct migration *m, const char *fmt, ...) KMIG_PRINTF
 /* Registers migrate, migrate_cancel, query-migrate, migrate-incoming,
  * migrate-set/query-parameters and -capabilities (mig/qmp_mig.c). */
 int migration__register_qmp(struct migration *m) KMIG_MUST_CHECK;
+/* Registers calc-dirty-rate, query-dirty-rate and the vCPU dirty-limit
+ * commands (mig/qmp_rate.c). */
+int migration__register_rate_qmp(struct migration *m) KMIG_MUST_CHECK;
 
 /* Outgoing worker (mig/send.c) and incoming worker (mig/incoming.c). */
 void *migration__send_thread(void *arg);

@@ -3,6 +3,8 @@
 #include <string.h>
 
 #include "ctl/control.h"
+#include "kvm/vm.h"
+#include "mem/dirty.h"
 #include "mig/migration.h"
 
 static json_t *cmd_migrate(void *ctx, json_t *args, struct qmp_error *err)
@@ -56,7 +58,7 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
-	return json_pack("{s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s}",
+	return json_pack("{s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I}",
 			 "max-bandwidth", (json_int_t)p.max_bandwidth,
 			 "downtime-limit", (json_int_t)p.policy.downtime_limit_ms,
 			 "throttle-trigger-threshold", p.policy.throttle_trigger_threshold,
@@ -64,7 +66,9 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 			 "cpu-throttle-increment", p.policy.cpu_throttle_increment,
 			 "cpu-throttle-tailslow", p.policy.cpu_throttle_tailslow,
 			 "max-cpu-throttle", p.policy.max_cpu_throttle,
-			 "x-cpu-throttle-policy", policy_names[p.throttle_policy]);
+			 "x-cpu-throttle-policy", policy_names[p.throttle_policy],
+			 "x-vcpu-dirty-limit-period", (json_int_t)p.dirty_limit_period_ms,
+			 "vcpu-dirty-limit", (json_int_t)p.vcpu_dirty_limit);
 }
 
 static int params_uint(json_t *args, const char *name, uint64_t max, unsigned *out,
@@ -90,7 +94,8 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 	static const char *const known[] = {
 		"max-bandwidth", "downtime-limit", "throttle-trigger-threshold",
 		"cpu-throttle-initial", "cpu-throttle-increment", "cpu-throttle-tailslow",
-		"max-cpu-throttle", "x-cpu-throttle-policy", NULL };
+		"max-cpu-throttle", "x-cpu-throttle-policy", "x-vcpu-dirty-limit-period",
+		"vcpu-dirty-limit", NULL };
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
@@ -103,8 +108,15 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 	    params_uint(args, "cpu-throttle-increment", 99, &p.policy.cpu_throttle_increment, err) < 0 ||
 	    params_uint(args, "max-cpu-throttle", 99, &p.policy.max_cpu_throttle, err) < 0 ||
 	    qmp_arg__bool(args, "cpu-throttle-tailslow", &p.policy.cpu_throttle_tailslow, false, err) < 0 ||
-	    qmp_arg__str(args, "x-cpu-throttle-policy", &pol, false, err) < 0)
+	    qmp_arg__str(args, "x-cpu-throttle-policy", &pol, false, err) < 0 ||
+	    qmp_arg__uint(args, "x-vcpu-dirty-limit-period", &p.dirty_limit_period_ms, false, err) < 0 ||
+	    qmp_arg__uint(args, "vcpu-dirty-limit", &p.vcpu_dirty_limit, false, err) < 0)
 		return NULL;
+	if (p.dirty_limit_period_ms < 1 || p.dirty_limit_period_ms > 1000 || p.vcpu_dirty_limit < 1) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "x-vcpu-dirty-limit-period must be 1..1000 ms "
+			       "and vcpu-dirty-limit at least 1 MB/s");
+		return NULL;
+	}
 	if (pol) {
 		if (!strcmp(pol, "step"))
 			p.throttle_policy = POLICY_STEP;
@@ -137,6 +149,7 @@ static const struct cap_desc caps[] = {
 	{ "auto-converge", offsetof(struct mig_params, cap_auto_converge) },
 	{ "x-verify", offsetof(struct mig_params, cap_verify) },
 	{ "zero-blocks", offsetof(struct mig_params, cap_zero_detect) },
+	{ "dirty-limit", offsetof(struct mig_params, cap_dirty_limit) },
 };
 #define NCAPS (sizeof(caps) / sizeof(caps[0]))
 
@@ -191,6 +204,16 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 		}
 		*(bool *)((char *)&p + caps[c].offset) = state;
 	}
+	if (p.cap_dirty_limit && p.cap_auto_converge) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "dirty-limit conflicts with auto-converge: "
+			       "enable one of them");
+		return NULL;
+	}
+	if (p.cap_dirty_limit && dirty__backend(m->vm->dirty) != DIRTY_RING) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "dirty-limit needs the dirty ring "
+			       "(kmig run --dirty-ring ENTRIES)");
+		return NULL;
+	}
 	pthread_mutex_lock(&m->lock);
 	m->params = p;
 	pthread_mutex_unlock(&m->lock);
@@ -214,5 +237,5 @@ int migration__register_qmp(struct migration *m)
 		if (rc)
 			return rc;
 	}
-	return 0;
+	return migration__register_rate_qmp(m);
 }

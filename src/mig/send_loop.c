@@ -100,6 +100,10 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 	pthread_mutex_lock(&m->lock);
 	pp = m->params.policy;
 	pp.kind = m->params.cap_auto_converge ? m->params.throttle_policy : POLICY_NONE;
+	bool limit = m->params.cap_dirty_limit;
+	uint64_t quota = m->params.vcpu_dirty_limit;
+	if (limit)
+		pp.kind = POLICY_STEP; /* QEMU's trigger; dirty-limit acts instead of the throttle */
 	pthread_mutex_unlock(&m->lock);
 	struct policy_decision d;
 	policy__decide(&m->pstate, &pp, &in, &d);
@@ -109,10 +113,24 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 	if (rate > m->stats.dirty_rate_peak)
 		m->stats.dirty_rate_peak = rate;
 	pthread_mutex_unlock(&m->lock);
+	if (m->limit_set) {
+		uint64_t sleep_us, full_us;
+		dirtylimit__stats(&vm->dirtylimit, &sleep_us, &full_us);
+		pthread_mutex_lock(&m->lock);
+		m->stats.limit_sleep_us = sleep_us;
+		m->stats.limit_ring_full_us = full_us;
+		pthread_mutex_unlock(&m->lock);
+	}
 	if (d.action == POLICY_SWITCHOVER)
 		return 1;
-	if (d.action == POLICY_SET_THROTTLE)
+	if (d.action == POLICY_SET_THROTTLE && limit) {
+		if (!m->limit_set) {
+			dirtylimit__set_period(&vm->dirtylimit, m->params.dirty_limit_period_ms);
+			m->limit_set = dirtylimit__set(&vm->dirtylimit, -1, quota) == 0;
+		}
+	} else if (d.action == POLICY_SET_THROTTLE) {
 		throttle__set(&vm->throttle, d.throttle_pct);
+	}
 	return 0;
 }
 
@@ -152,6 +170,9 @@ static void sender__cleanup(struct sender *s, int rc)
 	struct migration *m = s->m;
 	struct vm *vm = m->vm;
 	throttle__set(&vm->throttle, 0);
+	if (m->limit_set && dirtylimit__cancel(&vm->dirtylimit, -1))
+		log_warn("migration: dirty limits not cancelled");
+	m->limit_set = false;
 	if (dirty__stop(vm->dirty))
 		log_warn("migration: dirty tracking did not stop cleanly");
 	if (m->stream_open)
