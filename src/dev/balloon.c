@@ -1,0 +1,280 @@
+#include "dev/balloon.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "dev/balloon_impl.h"
+
+int64_t balloon__page_of(const struct balloon *b, uint64_t gpa)
+{
+	int i = ram__block_of(b->ram, gpa);
+	if (i < 0)
+		return -1;
+	const struct ram_block *blk = &b->ram->blocks[i];
+	return (int64_t)(blk->first_page + ((gpa - blk->gpa) >> RAM_PAGE_SHIFT));
+}
+
+/* Drops [gpa, gpa + len) (page aligned, inside one block) from the host
+ * and records the change (it now reads as zero). */
+void balloon__discard(struct balloon *b, uint64_t gpa, uint64_t len)
+{
+	uint8_t *h = ram__gpa_to_host(b->ram, gpa, len);
+	if (!h || !len)
+		return;
+	if (madvise(h, len, MADV_DONTNEED))
+		log_warn("balloon: madvise(DONTNEED) of 0x%llx+0x%llx failed",
+			 (unsigned long long)gpa, (unsigned long long)len);
+	if (b->mem.mark)
+		b->mem.mark(b->mem.mark_ctx, gpa, len);
+}
+
+/* Accumulates contiguous frames so one madvise covers a run. */
+struct balloon_run {
+	uint64_t gpa, len;
+};
+
+static void balloon__run_add(struct balloon *b, struct balloon_run *r, uint64_t gpa)
+{
+	if (r->len && r->gpa + r->len == gpa &&
+	    ram__block_of(b->ram, gpa) == ram__block_of(b->ram, r->gpa)) {
+		r->len += RAM_PAGE_SIZE;
+		return;
+	}
+	balloon__discard(b, r->gpa, r->len);
+	*r = (struct balloon_run){ gpa, RAM_PAGE_SIZE };
+}
+
+/* One PFN array; inflate marks and discards, deflate unmarks. */
+static void balloon__pfns(struct balloon *b, const struct virtq_buf *buf, bool inflate,
+			  struct balloon_run *run)
+{
+	for (uint32_t i = 0; i + 4 <= buf->len; i += 4) {
+		uint32_t pfn;
+		memcpy(&pfn, buf->host + i, 4);
+		uint64_t gpa = (uint64_t)pfn << RAM_PAGE_SHIFT;
+		int64_t page = ram__gpa_to_host(b->ram, gpa, RAM_PAGE_SIZE) ? balloon__page_of(b, gpa) : -1;
+		if (page < 0) {
+			b->stats.bad_pfns++;
+			continue;
+		}
+		if (inflate && bitmap__test_and_set(&b->ballooned, (size_t)page)) {
+			b->stats.inflated++;
+			b->stats.ballooned++;
+			balloon__run_add(b, run, gpa);
+		} else if (!inflate && bitmap__test(&b->ballooned, (size_t)page)) {
+			bitmap__clear_bit(&b->ballooned, (size_t)page);
+			b->stats.deflated++;
+			b->stats.ballooned--;
+		}
+	}
+}
+
+static void balloon__page_queue(struct balloon *b, unsigned qi)
+{
+	struct virtq *q = &b->vp.vqs[qi];
+	struct virtq_chain c;
+	const char *why = NULL;
+	bool used = false;
+	int rc;
+	while ((rc = virtq__pop(q, &b->mem, &c, &why)) == 1) {
+		struct balloon_run run = { 0, 0 };
+		for (unsigned i = 0; i < c.nout; i++)
+			balloon__pfns(b, &c.bufs[i], qi == BALLOON_VQ_INFLATE, &run);
+		balloon__discard(b, run.gpa, run.len);
+		if (virtq__push(q, &b->mem, c.head, 0))
+			break;
+		used = true;
+	}
+	if (rc < 0)
+		virtio_pci__fail(&b->vp, why);
+	if (used)
+		virtio_pci__queue_used(&b->vp, qi);
+}
+
+/* Free page reporting: every writable buffer is a free range to drop. */
+static void balloon__report_queue(struct balloon *b)
+{
+	struct virtq *q = &b->vp.vqs[BALLOON_VQ_REPORTING];
+	struct virtq_chain c;
+	const char *why = NULL;
+	bool used = false;
+	int rc;
+	while ((rc = virtq__pop(q, &b->mem, &c, &why)) == 1) {
+		for (unsigned i = c.nout; i < c.n; i++) {
+			uint64_t lo = (c.bufs[i].gpa + RAM_PAGE_SIZE - 1) & ~(RAM_PAGE_SIZE - 1);
+			uint64_t hi = (c.bufs[i].gpa + c.bufs[i].len) & ~(RAM_PAGE_SIZE - 1);
+			if (hi > lo) {
+				balloon__discard(b, lo, hi - lo);
+				b->stats.reported_pages += (hi - lo) >> RAM_PAGE_SHIFT;
+			}
+		}
+		if (virtq__push(q, &b->mem, c.head, 0))
+			break;
+		used = true;
+	}
+	if (rc < 0)
+		virtio_pci__fail(&b->vp, why);
+	if (used)
+		virtio_pci__queue_used(&b->vp, BALLOON_VQ_REPORTING);
+}
+
+static void balloon__notify(void *ctx, unsigned q)
+{
+	struct balloon *b = ctx;
+	switch (q) {
+	case BALLOON_VQ_INFLATE:
+	case BALLOON_VQ_DEFLATE: balloon__page_queue(b, q); break;
+	case BALLOON_VQ_FREE_PAGE: balloon__hint_queue(b); break;
+	case BALLOON_VQ_REPORTING: balloon__report_queue(b); break;
+	default: break; /* stats: buffers stay with the device */
+	}
+}
+
+static void balloon__cfg_image(const struct balloon *b, uint8_t img[BALLOON_CFG_SIZE])
+{
+	uint32_t w[4] = { b->num_pages, b->actual, b->cmd_id, b->poison_val };
+	memcpy(img, w, sizeof(w));
+}
+
+static void balloon__cfg_read(void *ctx, uint32_t off, uint8_t *data, unsigned len)
+{
+	uint8_t img[BALLOON_CFG_SIZE];
+	balloon__cfg_image(ctx, img);
+	memcpy(data, img + off, len);
+}
+
+static void balloon__cfg_write(void *ctx, uint32_t off, const uint8_t *data, unsigned len)
+{
+	struct balloon *b = ctx;
+	uint8_t img[BALLOON_CFG_SIZE];
+	balloon__cfg_image(b, img);
+	memcpy(img + off, data, len);
+	uint32_t actual, poison;
+	memcpy(&actual, img + 4, 4);
+	memcpy(&poison, img + 12, 4);
+	b->poison_val = poison;
+	if (actual != b->actual) {
+		b->actual = actual;
+		if (b->on_change)
+			b->on_change(b->on_change_ctx, balloon__actual_bytes_locked(b));
+	}
+}
+
+static void balloon__reset(void *ctx)
+{
+	struct balloon *b = ctx;
+	bitmap__clear_all(&b->ballooned);
+	b->stats.ballooned = 0;
+	b->actual = 0;
+	b->poison_val = 0;
+	balloon__hint_reset(b);
+}
+
+static const struct virtio_ops balloon__ops = {
+	balloon__cfg_read, balloon__cfg_write, balloon__notify, balloon__reset,
+};
+
+int balloon__create(struct balloon **out, const struct balloon_conf *conf)
+{
+	struct balloon *b = calloc(1, sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	b->ram = conf->ram;
+	b->mem = (struct virtio_mem){ conf->ram, conf->mark, conf->mark_ctx };
+	b->next_cmd_id = BALLOON_CMD_ID_MIN;
+	pthread_cond_init(&b->hint_cond, NULL);
+	struct virtio_pci_conf vc = {
+		.virtio_id = VIRTIO_ID_BALLOON, .class_code = 0xff0000,
+		.features = 1ull << BALLOON_F_STATS_VQ | 1ull << BALLOON_F_FREE_PAGE_HINT |
+			    1ull << BALLOON_F_REPORTING,
+		.nqueues = BALLOON_NR_VQS, .queue_max = BALLOON_QUEUE_SIZE,
+		.cfg_size = BALLOON_CFG_SIZE, .irq_line = conf->irq_line, .bar_gpa = conf->bar_gpa,
+	};
+	int rc = bitmap__init(&b->ballooned, conf->ram->npages);
+	if (!rc)
+		rc = bitmap__init(&b->hinted, conf->ram->npages);
+	if (!rc)
+		rc = virtio_pci__init(&b->vp, &vc, &balloon__ops, b, &b->mem, conf->irq, conf->irq_ctx);
+	if (rc) {
+		bitmap__free(&b->ballooned);
+		bitmap__free(&b->hinted);
+		free(b);
+		return rc;
+	}
+	*out = b;
+	return 0;
+}
+
+void balloon__destroy(struct balloon *b)
+{
+	if (!b)
+		return;
+	virtio_pci__destroy(&b->vp);
+	pthread_cond_destroy(&b->hint_cond);
+	bitmap__free(&b->ballooned);
+	bitmap__free(&b->hinted);
+	free(b);
+}
+
+struct pci_dev *balloon__pci(struct balloon *b)
+{
+	return &b->vp.pci;
+}
+
+void balloon__set_change_cb(struct balloon *b, balloon_change_fn fn, void *ctx)
+{
+	pthread_mutex_lock(&b->vp.lock);
+	b->on_change = fn;
+	b->on_change_ctx = ctx;
+	pthread_mutex_unlock(&b->vp.lock);
+}
+
+int balloon__set_target(struct balloon *b, uint64_t bytes)
+{
+	if (!bytes)
+		return -EINVAL;
+	if (bytes > b->ram->size)
+		bytes = b->ram->size;
+	pthread_mutex_lock(&b->vp.lock);
+	uint32_t target = (uint32_t)((b->ram->size - bytes) >> RAM_PAGE_SHIFT);
+	if (target != b->num_pages) {
+		b->num_pages = target;
+		virtio_pci__config_changed(&b->vp);
+	}
+	pthread_mutex_unlock(&b->vp.lock);
+	return 0;
+}
+
+uint64_t balloon__actual_bytes_locked(const struct balloon *b)
+{
+	uint64_t out = (uint64_t)b->actual << RAM_PAGE_SHIFT;
+	return out < b->ram->size ? b->ram->size - out : 0;
+}
+
+uint64_t balloon__actual_bytes(struct balloon *b)
+{
+	pthread_mutex_lock(&b->vp.lock);
+	uint64_t v = balloon__actual_bytes_locked(b);
+	pthread_mutex_unlock(&b->vp.lock);
+	return v;
+}
+
+void balloon__get_stats(struct balloon *b, struct balloon_stats *out)
+{
+	pthread_mutex_lock(&b->vp.lock);
+	*out = b->stats;
+	pthread_mutex_unlock(&b->vp.lock);
+}
+
+enum balloon_skip balloon__skip(const struct balloon *b, uint64_t page)
+{
+	if (page >= b->ballooned.nbits)
+		return BALLOON_SKIP_NONE;
+	if (bitmap__test(&b->ballooned, page))
+		return BALLOON_SKIP_BALLOONED;
+	if (bitmap__test(&b->hinted, page))
+		return BALLOON_SKIP_FREE;
+	return BALLOON_SKIP_NONE;
+}

@@ -1,0 +1,139 @@
+/* virtio-balloon (virtio 1.x section 5.5) on the virtio-pci transport,
+ * with free page hinting and free page reporting.
+ *
+ * Queues, at QEMU's fixed indices whatever the driver negotiates:
+ *   0 inflate, 1 deflate, 2 stats (present, never consumed),
+ *   3 free page hints, 4 free page reporting.
+ * Features offered: VERSION_1, STATS_VQ, FREE_PAGE_HINT, REPORTING.
+ * Configuration (16 bytes, little-endian): num_pages (target, set by the
+ * host), actual (written by the driver), free_page_hint_cmd_id (host),
+ * poison_val (driver).
+ *
+ * Inflate: each readable buffer is an array of u32 PFNs (4 KiB frames);
+ * a frame inside guest RAM is marked ballooned, discarded from the host
+ * (MADV_DONTNEED: it reads as zero afterwards) and reported as written
+ * (virtio_mem.mark), so a migration that already sent it sends it again
+ * (as a zero page).  Frames outside RAM are ignored.  Deflate clears the
+ * mark; the frame stays zero until the guest writes it.  A device reset
+ * deflates everything.
+ *
+ * Free page hinting: balloon__hint_start publishes a new command id
+ * (increasing, >= BALLOON_CMD_ID_MIN) and bumps the configuration
+ * generation.  On the hint queue the driver sends a readable u32 with the
+ * id it saw, then device-writable buffers, each one free range
+ * [addr, addr + len), then a readable STOP (0).  Ranges count only after
+ * the driver echoed the current id and before the host moves the id on;
+ * everything else (stale ids, ranges outside RAM, short buffers) is
+ * returned unused and ignored.  Whole pages of an accepted range are set
+ * in the hinted bitmap, which the sender consults during the bulk pass.
+ * balloon__hint_done (id DONE = 1) lets the guest reuse the pages and
+ * clears the bitmap; by then dirty tracking is on, so reuse is caught.
+ *
+ * Free page reporting: each device-writable buffer on the reporting queue
+ * is a free range; its whole pages are discarded and marked written.
+ *
+ * Threads: the queues run on the vCPU thread that notified; QMP calls come
+ * from the loop thread; hint calls from the migration thread.  The device
+ * lock (b->vp.lock) serialises them.  balloon__skip is lock-free. */
+#ifndef KMIG_DEV_BALLOON_H
+#define KMIG_DEV_BALLOON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/bitmap.h"
+#include "base/log.h"
+#include "dev/virtio_pci.h"
+#include "state/state.h"
+
+#define VIRTIO_ID_BALLOON 5
+#define BALLOON_F_MUST_TELL_HOST 0
+#define BALLOON_F_STATS_VQ 1
+#define BALLOON_F_DEFLATE_ON_OOM 2
+#define BALLOON_F_FREE_PAGE_HINT 3
+#define BALLOON_F_PAGE_POISON 4
+#define BALLOON_F_REPORTING 5
+
+#define BALLOON_CMD_ID_STOP 0
+#define BALLOON_CMD_ID_DONE 1
+#define BALLOON_CMD_ID_MIN 0x80000000u
+
+#define BALLOON_CFG_SIZE 16
+#define BALLOON_QUEUE_SIZE 128
+
+/* Where kmig puts the device: PCI slot, INTA's GSI, the BAR (MMIO hole). */
+#define BALLOON_PCI_SLOT 3
+#define BALLOON_IRQ 10
+#define BALLOON_BAR_GPA 0xe0000000ull
+
+enum balloon_vq { BALLOON_VQ_INFLATE, BALLOON_VQ_DEFLATE, BALLOON_VQ_STATS,
+		  BALLOON_VQ_FREE_PAGE, BALLOON_VQ_REPORTING, BALLOON_NR_VQS };
+
+/* Why the sender may skip a page. */
+enum balloon_skip { BALLOON_SKIP_NONE, BALLOON_SKIP_FREE, BALLOON_SKIP_BALLOONED };
+
+struct balloon_stats {
+	uint64_t inflated, deflated;           /* frames */
+	uint64_t ballooned;                    /* frames marked now */
+	uint64_t hint_bufs, hinted_pages;      /* accepted hint ranges, their pages */
+	uint64_t stale_hints;                  /* hint buffers ignored */
+	uint64_t reported_pages;               /* discarded by free page reporting */
+	uint64_t bad_pfns;                     /* inflate/deflate frames outside RAM */
+};
+
+/* Called (device lock held) when the driver changes `actual`. */
+typedef void (*balloon_change_fn)(void *ctx, uint64_t actual_bytes);
+
+struct balloon_conf {
+	struct ram *ram;
+	void (*mark)(void *ctx, uint64_t gpa, uint64_t len); /* dirty__mark; may be NULL */
+	void *mark_ctx;
+	virtio_irq_fn irq;                     /* may be NULL: polling drivers */
+	void *irq_ctx;
+	uint8_t irq_line;
+	uint64_t bar_gpa;
+};
+
+struct balloon;
+
+int balloon__create(struct balloon **out, const struct balloon_conf *conf) KMIG_MUST_CHECK;
+void balloon__destroy(struct balloon *b);
+/* The PCI function to plug into a bus. */
+struct pci_dev *balloon__pci(struct balloon *b);
+void balloon__set_change_cb(struct balloon *b, balloon_change_fn fn, void *ctx);
+
+/* QMP `balloon`: the guest should keep `bytes` of its RAM (clamped to the
+ * RAM size); num_pages = (RAM - bytes) / 4 KiB.  -EINVAL for 0. */
+int balloon__set_target(struct balloon *b, uint64_t bytes) KMIG_MUST_CHECK;
+/* QMP `query-balloon`: RAM size minus the driver's `actual`. */
+uint64_t balloon__actual_bytes(struct balloon *b);
+void balloon__get_stats(struct balloon *b, struct balloon_stats *out);
+
+/* Whether the driver runs with free page hinting negotiated. */
+bool balloon__hint_ready(struct balloon *b);
+/* Publishes a new command id; with discard, hinted pages are also dropped
+ * from the host (so source and destination both read them as zero) and
+ * marked written.  -ENOTSUP if hinting is not negotiated. */
+int balloon__hint_start(struct balloon *b, bool discard) KMIG_MUST_CHECK;
+/* Waits until the driver finished the current id (sent STOP), or echoed
+ * it and then sent nothing for quiet_ms, or max_ms passed.  Returns the
+ * pages hinted so far for this id. */
+uint64_t balloon__hint_wait(struct balloon *b, unsigned quiet_ms, unsigned max_ms);
+/* Command id STOP: the driver stops hinting, keeps the pages for now. */
+void balloon__hint_stop(struct balloon *b);
+/* Command id DONE: the driver takes its pages back; the hinted bitmap is
+ * cleared.  No-op unless a hint round is active or stopped. */
+void balloon__hint_done(struct balloon *b);
+/* The current command id (tests). */
+uint32_t balloon__hint_cmd_id(struct balloon *b);
+
+/* Lock-free: whether VM-wide page `page` is hinted free or ballooned. */
+enum balloon_skip balloon__skip(const struct balloon *b, uint64_t page);
+
+/* STATE_DEV_VIRTIO (instance 0): transport, configuration, hint id and
+ * the ballooned frames as ranges.  VM paused. */
+int balloon__save(struct balloon *b, state_put_fn put, void *ctx) KMIG_MUST_CHECK;
+int balloon__load(struct balloon *b, const void *data, size_t len, char *why, size_t whylen) KMIG_MUST_CHECK;
+
+#endif

@@ -1,0 +1,176 @@
+/* Free page hinting of the balloon device (see balloon.h). */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/timeutil.h"
+#include "dev/balloon_impl.h"
+
+static bool balloon__hint_active(const struct balloon *b)
+{
+	return b->cmd_id >= BALLOON_CMD_ID_MIN;
+}
+
+/* A readable buffer: the driver tells which command id it works on. */
+static void balloon__hint_id(struct balloon *b, const struct virtq_buf *buf)
+{
+	uint32_t id;
+	if (buf->len < sizeof(id)) {
+		b->stats.stale_hints++;
+		return;
+	}
+	memcpy(&id, buf->host, sizeof(id));
+	if (balloon__hint_active(b) && id == b->cmd_id) {
+		b->hint_acked = true;
+		b->hint_last_ns = time__now_ns();
+	} else if (id == BALLOON_CMD_ID_STOP && b->hint_acked) {
+		b->hint_stopped = true;
+	} else {
+		b->stats.stale_hints++;
+	}
+	pthread_cond_broadcast(&b->hint_cond);
+}
+
+/* A writable buffer: one free range, if the current round accepts it. */
+static void balloon__hint_range(struct balloon *b, const struct virtq_buf *buf)
+{
+	if (!balloon__hint_active(b) || !b->hint_acked || b->hint_stopped) {
+		b->stats.stale_hints++;
+		return;
+	}
+	uint64_t lo = (buf->gpa + RAM_PAGE_SIZE - 1) & ~(RAM_PAGE_SIZE - 1);
+	uint64_t hi = (buf->gpa + buf->len) & ~(RAM_PAGE_SIZE - 1);
+	int64_t first = balloon__page_of(b, lo);
+	if (hi <= lo || first < 0)
+		return;
+	uint64_t n = (hi - lo) >> RAM_PAGE_SHIFT;
+	bitmap__set_range(&b->hinted, (size_t)first, (size_t)n);
+	if (b->hint_discard)
+		balloon__discard(b, lo, hi - lo);
+	b->stats.hint_bufs++;
+	b->stats.hinted_pages += n;
+	b->hint_round_pages += n;
+	b->hint_last_ns = time__now_ns();
+	pthread_cond_broadcast(&b->hint_cond);
+}
+
+void balloon__hint_queue(struct balloon *b)
+{
+	struct virtq *q = &b->vp.vqs[BALLOON_VQ_FREE_PAGE];
+	struct virtq_chain c;
+	const char *why = NULL;
+	bool used = false;
+	int rc;
+	while ((rc = virtq__pop(q, &b->mem, &c, &why)) == 1) {
+		for (unsigned i = 0; i < c.n; i++) {
+			if (c.bufs[i].writable)
+				balloon__hint_range(b, &c.bufs[i]);
+			else
+				balloon__hint_id(b, &c.bufs[i]);
+		}
+		if (virtq__push(q, &b->mem, c.head, 0))
+			break;
+		used = true;
+	}
+	if (rc < 0)
+		virtio_pci__fail(&b->vp, why);
+	if (used)
+		virtio_pci__queue_used(&b->vp, BALLOON_VQ_FREE_PAGE);
+}
+
+void balloon__hint_reset(struct balloon *b)
+{
+	b->cmd_id = BALLOON_CMD_ID_STOP;
+	b->hint_acked = b->hint_stopped = false;
+	b->hint_round_pages = 0;
+	bitmap__clear_all(&b->hinted);
+	pthread_cond_broadcast(&b->hint_cond);
+}
+
+bool balloon__hint_ready(struct balloon *b)
+{
+	pthread_mutex_lock(&b->vp.lock);
+	bool ok = virtio_pci__running(&b->vp) && virtio_pci__has(&b->vp, BALLOON_F_FREE_PAGE_HINT);
+	pthread_mutex_unlock(&b->vp.lock);
+	return ok;
+}
+
+/* Lock held: publishes id and tells the driver. */
+static void balloon__set_cmd_id(struct balloon *b, uint32_t id)
+{
+	b->cmd_id = id;
+	b->hint_acked = b->hint_stopped = false;
+	virtio_pci__config_changed(&b->vp);
+	pthread_cond_broadcast(&b->hint_cond);
+}
+
+int balloon__hint_start(struct balloon *b, bool discard)
+{
+	pthread_mutex_lock(&b->vp.lock);
+	int rc = 0;
+	if (!virtio_pci__running(&b->vp) || !virtio_pci__has(&b->vp, BALLOON_F_FREE_PAGE_HINT)) {
+		rc = -ENOTSUP;
+	} else {
+		bitmap__clear_all(&b->hinted);
+		b->hint_round_pages = 0;
+		b->hint_discard = discard;
+		uint32_t id = b->next_cmd_id;
+		b->next_cmd_id = id == UINT32_MAX ? BALLOON_CMD_ID_MIN : id + 1;
+		balloon__set_cmd_id(b, id);
+	}
+	pthread_mutex_unlock(&b->vp.lock);
+	return rc;
+}
+
+uint64_t balloon__hint_wait(struct balloon *b, unsigned quiet_ms, unsigned max_ms)
+{
+	uint64_t start = time__now_ns(), quiet = (uint64_t)quiet_ms * 1000000;
+	uint64_t deadline = start + (uint64_t)max_ms * 1000000;
+	pthread_mutex_lock(&b->vp.lock);
+	uint32_t id = b->cmd_id;
+	for (;;) {
+		uint64_t now = time__now_ns();
+		if (now >= deadline || b->cmd_id != id || !balloon__hint_active(b) || b->hint_stopped)
+			break;
+		if (b->hint_acked && now - b->hint_last_ns >= quiet)
+			break;
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		uint64_t step = 10000000; /* 10 ms */
+		ts.tv_nsec += (long)step;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&b->hint_cond, &b->vp.lock, &ts);
+	}
+	uint64_t pages = b->hint_round_pages;
+	pthread_mutex_unlock(&b->vp.lock);
+	return pages;
+}
+
+void balloon__hint_stop(struct balloon *b)
+{
+	pthread_mutex_lock(&b->vp.lock);
+	if (balloon__hint_active(b))
+		balloon__set_cmd_id(b, BALLOON_CMD_ID_STOP);
+	pthread_mutex_unlock(&b->vp.lock);
+}
+
+void balloon__hint_done(struct balloon *b)
+{
+	pthread_mutex_lock(&b->vp.lock);
+	if (b->cmd_id != BALLOON_CMD_ID_DONE && (balloon__hint_active(b) || b->hint_round_pages)) {
+		balloon__set_cmd_id(b, BALLOON_CMD_ID_DONE);
+		bitmap__clear_all(&b->hinted);
+	}
+	pthread_mutex_unlock(&b->vp.lock);
+}
+
+uint32_t balloon__hint_cmd_id(struct balloon *b)
+{
+	pthread_mutex_lock(&b->vp.lock);
+	uint32_t id = b->cmd_id;
+	pthread_mutex_unlock(&b->vp.lock);
+	return id;
+}

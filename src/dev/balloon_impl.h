@@ -1,0 +1,39 @@
+/* Internals of the balloon device (balloon.c, balloon_hint.c,
+ * balloon_state.c).  Every field below vp is under vp.lock unless noted. */
+#ifndef KMIG_DEV_BALLOON_IMPL_H
+#define KMIG_DEV_BALLOON_IMPL_H
+
+#include <pthread.h>
+
+#include "dev/balloon.h"
+
+struct balloon {
+	struct virtio_pci vp;          /* vp.lock is the device lock */
+	struct ram *ram;
+	struct virtio_mem mem;
+	/* configuration space */
+	uint32_t num_pages, actual, cmd_id, poison_val;
+	/* free page hinting */
+	uint32_t next_cmd_id;
+	bool hint_acked;               /* the driver echoed cmd_id */
+	bool hint_stopped;             /* ... and then sent STOP */
+	bool hint_discard;
+	uint64_t hint_last_ns;         /* time of the last accepted hint buffer */
+	uint64_t hint_round_pages;     /* pages hinted for cmd_id */
+	pthread_cond_t hint_cond;      /* hint progress (with vp.lock) */
+	/* page maps, VM-wide page numbers; bits change atomically */
+	struct bitmap ballooned, hinted;
+	struct balloon_stats stats;
+	balloon_change_fn on_change;
+	void *on_change_ctx;
+};
+
+/* balloon.c */
+int64_t balloon__page_of(const struct balloon *b, uint64_t gpa);
+void balloon__discard(struct balloon *b, uint64_t gpa, uint64_t len);
+uint64_t balloon__actual_bytes_locked(const struct balloon *b);
+/* balloon_hint.c: the free page hint queue (lock held). */
+void balloon__hint_queue(struct balloon *b);
+void balloon__hint_reset(struct balloon *b);
+
+#endif
