@@ -14,7 +14,7 @@
 
 #include "base/timeutil.h"
 
-#define STREAM_SLICE_NS   20000000ull   /* rate limiter slice: 20 ms */
+#define STREAM_BURST_NS   20000000ull   /* idle time credited: 20 ms of sending */
 #define STREAM_MIN_CHUNK  4096ull       /* smallest send at low rates */
 #define STREAM_MAX_SLEEP  50000000ull   /* re-check rate/shutdown every 50 ms */
 
@@ -135,34 +135,33 @@ int mig_stream__set_nodelay(struct mig_stream *s, bool on)
 	return errno == EOPNOTSUPP || errno == ENOPROTOOPT ? 0 : -errno;
 }
 
-/* Token bucket: returns how many of `want` bytes may be sent now, sleeping
- * until the next slice when the current one is used up. */
+/* Rate limiter: a virtual clock (s->rate_clock_ns) advances by the send
+ * time of every chunk at the configured rate; the caller sleeps until the
+ * clock has caught up.  Idle time is credited up to STREAM_BURST_NS, so the
+ * time a migration spends syncing or scanning between sends is not lost
+ * bandwidth, without allowing long bursts.  Returns how many of `want`
+ * bytes to send now. */
 static size_t stream__throttle(struct mig_stream *s, size_t want)
 {
-	for (;;) {
-		uint64_t rate = atomic_load_explicit(&s->rate, memory_order_relaxed);
-		if (!rate || atomic_load(&s->shut))
-			return want;
-		uint64_t slice = STREAM_SLICE_NS, budget = rate / 50;
-		if (budget < STREAM_MIN_CHUNK) {
-			budget = STREAM_MIN_CHUNK;
-			slice = STREAM_MIN_CHUNK * 1000000000ull / rate;
-		}
-		uint64_t now = time__now_ns();
-		if (now - s->slice_start_ns >= slice) {
-			s->slice_start_ns = now;
-			s->slice_bytes = 0;
-		}
-		if (s->slice_bytes < budget) {
-			uint64_t n = budget - s->slice_bytes;
-			if (n > want)
-				n = want;
-			s->slice_bytes += n;
-			return (size_t)n;
-		}
-		uint64_t wait = s->slice_start_ns + slice - now;
+	uint64_t rate = atomic_load_explicit(&s->rate, memory_order_relaxed);
+	if (!rate || atomic_load(&s->shut))
+		return want;
+	uint64_t chunk = rate / 50 > STREAM_MIN_CHUNK ? rate / 50 : STREAM_MIN_CHUNK;
+	size_t n = want < chunk ? want : (size_t)chunk;
+	uint64_t now = time__now_ns();
+	uint64_t floor = now > STREAM_BURST_NS ? now - STREAM_BURST_NS : 0;
+	if (s->rate_clock_ns < floor)
+		s->rate_clock_ns = floor;
+	s->rate_clock_ns += (uint64_t)n * 1000000000ull / rate;
+	while (s->rate_clock_ns > now) {
+		uint64_t wait = s->rate_clock_ns - now;
 		time__sleep_ns(wait < STREAM_MAX_SLEEP ? wait : STREAM_MAX_SLEEP);
+		rate = atomic_load_explicit(&s->rate, memory_order_relaxed);
+		if (!rate || atomic_load(&s->shut))
+			break;
+		now = time__now_ns();
 	}
+	return n;
 }
 
 static int stream__send_all(struct mig_stream *s, const uint8_t *p, size_t len)

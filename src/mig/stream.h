@@ -44,7 +44,7 @@ struct mig_stream {
 	uint8_t *wbuf;
 	size_t wlen;
 	_Atomic uint64_t rate;          /* bytes per second, 0 = unlimited */
-	uint64_t slice_start_ns, slice_bytes;
+	uint64_t rate_clock_ns;         /* rate limiter: when the bytes sent so far are due */
 	/* reader side */
 	uint8_t *rbuf;
 	size_t rpos, rlen;
