@@ -26,7 +26,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: kmig run --kernel FILE [--cmdline S] [--memory SIZE] [--cpus N]\n"
 		"                [--console stdio|file:PATH|none] [--qmp unix:PATH]\n"
-		"                [--dirty-ring ENTRIES] [--reaper fixed|adaptive]\n"
+		"                [--dirty-ring ENTRIES] [--reaper fixed|adaptive] [--balloon]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
 		"       kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS]\n"
 		"                    [--auto-converge step|computed] [--verify] [--json]\n"
@@ -56,7 +56,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		{ "memory", required_argument, 0, 'm' }, { "cpus", required_argument, 0, 'n' },
 		{ "console", required_argument, 0, 'o' }, { "qmp", required_argument, 0, 'q' },
 		{ "dirty-ring", required_argument, 0, 'r' }, { "incoming", required_argument, 0, 'i' },
-		{ "reaper", required_argument, 0, 'R' },
+		{ "reaper", required_argument, 0, 'R' }, { "balloon", no_argument, 0, 'B' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	uint64_t v;
@@ -99,6 +99,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 				die("--reaper %s: expected fixed or adaptive", optarg);
 			o->vm.reaper_fixed = !strcmp(optarg, "fixed");
 			break;
+		case 'B': o->vm.balloon = true; break;
 		case 'h': usage(stdout); exit(0);
 		case ':': die("%s: missing argument", argv[optind - 1]);
 		default: die("unknown option: %s (see kmig run --help)", argv[optind - 1]);

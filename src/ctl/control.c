@@ -1,4 +1,5 @@
 #include "ctl/control.h"
+#include "ctl/balloon_cmds.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -103,6 +104,8 @@ int control__init(struct control *c, struct vm *vm, const char *qmp_path,
 		rc = qmp__add_fd(c->qmp, c->sig_pipe[0], POLLIN, control__on_sig_pipe, c);
 	if (!rc)
 		rc = control__register_commands(c);
+	if (!rc)
+		rc = control__register_balloon(c);
 	if (rc)
 		snprintf(err, errlen, "cannot set up QMP commands: %s", strerror(-rc));
 	return rc;

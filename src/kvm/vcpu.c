@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/timeutil.h"
+#include "dev/pci.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
 #include "mig/throttle_math.h"
@@ -95,6 +96,8 @@ static void vcpu__pio(struct vcpu *v)
 			serial__pio(&v->vm->serial, port, wr, data);
 		} else if (port == VM_POWEROFF_PORT && wr) {
 			vm__shutdown(v->vm, 0);
+		} else if (v->vm->pci && port >= PCI_CONF_ADDR && port < PCI_CONF_ADDR + PCI_CONF_NPORTS) {
+			pci__pio(v->vm->pci, port, wr, data, run->io.size);
 		} else if (!wr) {
 			memset(data, 0xff, run->io.size);
 		}
@@ -103,6 +106,10 @@ static void vcpu__pio(struct vcpu *v)
 
 static void vcpu__mmio(struct vcpu *v)
 {
+	struct kvm_run *run = v->run;
+	if (v->vm->pci && run->mmio.len <= sizeof(run->mmio.data) &&
+	    pci__mmio(v->vm->pci, run->mmio.phys_addr, run->mmio.is_write, run->mmio.data, run->mmio.len))
+		return;
 	log_debug("vcpu%u: unhandled MMIO %s at 0x%llx len %u", v->index,
 		  v->run->mmio.is_write ? "write" : "read",
 		  (unsigned long long)v->run->mmio.phys_addr, v->run->mmio.len);

@@ -8,6 +8,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include "dev/balloon_vm.h"
 #include "kvm/vcpu.h"
 #include "mem/dirty.h"
 #include "x86/boot.h"
@@ -163,6 +164,8 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 		if (rc)
 			snprintf(err, errlen, "cannot set up dirty tracking: %s", strerror(-rc));
 	}
+	if (!rc && cfg->balloon)
+		rc = balloon_vm__attach(vm, err, errlen);
 	return rc;
 }
 
@@ -195,6 +198,7 @@ void vm__destroy(struct vm *vm)
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)
 		if (vm->vcpus[i].thread_started)
 			pthread_join(vm->vcpus[i].thread, NULL);
+	balloon_vm__detach(vm);
 	if (vm->dirty)
 		dirty__destroy(vm->dirty);
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)

@@ -50,9 +50,12 @@ struct vm_config {
 	uint32_t dirty_ring;     /* entries per vCPU ring; 0 = bitmap tracking */
 	bool incoming;           /* do not load a kernel: RAM and state arrive by migration */
 	bool reaper_fixed;       /* ring reaper every 1 s (QEMU's way) instead of adaptive */
+	bool balloon;            /* PCI bus with a virtio-balloon (dev/balloon_vm.h) */
 };
 
 struct dirty;                    /* mem/dirty.h */
+struct pci_bus;                  /* dev/pci.h */
+struct balloon;                  /* dev/balloon.h */
 struct vcpu;
 
 /* Events the VM reports to whoever drives it (the control loop). */
@@ -68,6 +71,8 @@ struct vm {
 	struct ram ram;
 	struct serial serial;
 	struct dirty *dirty;         /* NULL until the tracker is created */
+	struct pci_bus *pci;         /* NULL without --balloon */
+	struct balloon *balloon;     /* NULL without --balloon */
 	unsigned nr_vcpus;
 	struct vcpu *vcpus;
 
