@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 
+#include "dev/balloon.h"
 #include "kvm/vcpu.h"
 #include "kvm/vm.h"
 #include "state/state_impl.h"
@@ -74,6 +75,8 @@ static int state__save_vm(struct vm *vm, state_put_fn put, void *ctx)
 	serial__save(&vm->serial, ser);
 	if (!rc)
 		rc = put(ctx, STATE_DEV_SERIAL, STATE_VERSION, 0, ser, sizeof(ser));
+	if (!rc && vm->balloon)
+		rc = balloon__save(vm->balloon, put, ctx);
 	return rc;
 }
 
@@ -91,5 +94,5 @@ int state__save(struct vm *vm, state_put_fn put, void *ctx)
 unsigned state__expected_sections(struct vm *vm)
 {
 	unsigned per_vcpu = 7 + state__has(vm, KVM_CAP_XCRS) + state__has(vm, KVM_CAP_DEBUGREGS);
-	return 4 + per_vcpu * vm->nr_vcpus;
+	return 4 + (vm->balloon != NULL) + per_vcpu * vm->nr_vcpus;
 }

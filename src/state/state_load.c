@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 
+#include "dev/balloon.h"
 #include "kvm/vcpu.h"
 #include "kvm/vm.h"
 #include "state/state_impl.h"
@@ -110,6 +111,13 @@ int state__load(struct vm *vm, uint32_t id, uint32_t version, uint32_t instance,
 		snprintf(why, whylen, "state section %u has version %u, this kmig knows %u",
 			 id, version, STATE_VERSION);
 		return -EINVAL;
+	}
+	if (id == STATE_DEV_VIRTIO) {
+		if (!vm->balloon || instance) {
+			snprintf(why, whylen, "virtio-balloon state, but this VM has no --balloon");
+			return -EINVAL;
+		}
+		return balloon__load(vm->balloon, data, len, why, whylen);
 	}
 	bool vm_wide = (id >= STATE_VM_IRQCHIP && id <= STATE_VM_CLOCK) || id == STATE_DEV_SERIAL;
 	if (vm_wide) {
