@@ -112,61 +112,80 @@ isr_base:
 	.endr
 
 /* #UD: the trap from ring 3 (rax = magic, rdi = function, rsi, rdx = args).
- * Clobbers rax, rcx, rdx, rsi, rdi; returns past the ud2. */
+ * Clobbers rax, rcx, rdx, rsi, rdi; returns past the ud2.  One compare of
+ * the function number, then a jump through trap_table (in .rodata), so every
+ * function costs the same few emulated instructions. */
 ud_entry:
 	cmpq $KMIG_MAGIC, %rax
 	jne ud_fault
-	cmpl $TRAP_WRITE, %edi
-	jne 2f
+	cmpq $TRAP_MAX, %rdi
+	ja ud_fault
+	jmp *trap_table(, %rdi, 8)
+t_write:
 	movq %rdx, %rcx
 	movl $COM1_PORT, %edx
 	rep outsb
 trap_done:
 	addq $2, (%rsp)
 	iretq
-2:	cmpl $TRAP_MMIO_W32, %edi
-	jne 3f
+t_mmio_w32:
 	movl %edx, (%rsi)
 	jmp trap_done
-3:	cmpl $TRAP_OUT8, %edi
-	jne 4f
+t_out8:
 	movl %edx, %eax
 	movl %esi, %edx
 	outb %al, %dx
 	jmp trap_done
-4:	cmpl $TRAP_IN8, %edi
-	jne 5f
+t_in8:
 	movl %esi, %edx
 	xorl %eax, %eax
 	inb %dx, %al
 	jmp trap_done
-5:	cmpl $TRAP_OUT32, %edi
-	jne 6f
+t_out32:
 	movl %edx, %eax
 	movl %esi, %edx
 	outl %eax, %dx
 	jmp trap_done
-6:	cmpl $TRAP_WRMSR, %edi
-	jne 7f
+t_in32:
+	movl %esi, %edx
+	inl %dx, %eax			/* zero-extends into rax */
+	jmp trap_done
+t_wrmsr:
 	movl %esi, %ecx
 	movl %edx, %eax
 	shrq $32, %rdx
 	wrmsr
 	jmp trap_done
-7:	cmpl $TRAP_POWEROFF, %edi
-	jne 8f
+t_mmio_r8:
+	movzbl (%rsi), %eax
+	jmp trap_done
+t_mmio_r16:
+	movzwl (%rsi), %eax
+	jmp trap_done
+t_mmio_r32:
+	movl (%rsi), %eax
+	jmp trap_done
+t_mmio_r64:
+	movq (%rsi), %rax
+	jmp trap_done
+t_mmio_w8:
+	movb %dl, (%rsi)
+	jmp trap_done
+t_mmio_w16:
+	movw %dx, (%rsi)
+	jmp trap_done
+t_mmio_w64:
+	movq %rdx, (%rsi)
+	jmp trap_done
+t_poweroff:
 	movl $POWEROFF_PORT, %edx
 	xorl %eax, %eax
 	outb %al, %dx
 	jmp halt_forever
-8:	cmpl $TRAP_HALT, %edi
-	je halt_forever
-	cmpl $TRAP_CRASH_TRIPLE, %edi
-	jne 9f
+t_crash_triple:
 	lidt empty_idt_ptr
 	ud2
-9:	cmpl $TRAP_CRASH_EMUL, %edi
-	jne ud_fault
+t_crash_emul:
 	jmp r0_crash_emul
 ud_fault:
 	pushq $0
@@ -222,6 +241,34 @@ tramp_end:
 r3_entry:				/* %rdi = cpu; rsp 16-byte aligned */
 	call r3_main
 	ud2
+
+/* ---- trap dispatch table (indexed by function number, read by ring 0) ---- */
+	.section .rodata
+	.balign 8
+trap_table:
+	.quad ud_fault			/* 0: none */
+	.quad t_write			/* 1  TRAP_WRITE */
+	.quad t_out32			/* 2  TRAP_OUT32 */
+	.quad t_poweroff		/* 3  TRAP_POWEROFF */
+	.quad halt_forever		/* 4  TRAP_HALT */
+	.quad t_mmio_w32		/* 5  TRAP_MMIO_W32 */
+	.quad t_out8			/* 6  TRAP_OUT8 */
+	.quad t_in8			/* 7  TRAP_IN8 */
+	.quad t_wrmsr			/* 8  TRAP_WRMSR */
+	.quad t_crash_triple		/* 9  TRAP_CRASH_TRIPLE */
+	.quad t_crash_emul		/* 10 TRAP_CRASH_EMUL */
+	.quad t_in32			/* 11 TRAP_IN32 */
+	.quad t_mmio_r8			/* 12 TRAP_MMIO_R8 */
+	.quad t_mmio_r16		/* 13 TRAP_MMIO_R16 */
+	.quad t_mmio_r32		/* 14 TRAP_MMIO_R32 */
+	.quad t_mmio_r64		/* 15 TRAP_MMIO_R64 */
+	.quad t_mmio_w8			/* 16 TRAP_MMIO_W8 */
+	.quad t_mmio_w16		/* 17 TRAP_MMIO_W16 */
+	.quad t_mmio_w64		/* 18 TRAP_MMIO_W64 */
+trap_table_end:
+	.if (trap_table_end - trap_table) != 8 * (TRAP_MAX + 1)
+	.error "trap_table does not match TRAP_MAX"
+	.endif
 
 /* ---- data ---- */
 	.data

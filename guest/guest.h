@@ -8,6 +8,7 @@
 #include "layout.h"
 
 typedef uint8_t u8;
+typedef uint16_t u16;
 typedef uint32_t u32;
 typedef uint64_t u64;
 
@@ -49,6 +50,7 @@ __attribute__((noreturn)) static inline void halt_cpu(void)
 /* ---- configuration (command line) ---- */
 enum workload { WL_STRESS, WL_IDLE, WL_FILL_FREE, WL_VERIFY };
 enum crash { CRASH_NONE, CRASH_TRIPLE, CRASH_EMUL, CRASH_UD };
+enum balloon_test { BT_NONE, BT_NOKICK, BT_REBAR };
 
 struct cfg {
 	enum workload workload;
@@ -59,6 +61,10 @@ struct cfg {
 	u64 exit_ms;		/* 0: never */
 	u64 corrupt_round;	/* 0: never */
 	enum crash crash;
+	u64 balloon;		/* 1: bind a virtio-balloon device */
+	u64 balloon_hint;	/* free page hinting (default 1) */
+	u64 balloon_report;	/* free page reporting (default 0) */
+	enum balloon_test balloon_test;	/* test hooks of the driver */
 };
 extern struct cfg cfg;
 
@@ -85,6 +91,8 @@ extern u64 ncpus;		/* CPUs running */
 
 int take_pages(u64 npages, struct share *s);
 void *take_contig(u64 npages);
+int take_rest(struct range *out, int max);	/* all RAM not yet taken */
+extern u64 usable_pages;
 
 /* ---- time ---- */
 extern u64 tsc_khz, tsc0;
@@ -116,11 +124,21 @@ void fill_free_run(int cpu);
 void verify_run(int cpu);
 int verify_prepare(void);	/* carves expectation tables; 0 or -1 */
 
-/* page allocator (fill-free; later the balloon driver) */
-void palloc_init(void);
+/* page allocator over the RAM the workload did not take (fill-free, the
+ * balloon driver) */
+void palloc_init(void);		/* once; later calls do nothing */
 u64 palloc_alloc(void);		/* one 4 KiB page, 0 when empty */
+u64 palloc_alloc_block(u64 max, u64 *len);	/* up to max contiguous bytes */
 void palloc_free(u64 page);
+void palloc_free_range(u64 base, u64 len);
+u64 palloc_take_unreported_chunk(void);	/* a free 2 MiB chunk, 2 MiB aligned */
+void palloc_free_reported_chunk(u64 base);
 u64 palloc_free_pages(void);
 int palloc_extents(struct range *out, int max);
+
+/* virtio-balloon driver (balloon=1), run from cpu 0's loops */
+void balloon_init(void);
+void balloon_poll(void);
+extern int balloon_on;
 
 #endif

@@ -36,6 +36,15 @@
 #define TRAP_WRMSR      8   /* rsi = msr, rdx = 64-bit value */
 #define TRAP_CRASH_TRIPLE 9 /* load an empty IDT and raise #UD: triple fault */
 #define TRAP_CRASH_EMUL 10  /* execute an instruction kvm_pvm cannot emulate */
+#define TRAP_IN32       11  /* rsi = port: 32-bit in, result in rax (PCI conf1 data) */
+#define TRAP_MMIO_R8    12  /* rsi = guest-physical addr: returns the value in rax */
+#define TRAP_MMIO_R16   13
+#define TRAP_MMIO_R32   14
+#define TRAP_MMIO_R64   15
+#define TRAP_MMIO_W8    16  /* rsi = guest-physical addr, rdx = value */
+#define TRAP_MMIO_W16   17
+#define TRAP_MMIO_W64   18  /* (the 32-bit write is TRAP_MMIO_W32) */
+#define TRAP_MAX        18
 
 #define COM1_PORT       0x3f8
 #define POWEROFF_PORT   0xf4

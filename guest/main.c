@@ -21,7 +21,7 @@ struct hvm_memmap_entry {
 extern u32 pvh_start_info, ap_boot_cpu;
 extern char __image_end[], tramp_start[], tramp_end[];
 
-struct cfg cfg = { .workload = WL_STRESS, .mb = 64, .cpus = 1, .report_ms = 1000 };
+struct cfg cfg = { .workload = WL_STRESS, .mb = 64, .cpus = 1, .report_ms = 1000, .balloon_hint = 1 };
 u64 tsc_khz, tsc0;
 struct range ram[MAX_RANGES];
 int nram;
@@ -31,7 +31,7 @@ volatile int g_stop;
 static volatile int cpu_online[MAX_CPUS];
 static volatile int g_go;
 static char cmdline[1024];
-static u64 usable_pages;
+u64 usable_pages;
 
 /* ---------------- command line ---------------- */
 
@@ -82,12 +82,21 @@ static void parse_option(char *key)
 		else kprintf("kmig-guest warning: unknown crash \"%s\", ignored\n", val);
 		return;
 	}
+	if (streq(key, "balloon_test")) {
+		if (streq(val, "nokick")) cfg.balloon_test = BT_NOKICK;
+		else if (streq(val, "rebar")) cfg.balloon_test = BT_REBAR;
+		else kprintf("kmig-guest warning: unknown balloon_test \"%s\", ignored\n", val);
+		return;
+	}
 	if (streq(key, "mb")) num = &cfg.mb;
 	else if (streq(key, "cpus")) num = &cfg.cpus;
 	else if (streq(key, "report_ms")) num = &cfg.report_ms;
 	else if (streq(key, "tsc_khz")) num = &cfg.tsc_khz;
 	else if (streq(key, "exit_ms")) num = &cfg.exit_ms;
 	else if (streq(key, "corrupt_round")) num = &cfg.corrupt_round;
+	else if (streq(key, "balloon")) num = &cfg.balloon;
+	else if (streq(key, "balloon_hint")) num = &cfg.balloon_hint;
+	else if (streq(key, "balloon_report")) num = &cfg.balloon_report;
 	if (!num) {
 		kprintf("kmig-guest warning: unknown option \"%s\", ignored\n", key);
 		return;
@@ -316,6 +325,24 @@ void *take_contig(u64 npages)
 	return 0;
 }
 
+/* Everything not yet taken, as ranges (for the page allocator); the bump
+ * allocator is empty afterwards.  Returns the number of ranges. */
+int take_rest(struct range *out, int max)
+{
+	int n = 0;
+	for (; cur_r < nram && n < max; cur_r++) {
+		if (cur_a < ram[cur_r].base)
+			cur_a = ram[cur_r].base;
+		if (cur_a < ram[cur_r].end) {
+			out[n].base = cur_a;
+			out[n].end = ram[cur_r].end;
+			n++;
+		}
+	}
+	cur_r = nram;
+	return n;
+}
+
 /* Pages the workload needs (besides its own); -1 if it cannot be placed. */
 static u64 needed_pages(void)
 {
@@ -467,6 +494,8 @@ static void bsp_main(void)
 		for (int k = 0; k < shares[i].nseg; k++)
 			kprintf("kmig-guest share cpu=%lu base=0x%lx pages=%lu\n", i,
 				shares[i].seg[k].base, shares[i].seg[k].npages);
+	if (cfg.balloon)
+		balloon_init();
 	kprintf("kmig-guest ready cpus=%lu mem_mb=%lu\n", ncpus, usable_mb);
 	__atomic_store_n(&g_go, 1, __ATOMIC_RELEASE);
 	run_workload(0);

@@ -107,6 +107,8 @@ void verify_run(int cpu)
 		u64 t = rdtsc();
 		if (!bad && t >= next_report) {
 			kprintf("verify ok round=%lu cpu=%d pages=%lu\n", round, cpu, checked);
+			if (cpu == 0)
+				balloon_poll();
 			checked = 0;
 			next_report += period;
 			if (next_report <= t)

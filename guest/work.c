@@ -50,6 +50,8 @@ void stress_run(int cpu)
 				}
 				if (t >= next_report) {
 					stress_report(cpu, &st, t - gib_start);
+					if (cpu == 0)
+						balloon_poll();
 					next_report += period;
 					if (next_report <= t)
 						next_report = t + period;
@@ -80,6 +82,7 @@ void idle_run(int cpu)
 		}
 		if (t >= exit_at)
 			poll_exit(cpu);
+		balloon_poll();
 		cpu_relax();
 	}
 }
