@@ -117,9 +117,9 @@ bool balloon__hint_ready(struct balloon *b);
  * marked written.  -ENOTSUP if hinting is not negotiated. */
 int balloon__hint_start(struct balloon *b, bool discard) KMIG_MUST_CHECK;
 /* Waits until the driver finished the current id (sent STOP), or echoed
- * it and then sent nothing for quiet_ms, or max_ms passed.  Returns the
- * pages hinted so far for this id. */
-uint64_t balloon__hint_wait(struct balloon *b, unsigned quiet_ms, unsigned max_ms);
+ * it and then sent nothing for quiet_ms, or did not echo it within
+ * ack_ms, or max_ms passed.  Returns the pages hinted for this id. */
+uint64_t balloon__hint_wait(struct balloon *b, unsigned ack_ms, unsigned quiet_ms, unsigned max_ms);
 /* Command id STOP: the driver stops hinting, keeps the pages for now. */
 void balloon__hint_stop(struct balloon *b);
 /* Command id DONE: the driver takes its pages back; the hinted bitmap is

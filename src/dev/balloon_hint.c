@@ -122,9 +122,10 @@ int balloon__hint_start(struct balloon *b, bool discard)
 	return rc;
 }
 
-uint64_t balloon__hint_wait(struct balloon *b, unsigned quiet_ms, unsigned max_ms)
+uint64_t balloon__hint_wait(struct balloon *b, unsigned ack_ms, unsigned quiet_ms, unsigned max_ms)
 {
 	uint64_t start = time__now_ns(), quiet = (uint64_t)quiet_ms * 1000000;
+	uint64_t ack = (uint64_t)ack_ms * 1000000;
 	uint64_t deadline = start + (uint64_t)max_ms * 1000000;
 	pthread_mutex_lock(&b->vp.lock);
 	uint32_t id = b->cmd_id;
@@ -132,7 +133,7 @@ uint64_t balloon__hint_wait(struct balloon *b, unsigned quiet_ms, unsigned max_m
 		uint64_t now = time__now_ns();
 		if (now >= deadline || b->cmd_id != id || !balloon__hint_active(b) || b->hint_stopped)
 			break;
-		if (b->hint_acked && now - b->hint_last_ns >= quiet)
+		if (b->hint_acked ? now - b->hint_last_ns >= quiet : now - start >= ack)
 			break;
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);

@@ -179,6 +179,8 @@ json_t *migration__query(struct migration *m)
 		json_object_set_new(r, "cpu-throttle-percentage", json_integer(st.throttle_pct));
 		json_object_set_new(r, "x-dirty-rate-peak", json_integer((json_int_t)st.dirty_rate_peak));
 		json_object_set_new(r, "x-iterations", json_integer((json_int_t)st.iteration));
+		json_object_set_new(r, "x-free-pages-skipped", json_integer((json_int_t)st.free_skipped));
+		json_object_set_new(r, "x-balloon-pages-skipped", json_integer((json_int_t)st.balloon_skipped));
 		if (m->params.cap_dirty_limit) {
 			json_object_set_new(r, "dirty-limit-throttle-time-per-round",
 					    json_integer((json_int_t)st.limit_sleep_us));

@@ -54,6 +54,7 @@ struct mig_stats {
 	uint64_t precopy_bytes, downtime_bytes;
 	unsigned throttle_pct;
 	uint64_t iteration;
+	uint64_t free_skipped, balloon_skipped; /* bulk pass: hinted free, ballooned */
 	uint64_t limit_sleep_us, limit_ring_full_us; /* dirty-limit, last round */
 };
 

@@ -9,6 +9,7 @@
 
 #include "base/timeutil.h"
 #include "ctl/control.h"
+#include "dev/balloon.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
 #include "mig/migration.h"
@@ -102,6 +103,18 @@ int sender__check_return_path(struct sender *s, int timeout_ms)
 	return -EPROTO;
 }
 
+/* Bulk pass: pages the guest hinted free or ballooned out are not sent
+ * (the destination keeps them zero); counts them. */
+static bool sender__skip(struct sender *s, uint64_t page)
+{
+	enum balloon_skip k = balloon__skip(s->m->vm->balloon, page);
+	if (k == BALLOON_SKIP_FREE)
+		s->free_skipped++;
+	else if (k == BALLOON_SKIP_BALLOONED)
+		s->balloon_skipped++;
+	return k != BALLOON_SKIP_NONE;
+}
+
 /* Sends every page set in todo, clearing it. */
 int sender__pass(struct sender *s)
 {
@@ -109,6 +122,8 @@ int sender__pass(struct sender *s)
 	uint64_t n = 0;
 	for (size_t p = bitmap__next_set(todo, 0); p < todo->nbits; p = bitmap__next_set(todo, p + 1)) {
 		bitmap__clear_bit(todo, p);
+		if (!s->bulk_done && s->m->vm->balloon && sender__skip(s, p))
+			continue;
 		int rc = sender__page(s, p);
 		if (rc)
 			return rc;

@@ -31,6 +31,8 @@ struct sender {
 	uint64_t zero_pages, normal_pages;
 	uint64_t active_start_ms;
 	uint64_t bandwidth_bps;      /* last measured */
+	bool bulk_done;              /* the first pass is over: nothing is skipped any more */
+	uint64_t free_skipped, balloon_skipped; /* pages the bulk pass did not send */
 };
 
 int sender__pass(struct sender *s);

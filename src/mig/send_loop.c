@@ -6,6 +6,7 @@
 
 #include "base/timeutil.h"
 #include "ctl/control.h"
+#include "dev/balloon.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
 #include "mig/send_impl.h"
@@ -31,6 +32,8 @@ void sender__update_stats(struct sender *s)
 	st->duplicate = s->zero_pages;
 	st->normal = s->normal_pages;
 	st->normal_bytes = s->normal_pages * RAM_PAGE_SIZE;
+	st->free_skipped = s->free_skipped;
+	st->balloon_skipped = s->balloon_skipped;
 	st->remaining = bitmap__count(&m->todo) * RAM_PAGE_SIZE;
 	st->total_ms = now - st->start_ms;
 	uint64_t active = now > s->active_start_ms ? now - s->active_start_ms : 0;
@@ -74,6 +77,11 @@ static int sender__setup(struct sender *s, const char *uri)
 	if (got < 0)
 		return (int)got;
 	bitmap__set_all(&m->todo);
+	/* tracking is on, so a hinted page the guest reuses will be sent */
+	if (m->vm->balloon && balloon__hint_ready(m->vm->balloon) &&
+	    !balloon__hint_start(m->vm->balloon, m->params.cap_verify))
+		log_info("migration: %llu free pages hinted before the bulk pass",
+			 (unsigned long long)balloon__hint_wait(m->vm->balloon, 500, 200, 2000));
 	return 0;
 }
 
@@ -139,6 +147,9 @@ static int sender__iterate(struct sender *s)
 	struct migration *m = s->m;
 	uint64_t t = time__now_ms(), bytes = mig_stream__bytes_out(s->stream);
 	int rc = sender__pass(s); /* the bulk pass */
+	s->bulk_done = true;
+	if (m->vm->balloon)
+		balloon__hint_done(m->vm->balloon); /* the guest takes its pages back */
 	while (!rc) {
 		uint64_t now = time__now_ms(), out = mig_stream__bytes_out(s->stream);
 		/* no all-vCPU kick while throttled (seed 000 patch 3) */
@@ -169,6 +180,8 @@ static void sender__cleanup(struct sender *s, int rc)
 {
 	struct migration *m = s->m;
 	struct vm *vm = m->vm;
+	if (vm->balloon)
+		balloon__hint_done(vm->balloon);
 	throttle__set(&vm->throttle, 0);
 	if (m->limit_set && dirtylimit__cancel(&vm->dirtylimit, -1))
 		log_warn("migration: dirty limits not cancelled");

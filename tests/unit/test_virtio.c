@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/timeutil.h"
 #include "dev/balloon.h"
 #include "dev/pci.h"
 #include "harness.h"
@@ -513,7 +514,7 @@ static void t_hints(struct t *t)
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x2400), BALLOON_SKIP_NONE);
 	T_CHECK_EQ(t, host(&d, 0x2000000)[0], 0); /* untouched, not discarded: zero anyway */
 	send_id(&d, BALLOON_CMD_ID_STOP);
-	T_CHECK_EQ(t, balloon__hint_wait(d.b, 100, 2000), 3 + 1024);
+	T_CHECK_EQ(t, balloon__hint_wait(d.b, 2000, 100, 2000), 3 + 1024);
 	send_range(&d, 0x3000000, 0x1000); /* after STOP: ignored */
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x3000), BALLOON_SKIP_NONE);
 	T_CHECK_EQ(t, used_idx(&d, BALLOON_VQ_FREE_PAGE), 8);
@@ -538,10 +539,17 @@ static void t_hints(struct t *t)
 	T_CHECK(t, status(&d) & VIRTIO_STATUS_NEEDS_RESET);
 	balloon__hint_stop(d.b);
 	T_CHECK_EQ(t, cfg32(&d, 8), BALLOON_CMD_ID_STOP);
-	/* quiet-period wait returns without a driver answer within max */
+	/* without an answer the wait ends after ack_ms; an echo and silence
+	 * end it after quiet_ms */
 	T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES), 0x0f);
 	T_CHECK_EQ(t, balloon__hint_start(d.b, false), 0);
-	T_CHECK_EQ(t, balloon__hint_wait(d.b, 50, 100), 0);
+	uint64_t t0 = time__now_ms();
+	T_CHECK_EQ(t, balloon__hint_wait(d.b, 50, 1000, 5000), 0);
+	T_CHECK(t, time__now_ms() - t0 < 1000);
+	send_id(&d, cfg32(&d, 8));
+	t0 = time__now_ms();
+	T_CHECK_EQ(t, balloon__hint_wait(d.b, 5000, 50, 5000), 0);
+	T_CHECK(t, time__now_ms() - t0 < 1000);
 	T_CHECK_EQ(t, d.bad_marks, 0);
 	drv_fini(&d);
 }
