@@ -83,6 +83,7 @@ struct vm {
 	bool failed;                 /* under lock: a guest failure parked the VM */
 	bool quit;                   /* under lock: vCPU threads exit */
 	atomic_int exit_code;        /* process exit status once shut down */
+	bool run_after_migration;    /* source: was running at switchover; destination: resume */
 	atomic_uint throttle_pct;    /* 0..99: share of time vCPUs sleep (set via throttle) */
 	struct throttle throttle;
 	struct dirtylimit dirtylimit;

@@ -112,10 +112,12 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 {
 	struct migration *m = in->m;
 	struct vm *vm = m->vm;
-	if (!rc) {
+	if (!rc && vm->run_after_migration) {
 		vm__set_status(vm, VM_STATUS_RUNNING);
 		vm__resume_vcpus(vm);
 		control__event(m->ctl, "RESUME", NULL);
+	} else if (!rc) {
+		vm__set_status(vm, VM_STATUS_PAUSED); /* the source was stopped: `cont` runs it */
 	}
 	if (connected) {
 		int r2 = mig_recv__reply(&in->recv, &in->stream);

@@ -199,6 +199,7 @@ int sender__switchover(struct sender *s)
 	uint64_t bytes0 = mig_stream__bytes_out(s->stream);
 	migration__set_status(s->m, MIG_DEVICE);
 	s->prev_status = vm__status(vm);
+	vm->run_after_migration = s->prev_status == VM_STATUS_RUNNING;
 	/* from here on every flush must leave at once: no Nagle delays */
 	if (mig_stream__set_nodelay(s->stream, true))
 		log_debug("switchover: TCP_NODELAY not set");

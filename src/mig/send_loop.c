@@ -153,20 +153,19 @@ static int sender__iterate(struct sender *s)
 	while (!rc) {
 		uint64_t now = time__now_ms(), out = mig_stream__bytes_out(s->stream);
 		/* no all-vCPU kick while throttled (seed 000 patch 3) */
-		bool kick = atomic_load(&m->vm->throttle_pct) == 0;
+		bool kick = atomic_load(&m->vm->throttle_pct) == 0 && !m->limit_set;
 		int64_t got = dirty__sync(m->vm->dirty, &m->todo, kick);
 		if (got < 0)
 			return (int)got;
 		pthread_mutex_lock(&m->lock);
-		m->stats.dirty_sync_count++;
+		uint64_t pass = ++m->stats.dirty_sync_count;
 		m->stats.iteration++;
 		pthread_mutex_unlock(&m->lock);
+		if (m->params.cap_events) /* after every sync, as QEMU */
+			control__event(m->ctl, "MIGRATION_PASS", json_pack("{s:I}", "pass", (json_int_t)pass));
 		sender__update_stats(s);
 		if (sender__round_decision(s, out - bytes, now - t, (uint64_t)got))
 			return 0;
-		if (m->params.cap_events)
-			control__event(m->ctl, "MIGRATION_PASS",
-				       json_pack("{s:I}", "pass", (json_int_t)m->stats.iteration + 1));
 		if (atomic_load(&m->cancel))
 			return -ECANCELED;
 		t = now;

@@ -88,11 +88,14 @@ int state__save(struct vm *vm, state_put_fn put, void *ctx)
 	struct kvm_clock_data clk;
 	if (!rc)
 		rc = state__put_ioctl(vm->vm_fd, KVM_GET_CLOCK, &clk, sizeof(clk), put, ctx, STATE_VM_CLOCK, 0);
+	uint8_t running = vm->run_after_migration;
+	if (!rc)
+		rc = put(ctx, STATE_VM_RUNSTATE, STATE_VERSION, 0, &running, 1);
 	return rc;
 }
 
 unsigned state__expected_sections(struct vm *vm)
 {
 	unsigned per_vcpu = 7 + state__has(vm, KVM_CAP_XCRS) + state__has(vm, KVM_CAP_DEBUGREGS);
-	return 4 + (vm->balloon != NULL) + per_vcpu * vm->nr_vcpus;
+	return 5 + (vm->balloon != NULL) + per_vcpu * vm->nr_vcpus;
 }

@@ -31,6 +31,7 @@ enum state_section {
 	STATE_VM_IRQCHIP = 20,
 	STATE_VM_PIT = 21,
 	STATE_VM_CLOCK = 22,
+	STATE_VM_RUNSTATE = 23,     /* 1 byte: the guest was running at switchover */
 	STATE_DEV_SERIAL = 30,
 	STATE_DEV_VIRTIO = 31,
 };

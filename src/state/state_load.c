@@ -112,6 +112,14 @@ int state__load(struct vm *vm, uint32_t id, uint32_t version, uint32_t instance,
 			 id, version, STATE_VERSION);
 		return -EINVAL;
 	}
+	if (id == STATE_VM_RUNSTATE) {
+		if (instance || len != 1 || *(const uint8_t *)data > 1) {
+			snprintf(why, whylen, "malformed run-state section");
+			return -EINVAL;
+		}
+		vm->run_after_migration = *(const uint8_t *)data;
+		return 0;
+	}
 	if (id == STATE_DEV_VIRTIO) {
 		if (!vm->balloon || instance) {
 			snprintf(why, whylen, "virtio-balloon state, but this VM has no --balloon");
