@@ -339,3 +339,18 @@ def migrate(src, dst, uri, caps=None, params=None, timeout=60.0):
         wait_incoming(dst)
     q.cmd("migrate", uri=uri)
     return wait_migration(q, timeout)
+
+
+# ---------------------------------------------------------------- virtio-balloon
+
+def qemu_balloon_args(hint=True, report=True, iothread="bio0"):
+    """Extra QEMU arguments for a modern-only virtio-balloon-pci device (what
+    the test guest's balloon=1 driver binds).  Free page hinting needs an
+    iothread in QEMU; QEMU 7.2 then hints during every precopy migration."""
+    dev = "virtio-balloon-pci,disable-legacy=on,free-page-hint=%s,free-page-reporting=%s" % (
+        "on" if hint else "off", "on" if report else "off")
+    args = []
+    if hint:
+        args += ["-object", "iothread,id=" + iothread]
+        dev += ",iothread=" + iothread
+    return args + ["-device", dev]
