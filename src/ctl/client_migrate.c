@@ -11,7 +11,7 @@
 #include "ctl/client.h"
 
 struct migrate_opts {
-	const char *qmp, *uri, *policy;
+	const char *qmp, *uri, *policy, *compression;
 	uint64_t bandwidth_mbs, downtime_ms;
 	bool have_bw, have_dt, json, verify;
 };
@@ -22,6 +22,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "qmp", required_argument, 0, 'q' }, { "bandwidth", required_argument, 0, 'b' },
 		{ "downtime", required_argument, 0, 'd' }, { "json", no_argument, 0, 'j' },
 		{ "auto-converge", required_argument, 0, 'a' }, { "verify", no_argument, 0, 'v' },
+		{ "compression", required_argument, 0, 'c' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -49,10 +50,16 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 			o->policy = optarg;
 			break;
 		case 'v': o->verify = true; break;
+		case 'c':
+			if (strcmp(optarg, "none") && strcmp(optarg, "zstd") && strcmp(optarg, "lz4"))
+				die("--compression %s: expected none, zstd or lz4", optarg);
+			o->compression = optarg;
+			break;
 		case 'j': o->json = true; break;
 		default:
 			fprintf(stderr, "usage: kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] "
-					"[--downtime MS] [--auto-converge step|computed] [--verify] [--json]\n");
+					"[--downtime MS] [--auto-converge step|computed] [--compression none|zstd|lz4] "
+					"[--verify] [--json]\n");
 			return -1;
 		}
 	}
@@ -71,6 +78,8 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 		json_object_set_new(params, "downtime-limit", json_integer(o->downtime_ms));
 	if (o->policy)
 		json_object_set_new(params, "x-cpu-throttle-policy", json_string(o->policy));
+	if (o->compression)
+		json_object_set_new(params, "x-compression", json_string(o->compression));
 	json_t *r = qmp_client__call(c, "migrate-set-parameters", params, err, n);
 	if (!r)
 		return -1;

@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "mig/calcrate.h"
 #include "mig/policy.h"
+#include "mig/proto.h"
 #include "mig/stream.h"
 
 struct control;
@@ -40,6 +41,7 @@ struct mig_params {
 	bool cap_zero_detect;        /* send all-zero pages as offsets only (default on) */
 	enum policy_kind throttle_policy; /* x-cpu-throttle-policy: step | computed */
 	bool cap_dirty_limit;        /* dirty-limit: limit vCPU dirty rates instead of throttling */
+	enum proto_comp compression; /* x-compression: none | zstd | lz4 */
 	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */
 	uint64_t vcpu_dirty_limit;   /* vcpu-dirty-limit, MB/s */
 };

@@ -58,7 +58,8 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
-	return json_pack("{s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I}",
+	static const char *const comp_names[] = { "none", "zstd", "lz4" };
+	return json_pack("{s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s}",
 			 "max-bandwidth", (json_int_t)p.max_bandwidth,
 			 "downtime-limit", (json_int_t)p.policy.downtime_limit_ms,
 			 "throttle-trigger-threshold", p.policy.throttle_trigger_threshold,
@@ -68,7 +69,8 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 			 "max-cpu-throttle", p.policy.max_cpu_throttle,
 			 "x-cpu-throttle-policy", policy_names[p.throttle_policy],
 			 "x-vcpu-dirty-limit-period", (json_int_t)p.dirty_limit_period_ms,
-			 "vcpu-dirty-limit", (json_int_t)p.vcpu_dirty_limit);
+			 "vcpu-dirty-limit", (json_int_t)p.vcpu_dirty_limit,
+			 "x-compression", comp_names[p.compression]);
 }
 
 static int params_uint(json_t *args, const char *name, uint64_t max, unsigned *out,
@@ -95,12 +97,13 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 		"max-bandwidth", "downtime-limit", "throttle-trigger-threshold",
 		"cpu-throttle-initial", "cpu-throttle-increment", "cpu-throttle-tailslow",
 		"max-cpu-throttle", "x-cpu-throttle-policy", "x-vcpu-dirty-limit-period",
-		"vcpu-dirty-limit", NULL };
+		"vcpu-dirty-limit", "x-compression", NULL };
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
-	const char *pol = NULL;
+	const char *pol = NULL, *comp = NULL;
 	if (qmp_arg__check_known(args, known, err) ||
+	    qmp_arg__str(args, "x-compression", &comp, false, err) < 0 ||
 	    qmp_arg__uint(args, "max-bandwidth", &p.max_bandwidth, false, err) < 0 ||
 	    qmp_arg__uint(args, "downtime-limit", &p.policy.downtime_limit_ms, false, err) < 0 ||
 	    params_uint(args, "throttle-trigger-threshold", 100, &p.policy.throttle_trigger_threshold, err) < 0 ||
@@ -116,6 +119,16 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 		qmp_error__set(err, QMP_ERROR_GENERIC, "x-vcpu-dirty-limit-period must be 1..1000 ms "
 			       "and vcpu-dirty-limit at least 1 MB/s");
 		return NULL;
+	}
+	if (comp) {
+		if (!strcmp(comp, "none") || !strcmp(comp, "zstd") || !strcmp(comp, "lz4")) {
+			p.compression = !strcmp(comp, "none") ? PROTO_COMP_NONE :
+					!strcmp(comp, "zstd") ? PROTO_COMP_ZSTD : PROTO_COMP_LZ4;
+		} else {
+			qmp_error__set(err, QMP_ERROR_GENERIC,
+				       "Parameter 'x-compression' expects none, zstd or lz4");
+			return NULL;
+		}
 	}
 	if (pol) {
 		if (!strcmp(pol, "step"))

@@ -42,6 +42,12 @@ static int sender__flush_pages(struct sender *s)
 	if (!s->pn)
 		return 0;
 	const struct ram_block *b = &s->ram->blocks[s->pblock];
+	if (s->comp != PROTO_COMP_NONE) {
+		ssize_t n = proto__encode_pages_comp(&s->codec, s->comp, s->rec, s->rec_cap,
+						     (uint32_t)s->pblock, s->pn, s->poffs, b->host);
+		s->pn = 0;
+		return n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
+	}
 	uint64_t data_len = (uint64_t)s->pn * RAM_PAGE_SIZE;
 	ssize_t n = proto__encode_pages_head(s->rec, s->rec_cap, 0, (uint32_t)s->pblock,
 					     s->pn, s->poffs, data_len);

@@ -20,6 +20,8 @@ struct sender {
 	uint8_t *rec;               /* record buffer */
 	size_t rec_cap;
 	bool zero_detect;
+	enum proto_comp comp;        /* x-compression of PAGES records */
+	struct proto_codec codec;
 	bool paused;                /* we stopped the vCPUs */
 	enum vm_status prev_status; /* VM status before switchover */
 	/* pending batches */

@@ -11,7 +11,9 @@
 #include "mem/dirty.h"
 #include "mig/send_impl.h"
 
-#define SENDER_REC_CAP (PROTO_HDR_SIZE + 16 + SENDER_BATCH_ZERO * 8 + 256 * 1024)
+/* room for a ZERO batch, or a PAGES batch written whole (compression) */
+#define SENDER_REC_CAP (PROTO_HDR_SIZE + 16 + SENDER_BATCH_ZERO * 8 + \
+			SENDER_BATCH_PAGES * (8 + RAM_PAGE_SIZE))
 
 void sender__proto_ram(const struct ram *ram, struct proto_ram *out)
 {
@@ -228,6 +230,7 @@ void *migration__send_thread(void *arg)
 	s->rec_cap = SENDER_REC_CAP;
 	s->rec = malloc(s->rec_cap);
 	s->zero_detect = m->params.cap_zero_detect;
+	s->comp = m->params.compression;
 	policy__state_init(&m->pstate);
 	rc = s->rec ? sender__setup(s, m->out_uri) : -ENOMEM;
 	if (!rc) {
@@ -248,6 +251,7 @@ void *migration__send_thread(void *arg)
 		m->stream_open = false;
 	}
 	free(s->rec);
+	proto_codec__free(&s->codec);
 out:
 	free(s);
 	return NULL;
