@@ -1,0 +1,661 @@
+#!/usr/bin/env python3
+"""Convergence benchmark: throttling policies under memory stress, kmig vs QEMU 7.2.
+
+The shape of seed 000's tables on this machine: a 2 GiB guest whose vCPUs
+write one byte per 4 KiB page over a stress size from small to most of RAM,
+migrated over a 125 MB/s link with a 300 ms downtime limit, for every dirty
+tracking (bitmap, ring 4096, ring 65536) and convergence policy (auto-converge
+step / computed, dirty-limit), with QEMU 7.2's auto-converge and its
+set-vcpu-dirty-limit on the same guest and link in the same run.
+
+Per cell: total migration time, downtime, bytes sent, the highest throttle
+seen, and the guest's slowdown from the source's stress lines (worst
+max_ms_per_gib, seconds below half the pre-migration pace).  A migration still
+running after --cap seconds is cancelled and recorded as "did not converge".
+
+Writes bench/results/converge.json and bench/results/converge.md (also
+printed).  Never asserts.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+RESULTS = os.path.join(ROOT, "bench", "results")
+
+# the migration benchmark's helpers: host info, VMM processes and command
+# lines, QMP, TSC calibration, stress line parsing
+_spec = importlib.util.spec_from_file_location(
+    "bench_migrate", os.path.join(ROOT, "bench", "migrate", "run.py"))
+mb = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mb)
+kt = mb.kt
+
+MIB = 1 << 20
+REPORT_MS = mb.REPORT_MS
+MEMORY = "2G"
+
+# name: (vmm, dirty ring entries, policy)
+#   step / computed: kmig auto-converge with that x-cpu-throttle-policy
+#   dirty-limit:     kmig's dirty-limit migration capability (ring only)
+#   ac:              QEMU auto-converge (default throttle parameters)
+#   vcpu-limit:      QEMU 7.2 set-vcpu-dirty-limit on the source just before
+#                    migrate (7.2 has no dirty-limit migration capability)
+CONFIGS = {
+    "kmig-bitmap+step": ("kmig", 0, "step"),
+    "kmig-bitmap+computed": ("kmig", 0, "computed"),
+    "kmig-ring4096+step": ("kmig", 4096, "step"),
+    "kmig-ring4096+computed": ("kmig", 4096, "computed"),
+    "kmig-ring4096+dirty-limit": ("kmig", 4096, "dirty-limit"),
+    "kmig-ring65536+step": ("kmig", 65536, "step"),
+    "kmig-ring65536+computed": ("kmig", 65536, "computed"),
+    "kmig-ring65536+dirty-limit": ("kmig", 65536, "dirty-limit"),
+    "qemu-bitmap+ac": ("qemu", 0, "ac"),
+    "qemu-ring4096+ac": ("qemu", 4096, "ac"),
+    "qemu-ring4096+vcpu-limit": ("qemu", 4096, "vcpu-limit"),
+    # not in the full set (--configs): the seed's other ring size for QEMU
+    "qemu-ring65536+ac": ("qemu", 65536, "ac"),
+    "qemu-ring65536+vcpu-limit": ("qemu", 65536, "vcpu-limit"),
+}
+# run order: QEMU rows spread among kmig rows, so outside load hits both alike
+FULL_CONFIGS = ["kmig-bitmap+step", "qemu-bitmap+ac", "kmig-bitmap+computed",
+                "kmig-ring4096+step", "qemu-ring4096+ac", "kmig-ring4096+computed",
+                "kmig-ring4096+dirty-limit", "qemu-ring4096+vcpu-limit",
+                "kmig-ring65536+step", "kmig-ring65536+computed",
+                "kmig-ring65536+dirty-limit"]
+FULL_SIZES = [256, 512, 1536]
+QUICK_SIZES = [512]
+QUICK_CONFIGS = ["kmig-ring4096+computed", "qemu-ring4096+ac", "kmig-ring4096+dirty-limit",
+                 "qemu-ring4096+vcpu-limit", "kmig-bitmap+computed", "qemu-bitmap+ac"]
+POLICY_TEXT = {
+    "step": "auto-converge, x-cpu-throttle-policy step (QEMU's law)",
+    "computed": "auto-converge, x-cpu-throttle-policy computed",
+    "dirty-limit": "capability dirty-limit (vcpu-dirty-limit, x-vcpu-dirty-limit-period)",
+    "ac": "auto-converge (QEMU 7.2, default cpu-throttle parameters)",
+    "vcpu-limit": "set-vcpu-dirty-limit on every vCPU just before migrate (QEMU 7.2 has no "
+                  "dirty-limit capability; emulates 8.1's dirty-limit, which sets the same "
+                  "limit only after two high rounds)",
+}
+TRACKING = {0: "bitmap", 4096: "ring 4096", 65536: "ring 65536"}
+
+
+# ------------------------------------------------------------ binaries
+
+def snapshot_binaries(d, build):
+    """Copies kmig and the guest ELF so a concurrent rebuild cannot change them mid-run."""
+    src_kmig = os.path.join(build, "kmig")
+    src_guest = os.path.join(build, "guest", "kmig-guest.elf")
+    kmig, guest = os.path.join(d, "kmig"), os.path.join(d, "kmig-guest.elf")
+    shutil.copy2(src_kmig, kmig)
+    shutil.copy2(src_guest, guest)
+    return kmig, guest, {"kmig": src_kmig, "kmig_sha256": mb.sha256(kmig),
+                         "guest": src_guest, "guest_sha256": mb.sha256(guest)}
+
+
+def vm_args(env, vmm, ring, cmdline, cpus, d, name, reaper, incoming=None):
+    args = mb.vm_args(env, vmm, ring, cmdline, MEMORY, cpus, d, name, incoming=incoming)
+    if vmm == "kmig" and ring:
+        args += ["--reaper", reaper]
+    return args
+
+
+def dirty_limit_mbps(a):
+    """Per-vCPU quota, MB/s (2^20): --dirty-limit, or a sixth of the link shared by
+    the vCPUs (20 MB/s for one vCPU at 125 MB/s): the limited guest then dirties at
+    most a third of what the link sends, well under the 50% trigger threshold."""
+    if a.dirty_limit:
+        return a.dirty_limit
+    return max(1, int(round(a.bandwidth / MIB / 6.0 / a.cpus)))
+
+
+# ------------------------------------------------------------ guest pace
+
+def slowdown(seen, t_start, t_end):
+    """Guest pace from the source's stress lines, per vCPU: the baseline is the
+    median ms_per_gib of the reports before t_start (the first, which includes
+    first touch, left out); a report covers the guest time since the previous
+    report of the same vCPU, and is "slow" when its ms_per_gib is more than twice
+    that vCPU's baseline.  Seconds below half pace: the union over vCPUs of the
+    slow intervals, clipped to the migration (host times t_start..t_end)."""
+    lines = mb.stress_lines(seen)
+    off = mb.guest_offset(seen)
+    if not lines or off is None:
+        return None
+    g0, g1 = (t_start - off) * 1000.0, (t_end - off) * 1000.0
+    cpus = sorted(set(l["cpu"] for l in lines))
+    base, slow, gaps, during_all, before_all = {}, [], [], [], []
+    for c in cpus:
+        lc = [l for l in lines if l["cpu"] == c]
+        before = [l for l in lc if l["t_ms"] <= g0][1:]
+        before_all += before
+        if not before:
+            continue
+        b = statistics.median(l["ms_per_gib"] for l in before)
+        base[c] = b
+        for prev, l in zip(lc, lc[1:]):
+            lo, hi = prev["t_ms"], l["t_ms"]
+            if hi <= g0 or lo >= g1:
+                continue
+            during_all.append(l)
+            gaps.append(hi - lo)
+            if l["ms_per_gib"] > 2 * b:
+                slow.append((max(lo, g0), min(hi, g1)))
+    if not base:
+        return {"note": "no pre-migration stress lines"}
+    slow.sort()
+    total, cur = 0.0, None
+    for lo, hi in slow:
+        if cur and lo <= cur[1]:
+            cur[1] = max(cur[1], hi)
+        else:
+            if cur:
+                total += cur[1] - cur[0]
+            cur = [lo, hi]
+    if cur:
+        total += cur[1] - cur[0]
+    return {"baseline_ms_per_gib": statistics.median(base.values()),
+            "baseline_ms_per_gib_per_cpu": {str(c): v for c, v in base.items()},
+            "baseline_max_ms_per_gib": max(l["max_ms_per_gib"] for l in before_all),
+            "worst_max_ms_per_gib": max((l["max_ms_per_gib"] for l in during_all), default=None),
+            "worst_ms_per_gib": max((l["ms_per_gib"] for l in during_all), default=None),
+            "s_below_half_pace": total / 1000.0,
+            "lines_during": len(during_all),
+            "max_report_gap_ms": max(gaps, default=None),
+            "window_guest_ms": [round(g0), round(g1)],
+            "reports": [[l["cpu"], l["t_ms"], l["ms_per_gib"], l["max_ms_per_gib"]]
+                        for l in lines]}
+
+
+# ------------------------------------------------------------ one migration
+
+def one_case(env, d, size, cfg, rep, a):
+    vmm, ring, policy = CONFIGS[cfg]
+    cmdline = "workload=stress cpus=%d mb=%d report_ms=%d" % (a.cpus, size, REPORT_MS)
+    if env["tsc_khz"]:
+        cmdline += " tsc_khz=%d" % env["tsc_khz"]
+    tag = re.sub(r"[^A-Za-z0-9]+", "-", "s%d-%s-%d" % (size, cfg, rep))
+    sub = os.path.join(d, tag)
+    os.mkdir(sub)
+    uri = "tcp:127.0.0.1:%d" % mb.free_port()
+    res = {"stress_mib": size, "config": cfg, "rep": rep, "vmm": vmm, "dirty_ring": ring,
+           "tracking": TRACKING.get(ring, "ring %d" % ring), "policy": policy,
+           "reaper": a.reaper if vmm == "kmig" and ring else None, "cpus": a.cpus,
+           "memory": MEMORY, "guest_cmdline": cmdline, "loadavg": mb.loadavg()}
+    src = mb.Proc(sub, "src", vm_args(env, vmm, ring, cmdline, a.cpus, sub, "src", a.reaper))
+    dst = mb.Proc(sub, "dst", vm_args(env, vmm, ring, cmdline, a.cpus, sub, "dst", a.reaper,
+                                      incoming=uri))
+    try:
+        # settled: a.settle_lines stress reports from every vCPU
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and src.alive():
+            src.poll_lines()
+            n = [sum(1 for _, l in src.seen if l.startswith("stress cpu=%d " % c))
+                 for c in range(a.cpus)]
+            if min(n) >= a.settle_lines:
+                break
+            time.sleep(0.05)
+        else:
+            res.update(status="error", error="source guest did not settle",
+                       console_tail=src.console.text()[-500:], output=src.output()[-500:])
+            return res
+        if not mb.wait_dst_ready(dst, vmm):
+            res.update(status="error", error="destination not listening",
+                       output=dst.output()[-500:])
+            return res
+        q = src.qmp()
+        params = {"max-bandwidth": a.bandwidth, "downtime-limit": a.downtime}
+        caps = {"auto-converge": policy in ("step", "computed", "ac")}
+        quota = dirty_limit_mbps(a) if policy in ("dirty-limit", "vcpu-limit") else None
+        if vmm == "kmig":
+            caps["dirty-limit"] = policy == "dirty-limit"
+            if policy in ("step", "computed"):
+                params["x-cpu-throttle-policy"] = policy
+            if policy == "dirty-limit":
+                params["vcpu-dirty-limit"] = quota
+                params["x-vcpu-dirty-limit-period"] = a.dirty_limit_period
+        q.cmd("migrate-set-parameters", **params)
+        q.cmd("migrate-set-capabilities",
+              capabilities=[{"capability": k, "state": v} for k, v in caps.items()])
+        res["params"], res["capabilities"] = params, caps
+        res["vcpu_dirty_limit_mbps"] = quota
+        t_start = time.monotonic()
+        if policy == "vcpu-limit":
+            q.cmd("set-vcpu-dirty-limit", **{"dirty-rate": quota})
+            res["limit_set_before_migrate_s"] = time.monotonic() - t_start
+        t_mig = time.monotonic()
+        q.cmd("migrate", uri=uri)
+        last, max_thr, samples = None, 0, 0
+        max_limit_sleep, limit_rates = 0, []
+        while True:
+            src.poll_lines()
+            r = q.cmd("query-migrate")
+            samples += 1
+            max_thr = max(max_thr, r.get("cpu-throttle-percentage", 0) or 0)
+            max_limit_sleep = max(max_limit_sleep,
+                                  r.get("dirty-limit-throttle-time-per-round", 0) or 0)
+            if quota is not None and r.get("status") not in kt.MIG_FINAL:
+                try:
+                    lim = q.cmd("query-vcpu-dirty-limit")
+                    limit_rates.append([round(time.monotonic() - t_start, 2)] +
+                                       [x.get("current-rate") for x in lim])
+                except RuntimeError:
+                    pass
+            last = r
+            if r.get("status") in kt.MIG_FINAL or time.monotonic() - t_mig > a.cap:
+                break
+            time.sleep(a.poll)
+        t_end = time.monotonic()
+        res["wall_s"] = t_end - t_mig
+        res["max_throttle_pct"] = max_thr
+        res["polls"] = samples
+        if quota is not None:
+            res["max_dirty_limit_sleep_us_per_round"] = max_limit_sleep or None
+            res["vcpu_dirty_limit_samples"] = limit_rates
+            # from the first measured rate on (0 until the first period closes)
+            rates = [x for s in limit_rates for x in s[1:] if x is not None]
+            while rates and rates[0] == 0:
+                rates.pop(0)
+            res["limited_vcpu_rate_mbps"] = statistics.median(rates) if rates else None
+            res["limit_active"] = bool(limit_rates and len(limit_rates[-1]) > 1)
+        if last.get("status") not in kt.MIG_FINAL:
+            res["converged"] = False
+            res["status"] = "did not converge"
+            res["sent_bytes"] = last.get("ram", {}).get("transferred")
+            res["dirty_sync_count"] = last.get("ram", {}).get("dirty-sync-count")
+            res["query_at_cap"] = last
+            try:
+                q.cmd("migrate_cancel")
+                fin = kt.wait_migration(q, timeout=15)
+                res["after_cancel_status"] = fin.get("status")
+                res["after_cancel_ram_transferred"] = fin.get("ram", {}).get("transferred")
+            except (OSError, EOFError, RuntimeError) as e:
+                res["cancel_error"] = repr(e)
+        else:
+            ram = last.get("ram", {})
+            res["converged"] = last.get("status") == "completed"
+            res["status"] = last.get("status")
+            res.update({"total_time_ms": last.get("total-time"),
+                        "downtime_ms": last.get("downtime"),
+                        "setup_time_ms": last.get("setup-time"),
+                        "sent_bytes": ram.get("transferred"),
+                        "dirty_sync_count": ram.get("dirty-sync-count"),
+                        "mbps": ram.get("mbps"),
+                        "final_throttle_pct": last.get("cpu-throttle-percentage"),
+                        "error_desc": last.get("error-desc")})
+            res["query_final"] = last
+        time.sleep(0.3)
+        src.poll_lines()
+        res["guest"] = slowdown(src.seen, t_start, t_end)
+        if res["status"] == "completed":
+            deadline = time.monotonic() + 5
+            res["dst_resumed"] = False
+            while time.monotonic() < deadline:
+                dst.poll_lines()
+                if any(l.startswith("stress ") for _, l in dst.seen):
+                    res["dst_resumed"] = True
+                    break
+                time.sleep(0.1)
+        return res
+    except (OSError, EOFError, RuntimeError) as e:
+        res.update(status="error", error=repr(e), src_out=src.output()[-500:],
+                   dst_out=dst.output()[-500:])
+        return res
+    finally:
+        res["loadavg_end"] = mb.loadavg()
+        for p in (src, dst):
+            p.kill()
+        if not a.keep:
+            shutil.rmtree(sub, ignore_errors=True)
+
+
+# ------------------------------------------------------------ summary, tables
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(runs, cap):
+    rows, order = {}, []
+    for r in runs:
+        k = (r["stress_mib"], r["config"])
+        if k not in rows:
+            rows[k] = []
+            order.append(k)
+        rows[k].append(r)
+    out = []
+    for k in order:
+        rs = rows[k]
+        conv = [r for r in rs if r.get("status") == "completed"]
+        r0 = rs[0]
+        s = {"stress_mib": k[0], "config": k[1], "vmm": r0["vmm"], "tracking": r0["tracking"],
+             "dirty_ring": r0["dirty_ring"], "policy": r0["policy"], "reaper": r0.get("reaper"),
+             "runs": len(rs), "completed": len(conv), "statuses": [r.get("status") for r in rs],
+             "vcpu_dirty_limit_mbps": r0.get("vcpu_dirty_limit_mbps")}
+        use = conv if conv else [r for r in rs if r.get("status") != "error"]
+        for f in ("total_time_ms", "downtime_ms", "sent_bytes", "dirty_sync_count",
+                  "max_throttle_pct", "wall_s", "max_dirty_limit_sleep_us_per_round",
+                  "limited_vcpu_rate_mbps"):
+            s["median_" + f] = med(r.get(f) for r in use)
+        # time: query-migrate's total-time when completed, else at least the cap
+        s["time_s"] = (s["median_total_time_ms"] / 1000.0 if conv and
+                       s["median_total_time_ms"] is not None else
+                       (max(cap, s["median_wall_s"] or 0) if use else None))
+        s["time_is_lower_bound"] = not conv
+        g = [r.get("guest") or {} for r in use]
+        s["worst_max_ms_per_gib"] = max((x["worst_max_ms_per_gib"] for x in g
+                                         if x.get("worst_max_ms_per_gib") is not None),
+                                        default=None)
+        s["median_s_below_half_pace"] = med(x.get("s_below_half_pace") for x in g)
+        s["max_report_gap_ms"] = max((x["max_report_gap_ms"] for x in g
+                                      if x.get("max_report_gap_ms") is not None), default=None)
+        s["median_baseline_ms_per_gib"] = med(x.get("baseline_ms_per_gib") for x in g)
+        s["dst_resumed"] = all(r.get("dst_resumed") for r in conv) if conv else None
+        out.append(s)
+    return out
+
+
+def best(rows):
+    """The row with the shortest time, completed rows first; ties: less slowdown."""
+    rows = [s for s in rows if s["time_s"] is not None]
+    if not rows:
+        return None
+    return min(rows, key=lambda s: (s["time_is_lower_bound"], s["time_s"],
+                                    s["median_s_below_half_pace"] or 0))
+
+
+def headline(summary):
+    """Per stress size: kmig's best cell against QEMU's best cell."""
+    out = []
+    for size in sorted(set(s["stress_mib"] for s in summary)):
+        rows = [s for s in summary if s["stress_mib"] == size]
+        k = best([s for s in rows if s["vmm"] == "kmig"])
+        q = best([s for s in rows if s["vmm"] == "qemu"])
+        h = {"stress_mib": size, "kmig_best": k and k["config"], "qemu_best": q and q["config"],
+             "cells": len(rows), "cells_converged": sum(1 for s in rows if s["completed"])}
+        if k and q:
+            h["kmig_time_s"], h["qemu_time_s"] = k["time_s"], q["time_s"]
+            h["qemu_time_is_lower_bound"] = q["time_is_lower_bound"]
+            h["kmig_time_is_lower_bound"] = k["time_is_lower_bound"]
+            # kmig / QEMU: with QEMU cancelled at the cap the true ratio is smaller
+            h["ratio_time"] = k["time_s"] / q["time_s"] if q["time_s"] else None
+            ks, qs = k["median_s_below_half_pace"], q["median_s_below_half_pace"]
+            h["kmig_s_below_half_pace"], h["qemu_s_below_half_pace"] = ks, qs
+            h["ratio_s_below_half_pace"] = ks / qs if ks is not None and qs else None
+            kw, qw = k["worst_max_ms_per_gib"], q["worst_max_ms_per_gib"]
+            h["kmig_worst_max_ms_per_gib"], h["qemu_worst_max_ms_per_gib"] = kw, qw
+            h["ratio_worst_max_ms_per_gib"] = kw / qw if kw is not None and qw else None
+            h["ratio_sent_bytes"] = (k["median_sent_bytes"] / q["median_sent_bytes"]
+                                     if k["median_sent_bytes"] and q["median_sent_bytes"]
+                                     else None)
+            h["goal_time_le_half"] = (not k["time_is_lower_bound"] and h["ratio_time"] is not None
+                                      and h["ratio_time"] <= 0.5)
+            h["goal_shorter_slowdown"] = ks is not None and qs is not None and ks < qs
+        out.append(h)
+    return out
+
+
+def fmt(x, f, none="–"):
+    return none if x is None else f % x
+
+
+def status_text(s, cap):
+    if s["completed"] == s["runs"]:
+        return "completed"
+    if s["completed"]:
+        return "completed %d/%d" % (s["completed"], s["runs"])
+    if all(x == "did not converge" for x in s["statuses"]):
+        return "**did not converge** (%d s)" % cap
+    return "/".join(sorted(set(str(x) for x in s["statuses"])))
+
+
+def throttle_text(s):
+    if s["policy"] in ("dirty-limit", "vcpu-limit"):
+        t = "limit %s MB/s" % fmt(s["vcpu_dirty_limit_mbps"], "%d")
+        if s["median_limited_vcpu_rate_mbps"] is not None:
+            t += " (rate %s)" % fmt(s["median_limited_vcpu_rate_mbps"], "%.0f")
+        return t
+    return fmt(s["median_max_throttle_pct"], "%d%%")
+
+
+def tables(summary, heads, info, a, cfg):
+    lines = ["Convergence under memory stress: 2 GiB guest, %d vCPU, max-bandwidth %d B/s, "
+             "downtime-limit %d ms, cap %d s, kmig reaper %s (nproc %d; load %s at start, %s at "
+             "end; the host was shared with other processes)" % (
+                 a.cpus, a.bandwidth, a.downtime, a.cap, a.reaper, info["nproc"],
+                 " ".join("%.2f" % x for x in info["loadavg_start"]),
+                 " ".join("%.2f" % x for x in info.get("loadavg_end", []))),
+             ""]
+    # 1. the seed's Test2 shape, with more columns
+    lines += ["| stress | tracking | VMM | policy | status | total (s) | downtime (ms) | sent (MiB) "
+              "| syncs | max throttle | worst max ms/GiB (base) | s below ½ pace | longest report "
+              "gap (ms) | total / QEMU best | runs |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    qbest = {h["stress_mib"]: h for h in heads}
+    for size in sorted(set(s["stress_mib"] for s in summary)):
+        rows = [s for s in summary if s["stress_mib"] == size]
+        rows.sort(key=lambda s: (s["vmm"] != "kmig", s["dirty_ring"],
+                                 ["step", "computed", "dirty-limit", "ac", "vcpu-limit"]
+                                 .index(s["policy"])))
+        qb = next((s for s in rows if s["config"] == qbest[size].get("qemu_best")), None)
+        for s in rows:
+            lb = s["time_is_lower_bound"]
+            guest = "–"
+            if s["worst_max_ms_per_gib"] is not None:
+                guest = "%.0f (%s)" % (s["worst_max_ms_per_gib"],
+                                       fmt(s["median_baseline_ms_per_gib"], "%.0f"))
+            ratio = None
+            if qb and not lb and qb["time_s"]:
+                ratio = ("≤%.2f×" if qb["time_is_lower_bound"] else "%.2f×") % (
+                    s["time_s"] / qb["time_s"])
+            lines.append("| %d MiB | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s "
+                         "| %s | %d |" % (
+                             size, s["tracking"], s["vmm"], s["policy"],
+                             status_text(s, a.cap),
+                             fmt(s["time_s"], "≥%.0f" if lb else "%.1f"),
+                             fmt(None if lb else s["median_downtime_ms"], "%d"),
+                             fmt(s["median_sent_bytes"] / MIB if s["median_sent_bytes"]
+                                 else None, "≥%.0f" if lb else "%.0f"),
+                             fmt(s["median_dirty_sync_count"], "%d"), throttle_text(s), guest,
+                             fmt(s["median_s_below_half_pace"], "%.1f"),
+                             fmt(s["max_report_gap_ms"], "%d"), ratio or "–", s["runs"]))
+    # 2. the seed's Test1 shape: migration time by stress size
+    sizes = sorted(set(s["stress_mib"] for s in summary))
+    cfgs = [c for c in list(CONFIGS) if any(s["config"] == c for s in summary)]
+    lines += ["", "Migration time (s) by stress size (≥: cancelled at the cap):", "",
+              "| config | " + " | ".join("%d MiB" % x for x in sizes) + " |",
+              "|---|" + "---|" * len(sizes)]
+    for c in cfgs:
+        cells = []
+        for size in sizes:
+            s = next((s for s in summary if s["stress_mib"] == size and s["config"] == c), None)
+            cells.append("–" if s is None or s["time_s"] is None else
+                         ("≥%.0f" if s["time_is_lower_bound"] else "%.1f") % s["time_s"])
+        lines.append("| %s | %s |" % (c, " | ".join(cells)))
+    # 3. headline
+    lines += ["", "kmig's best cell vs QEMU's best cell per stress size (best = shortest time, "
+              "completed first):", "",
+              "| stress | converged | kmig best | QEMU best | time kmig / QEMU (s) | ratio "
+              "| s below ½ pace kmig / QEMU | worst max ms/GiB kmig / QEMU | sent kmig / QEMU "
+              "| time ≤ ½ | shorter slowdown |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for h in heads:
+        if "ratio_time" not in h:
+            lines.append("| %d MiB | %d/%d | %s | %s | – | – | – | – | – | – | – |" % (
+                h["stress_mib"], h["cells_converged"], h["cells"], h["kmig_best"], h["qemu_best"]))
+            continue
+        lines.append("| %d MiB | %d/%d | %s | %s | %s / %s | %s | %s / %s | %s / %s | %s | %s "
+                     "| %s |" % (
+                         h["stress_mib"], h["cells_converged"], h["cells"], h["kmig_best"],
+                         h["qemu_best"],
+                         ("≥%.0f" if h["kmig_time_is_lower_bound"] else "%.1f") % h["kmig_time_s"],
+                         ("≥%.0f" if h["qemu_time_is_lower_bound"] else "%.1f") % h["qemu_time_s"],
+                         fmt(h["ratio_time"], ("≤%.2f×" if h["qemu_time_is_lower_bound"]
+                                               else "%.2f×")),
+                         fmt(h["kmig_s_below_half_pace"], "%.1f"),
+                         fmt(h["qemu_s_below_half_pace"], "%.1f"),
+                         fmt(h["kmig_worst_max_ms_per_gib"], "%.0f"),
+                         fmt(h["qemu_worst_max_ms_per_gib"], "%.0f"),
+                         fmt(h["ratio_sent_bytes"], "%.2f×"),
+                         "yes" if h["goal_time_le_half"] else "no",
+                         "yes" if h["goal_shorter_slowdown"] else "no"))
+    lines += ["",
+              "total: query-migrate's total-time (each VMM measures itself); downtime: "
+              "query-migrate's downtime; sent: ram.transferred; medians over the runs.  A cell "
+              "still migrating after %d s was cancelled: its time and bytes are lower bounds "
+              "(≥).  max throttle: the highest cpu-throttle-percentage seen while polling "
+              "every %.1f s; for the dirty-limit rows the per-vCPU limit and the median vCPU "
+              "dirty rate reported by query-vcpu-dirty-limit while migrating.  Guest "
+              "columns, from the source guest's stress lines (one per vCPU every %d ms): the "
+              "worst max_ms_per_gib while migrating (the pre-migration median ms/GiB in "
+              "brackets), the seconds in which some vCPU ran below half its pre-migration pace "
+              "(union over vCPUs), and the longest gap between two reports of one vCPU.  "
+              "QEMU vcpu-limit: QEMU 7.2 has no dirty-limit migration capability, so "
+              "`set-vcpu-dirty-limit` (%s MB/s per vCPU) is called on the source just before "
+              "`migrate` (its slowdown window starts there); 8.1's capability would apply the "
+              "same limit only after two high rounds." % (
+                  a.cap, a.poll, REPORT_MS, fmt(cfg.get("vcpu_dirty_limit_mbps"), "%d"))]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------ main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="one stress size (512 MiB), 6 rows, cap 60 s")
+    ap.add_argument("--sizes", default=",".join(str(x) for x in FULL_SIZES),
+                    help="stress sizes, MiB (comma list)")
+    ap.add_argument("--configs", default=",".join(FULL_CONFIGS),
+                    help="comma list of " + ", ".join(CONFIGS))
+    ap.add_argument("--only", default=None, help="regex on '<size>M <config>', e.g. '512M ring4096'")
+    ap.add_argument("--reps", type=int, default=1, help="runs of each cell")
+    ap.add_argument("--cap", type=float, default=120.0,
+                    help="cancel a migration still running after this many seconds")
+    ap.add_argument("--cpus", type=int, default=1)
+    ap.add_argument("--bandwidth", type=int, default=125000000, help="max-bandwidth, bytes/s")
+    ap.add_argument("--downtime", type=int, default=300, help="downtime-limit, ms")
+    ap.add_argument("--dirty-limit", type=int, default=0,
+                    help="per-vCPU dirty limit, MB/s (default: bandwidth / 6 / vCPUs)")
+    ap.add_argument("--dirty-limit-period", type=int, default=1000,
+                    help="kmig x-vcpu-dirty-limit-period, ms")
+    ap.add_argument("--reaper", default="adaptive", choices=("adaptive", "fixed"),
+                    help="kmig's dirty-ring reaper")
+    ap.add_argument("--settle-lines", type=int, default=5,
+                    help="stress reports per vCPU to wait for before migrating")
+    ap.add_argument("--poll", type=float, default=0.2, help="query-migrate interval, s")
+    ap.add_argument("--tsc-khz", type=int, default=0)
+    ap.add_argument("--build", default=os.path.join(ROOT, os.environ.get("KMIG_BUILD", "build")),
+                    help="directory with kmig and guest/kmig-guest.elf")
+    ap.add_argument("--keep", action="store_true", help="keep the per-case directories")
+    ap.add_argument("--out", default=os.path.join(RESULTS, "converge.json"))
+    ap.add_argument("--md", default=None, help="markdown (default: --out with .md)")
+    ap.add_argument("--retable", metavar="JSON", default=None,
+                    help="only rebuild the summary and tables of an earlier run's JSON")
+    a = ap.parse_args()
+    md_path = a.md or os.path.splitext(a.out)[0] + ".md"
+    if a.retable:
+        with open(a.retable) as f:
+            old = json.load(f)
+        c = old["config"]
+        for k in ("quick", "cpus", "cap", "bandwidth", "downtime", "reaper", "poll", "reps",
+                  "settle_lines", "dirty_limit", "dirty_limit_period"):
+            setattr(a, k, c["args"][k])
+        doc = write(a, md_path, old["host"], old["binaries"], {"tsc_khz": c["tsc_khz"]},
+                    old["runs"], partial=old.get("partial", False))
+        print(doc["table"])
+        return
+
+    if a.quick:
+        sizes, cfgs = QUICK_SIZES, QUICK_CONFIGS
+        a.cap = min(a.cap, 60.0)
+    else:
+        sizes = [int(x) for x in a.sizes.split(",")]
+        cfgs = a.configs.split(",")
+    for c in cfgs:
+        if c not in CONFIGS:
+            ap.error("unknown config %r" % c)
+    cases = [(s, c) for s in sizes for c in cfgs]
+    if a.only:
+        rx = re.compile(a.only)
+        cases = [x for x in cases if rx.search("%dM %s" % x)]
+
+    info = mb.host_info()
+    d = tempfile.mkdtemp(prefix="kmigbench-conv-")
+    kmig, guest, bins = snapshot_binaries(d, a.build)
+    env = {"kmig": kmig, "guest": guest}
+    env["tsc_khz"] = a.tsc_khz or mb.calibrate_tsc(env, d)
+    print("nproc %d, load %s, tsc_khz %s, vcpu dirty limit %d MB/s, %d case(s) x %d rep(s)" % (
+        info["nproc"], " ".join("%.2f" % x for x in info["loadavg_start"]), env["tsc_khz"],
+        dirty_limit_mbps(a), len(cases), a.reps), flush=True)
+
+    runs = []
+    for size in sorted(set(s for s, _ in cases), key=sizes.index):
+        for rep in range(a.reps):
+            for s, c in cases:
+                if s != size:
+                    continue
+                t0 = time.monotonic()
+                r = one_case(env, d, s, c, rep, a)
+                runs.append(r)
+                g = r.get("guest") or {}
+                print("  %5d MiB %-27s rep %d: %-16s total %s ms  downtime %s ms  sent %s MiB  "
+                      "thr %s%%  worst %s ms/GiB  slow %s s  load %.2f  (%.0f s)" % (
+                          s, c, rep, r.get("status"), r.get("total_time_ms", "–"),
+                          r.get("downtime_ms", "–"),
+                          "%.0f" % (r["sent_bytes"] / MIB) if r.get("sent_bytes") else "–",
+                          r.get("max_throttle_pct", "–"), g.get("worst_max_ms_per_gib", "–"),
+                          fmt(g.get("s_below_half_pace"), "%.1f"), r["loadavg"][0],
+                          time.monotonic() - t0), flush=True)
+                if r.get("status") == "error":
+                    print("    error: %s" % {k: v for k, v in r.items()
+                                             if k in ("error", "output", "src_out", "dst_out",
+                                                      "console_tail")}, flush=True)
+                write(a, md_path, info, bins, env, runs, partial=True)
+    info["loadavg_end"] = mb.loadavg()
+    doc = write(a, md_path, info, bins, env, runs, partial=False)
+    print()
+    print(doc["table"])
+    print("\nJSON: %s\nmarkdown: %s" % (a.out, md_path))
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def write(a, md_path, info, bins, env, runs, partial):
+    summary = summarize(runs, a.cap)
+    heads = headline(summary)
+    cfg = {"quick": a.quick, "cpus": a.cpus, "memory": MEMORY,
+           "max_bandwidth_bytes_per_s": a.bandwidth, "downtime_limit_ms": a.downtime,
+           "cap_s": a.cap, "reps": a.reps, "tsc_khz": env["tsc_khz"],
+           "stress_report_ms": REPORT_MS, "settle_lines": a.settle_lines, "poll_s": a.poll,
+           "kmig_reaper": a.reaper, "vcpu_dirty_limit_mbps": dirty_limit_mbps(a),
+           "x_vcpu_dirty_limit_period_ms": a.dirty_limit_period,
+           "qemu_args": "-accel kvm[,dirty-ring-size=N] -nodefaults -nographic -machine pc "
+                        "(default cpu model) -bios qboot.rom when installed -monitor none",
+           "configs": {k: {"vmm": v[0], "dirty_ring": v[1], "policy": v[2],
+                           "policy_text": POLICY_TEXT[v[2]]} for k, v in CONFIGS.items()},
+           "args": {"quick": a.quick, "cpus": a.cpus, "cap": a.cap, "bandwidth": a.bandwidth,
+                    "downtime": a.downtime, "reaper": a.reaper, "poll": a.poll, "reps": a.reps,
+                    "settle_lines": a.settle_lines, "dirty_limit": a.dirty_limit,
+                    "dirty_limit_period": a.dirty_limit_period}}
+    tbl = tables(summary, heads, info, a, cfg)
+    doc = {"benchmark": "converge", "partial": partial, "host": info, "binaries": bins,
+           "config": cfg, "headline": heads, "summary": summary, "table": tbl, "runs": runs}
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    with open(md_path, "w") as f:
+        f.write(tbl + "\n")
+    return doc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
