@@ -597,7 +597,8 @@ static void bind(void)
 		return;
 	}
 	balloon_on = 1;
-	kprintf("balloon bound dev=%02x:%02x.%x features=0x%lx\n", 0, devfn >> 3, devfn & 7, features);
+	kprintf("balloon bound dev=%02x:%02x.%x features=0x%lx offered=0x%lx\n", 0, devfn >> 3, devfn & 7,
+		features, offered);
 	u64 t = rdtsc();
 	next_report_pass = t + MS(REPORT_PERIOD_MS);
 	next_cfg_poll = t;
