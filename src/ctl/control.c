@@ -1,5 +1,5 @@
 #include "ctl/control.h"
-#include "ctl/balloon_cmds.h"
+
 
 #include <errno.h>
 #include <fcntl.h>
@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "base/timeutil.h"
+#include "ctl/balloon_cmds.h"
 
 
 #define KMIG_VERSION_MAJOR 0
@@ -128,9 +131,24 @@ static bool control__done(struct control *c)
 	return atomic_load(&c->failed_seen) && c->exit_on_failure;
 }
 
+/* A guest that halted every vCPU with interrupts off has ended. */
+static void control__check_halt(struct control *c, uint64_t *last_ms)
+{
+	uint64_t now = time__now_ms();
+	if (now - *last_ms < 1000)
+		return;
+	*last_ms = now;
+	if (vm__all_halted(c->vm)) {
+		log_info("every vCPU halted with interrupts off: the guest has ended");
+		vm__shutdown(c->vm, 0);
+	}
+}
+
 int control__run(struct control *c)
 {
+	uint64_t halt_check_ms = time__now_ms();
 	while (!control__done(c)) {
+		control__check_halt(c, &halt_check_ms);
 		if (c->qmp) {
 			int rc = qmp__poll(c->qmp, 200);
 			if (rc < 0 && rc != -EINTR)

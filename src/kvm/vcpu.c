@@ -232,6 +232,23 @@ static void vcpu__throttle(struct vcpu *v)
 	atomic_fetch_add(&v->throttle_ns, v->last_throttle_ns - now);
 }
 
+/* Answers a halt probe (vm__all_halted): is this vCPU stopped for good,
+ * halted with interrupts off or never started? */
+static void vcpu__probe_halt(struct vcpu *v)
+{
+	struct kvm_mp_state mp;
+	struct kvm_regs r;
+	bool dead = false;
+	if (ioctl(v->fd, KVM_GET_MP_STATE, &mp) == 0) {
+		if (mp.mp_state == KVM_MP_STATE_UNINITIALIZED ||
+		    mp.mp_state == KVM_MP_STATE_INIT_RECEIVED)
+			dead = true;
+		else if (mp.mp_state == KVM_MP_STATE_HALTED && ioctl(v->fd, KVM_GET_REGS, &r) == 0)
+			dead = !(r.rflags & 0x200); /* IF clear */
+	}
+	atomic_store(&v->dead_halted, dead);
+}
+
 static void *vcpu__thread(void *arg)
 {
 	struct vcpu *v = arg;
@@ -243,11 +260,8 @@ static void *vcpu__thread(void *arg)
 		int rc = ioctl(v->fd, KVM_RUN, 0);
 		if (rc < 0) {
 			if (errno == EINTR || errno == EAGAIN) {
-				struct kvm_mp_state mp = { 0 };
-				int e = errno;
-				ioctl(v->fd, KVM_GET_MP_STATE, &mp);
-				log_debug("vcpu%u: KVM_RUN %s, mp_state %u", v->index,
-					  e == EINTR ? "EINTR" : "EAGAIN", mp.mp_state);
+				if (atomic_exchange(&v->probe, false))
+					vcpu__probe_halt(v);
 				continue;
 			}
 			log_err("vcpu%u: KVM_RUN failed: %s", v->index, strerror(errno));

@@ -268,6 +268,26 @@ void vm__kick_all_sync(struct vm *vm)
 	pthread_mutex_unlock(&vm->lock);
 }
 
+bool vm__all_halted(struct vm *vm)
+{
+	uint64_t exits = 0;
+	for (unsigned i = 0; i < vm->nr_vcpus; i++)
+		exits += atomic_load(&vm->vcpus[i].exits);
+	if (exits != vm->probe_exits || vm__status(vm) != VM_STATUS_RUNNING) {
+		vm->probe_exits = exits;
+		return false;
+	}
+	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
+		atomic_store(&vm->vcpus[i].dead_halted, false);
+		atomic_store(&vm->vcpus[i].probe, true);
+	}
+	vm__kick_all_sync(vm);
+	bool all = true;
+	for (unsigned i = 0; i < vm->nr_vcpus; i++)
+		all &= atomic_load(&vm->vcpus[i].dead_halted);
+	return all && vm__status(vm) == VM_STATUS_RUNNING;
+}
+
 enum vm_status vm__status(struct vm *vm)
 {
 	pthread_mutex_lock(&vm->lock);

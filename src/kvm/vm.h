@@ -84,6 +84,7 @@ struct vm {
 	bool quit;                   /* under lock: vCPU threads exit */
 	atomic_int exit_code;        /* process exit status once shut down */
 	bool run_after_migration;    /* source: was running at switchover; destination: resume */
+	uint64_t probe_exits;        /* vm__all_halted: exits seen at the previous call */
 	atomic_uint throttle_pct;    /* 0..99: share of time vCPUs sleep (set via throttle) */
 	struct throttle throttle;
 	struct dirtylimit dirtylimit;
@@ -111,6 +112,10 @@ void vm__kick_all(struct vm *vm);
 
 enum vm_status vm__status(struct vm *vm);
 void vm__set_status(struct vm *vm, enum vm_status s);
+/* True when no vCPU has exited to kmig since the previous call and a probe
+ * finds every vCPU halted with interrupts off (or never started): nothing
+ * can wake the guest again.  Control loop, about once a second. */
+bool vm__all_halted(struct vm *vm);
 /* Called from a vCPU thread: the guest powered off (exit code 0). */
 void vm__shutdown(struct vm *vm, int exit_code);
 /* Called from a vCPU thread on a guest failure: parks every vCPU. */
