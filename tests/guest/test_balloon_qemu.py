@@ -186,6 +186,28 @@ def test_reporting():
         vm.kill()
 
 
+def test_verify_inflate():
+    """verify keeps its pages: the balloon only takes memory from the page
+    allocator, which holds what the workload did not take."""
+    name = "verify"
+    vm = boot(name, "workload=verify mb=64 balloon=1 report_ms=200")
+    try:
+        if not check_bound(name, vm):
+            return
+        vm.console.wait(r"verify ok", timeout=10, proc=vm.proc)
+        q = vm.qmp()
+        q.cmd("balloon", value=256 * MIB)   # inflate 768 MiB of the ~950 MiB left
+        seen = wait_actual(q, 256 * MIB)
+        R.ok(name + "-inflated", seen[-1] == 256 * MIB, "%s" % seen)
+        n = vm.console.count(r"verify ok round=\d+ cpu=0")
+        time.sleep(1.0)
+        text = vm.console.text()
+        R.ok(name + "-still-ok", vm.console.count(r"verify ok round=\d+ cpu=0") >= n + 2
+             and "verify BAD" not in text and "balloon error" not in text, text[-600:])
+    finally:
+        vm.kill()
+
+
 def test_no_answer():
     name = "no-answer"
     # balloon_test=nokick: the driver never notifies, so to the driver the
@@ -233,6 +255,7 @@ def main():
     test_firmware_bar()
     test_hint_migration()
     test_reporting()
+    test_verify_inflate()
     test_no_answer()
     test_no_device()
     print("# balloon tests took %.1f s" % (time.time() - t0))
