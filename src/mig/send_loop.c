@@ -83,7 +83,7 @@ static int sender__setup(struct sender *s, const char *uri)
 	if (m->vm->balloon && balloon__hint_ready(m->vm->balloon) &&
 	    !balloon__hint_start(m->vm->balloon, m->params.cap_verify))
 		log_info("migration: %llu free pages hinted before the bulk pass",
-			 (unsigned long long)balloon__hint_wait(m->vm->balloon, 500, 200, 2000));
+			 (unsigned long long)balloon__hint_wait(m->vm->balloon, 250, 200, 2000));
 	return 0;
 }
 
