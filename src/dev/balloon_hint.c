@@ -87,10 +87,17 @@ void balloon__hint_reset(struct balloon *b)
 	pthread_cond_broadcast(&b->hint_cond);
 }
 
+/* Lock held: the driver runs, negotiated hinting and enabled its queue. */
+static bool balloon__hint_usable(const struct balloon *b)
+{
+	return virtio_pci__running(&b->vp) && virtio_pci__has(&b->vp, BALLOON_F_FREE_PAGE_HINT) &&
+	       b->vp.vqs[BALLOON_VQ_FREE_PAGE].ready;
+}
+
 bool balloon__hint_ready(struct balloon *b)
 {
 	pthread_mutex_lock(&b->vp.lock);
-	bool ok = virtio_pci__running(&b->vp) && virtio_pci__has(&b->vp, BALLOON_F_FREE_PAGE_HINT);
+	bool ok = balloon__hint_usable(b);
 	pthread_mutex_unlock(&b->vp.lock);
 	return ok;
 }
@@ -108,7 +115,7 @@ int balloon__hint_start(struct balloon *b, bool discard)
 {
 	pthread_mutex_lock(&b->vp.lock);
 	int rc = 0;
-	if (!virtio_pci__running(&b->vp) || !virtio_pci__has(&b->vp, BALLOON_F_FREE_PAGE_HINT)) {
+	if (!balloon__hint_usable(b)) {
 		rc = -ENOTSUP;
 	} else {
 		bitmap__clear_all(&b->hinted);

@@ -488,6 +488,18 @@ static void t_hints(struct t *t)
 	T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES & ~(1ull << BALLOON_F_FREE_PAGE_HINT)), 0x0f);
 	T_CHECK(t, !balloon__hint_ready(d.b));
 	T_CHECK_EQ(t, balloon__hint_start(d.b, false), -ENOTSUP);
+	/* negotiated, but the hint queue left disabled: not ready */
+	mw(&d, VIRTIO_PCI_STATUS, 0, 1);
+	mw(&d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER, 1);
+	mw(&d, VIRTIO_PCI_GF, ALL_FEATURES & 0xffffffff, 4);
+	mw(&d, VIRTIO_PCI_GFSELECT, 1, 4);
+	mw(&d, VIRTIO_PCI_GF, 1, 4);
+	mw(&d, VIRTIO_PCI_STATUS, 0x0b, 1);
+	setup_queue(&d, BALLOON_VQ_INFLATE, QSIZE);
+	mw(&d, VIRTIO_PCI_STATUS, 0x0f, 1);
+	T_CHECK_EQ(t, status(&d), 0x0f);
+	T_CHECK(t, !balloon__hint_ready(d.b));
+	T_CHECK_EQ(t, balloon__hint_start(d.b, false), -ENOTSUP);
 	T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES), 0x0f);
 	uint8_t gen = (uint8_t)mr(&d, VIRTIO_PCI_CFG_GEN, 1);
 	T_CHECK_EQ(t, balloon__hint_start(d.b, false), 0);
