@@ -182,7 +182,7 @@ def case_verify_churn(d, vms):
         return
     q = src.qmp()
     kt.set_caps(q, x_verify=True, auto_converge=True)
-    kt.set_params(q, max_bandwidth=32 * MIB)
+    kt.set_params(q, max_bandwidth=32 * MIB, downtime_limit=1500)
     kt.wait_incoming(dst)
     q.cmd("migrate", uri=uri)
     targets = [384 * MIB, 512 * MIB, 448 * MIB, 512 * MIB]
