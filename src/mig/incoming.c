@@ -11,6 +11,7 @@
 #include "ctl/control.h"
 #include "kvm/vm.h"
 #include "mig/migration.h"
+#include "mig/multifd.h"
 #include "mig/recv.h"
 #include "mig/send_impl.h"
 #include "state/state.h"
@@ -19,9 +20,49 @@ struct incoming {
 	struct migration *m;
 	struct mig_recv recv;
 	struct mig_stream stream;
+	struct mig_listener listener; /* open until the multifd channels are in */
+	bool listening;
+	struct proto_ram pr;
 	unsigned sections;
 	struct bitmap written;       /* pages a PAGES record has filled */
+	struct multifd_recv mf;      /* parallel channels, when announced */
+	bool multifd;
 };
+
+#define INCOMING_CHANNEL_WAIT_MS 10000
+
+/* The main stream announced `count` extra channels: accept them. */
+static int incoming__on_channels(void *ctx, uint32_t count)
+{
+	struct incoming *in = ctx;
+	char err[256] = "";
+	if (in->multifd || !in->listening)
+		return -EPROTO;
+	in->multifd = true;
+	for (uint32_t i = 0; i < count; i++) {
+		struct pollfd p = { .fd = in->listener.fd, .events = POLLIN };
+		struct mig_stream *s = multifd_recv__next_stream(&in->mf);
+		if (!s || poll(&p, 1, INCOMING_CHANNEL_WAIT_MS) != 1) {
+			mig_recv__fail(&in->recv, -ETIMEDOUT, "multifd channel %u did not connect", i + 1);
+			return -ETIMEDOUT;
+		}
+		int rc = mig_listener__accept(&in->listener, s, err, sizeof(err));
+		if (!rc)
+			rc = multifd_recv__add(&in->mf, count, err, sizeof(err));
+		if (rc) {
+			mig_recv__fail(&in->recv, rc, "%s", err);
+			return rc;
+		}
+	}
+	log_info("incoming migration: %u multifd channels", count);
+	return 0;
+}
+
+static int incoming__on_sync(void *ctx, uint64_t round)
+{
+	struct incoming *in = ctx;
+	return in->multifd ? multifd_recv__main_sync(&in->mf, round) : 0;
+}
 
 static uint64_t incoming__page(struct incoming *in, uint32_t block, uint64_t offset)
 {
@@ -63,6 +104,8 @@ static int incoming__on_state(void *ctx, uint32_t id, uint32_t ver, uint32_t ins
 static int incoming__load(struct incoming *in)
 {
 	int rc = mig_recv__run(&in->recv, &in->stream);
+	if (in->multifd && multifd_recv__finish(&in->mf))
+		return mig_recv__fail(&in->recv, -EPROTO, "%s", in->mf.error);
 	if (rc)
 		return rc;
 	unsigned want = state__expected_sections(in->m->vm);
@@ -76,13 +119,12 @@ static int incoming__load(struct incoming *in)
 
 static int incoming__accept(struct incoming *in, const char *uri)
 {
-	struct mig_listener l;
 	char err[256];
-	int rc = mig_listener__open(&l, uri, err, sizeof(err));
+	int rc = mig_listener__open(&in->listener, uri, err, sizeof(err));
 	if (!rc) {
+		in->listening = true;
 		log_info("incoming migration: listening on %s", uri);
-		rc = mig_listener__accept(&l, &in->stream, err, sizeof(err));
-		mig_listener__close(&l);
+		rc = mig_listener__accept(&in->listener, &in->stream, err, sizeof(err));
 		/* the return path carries one small record: send it at once */
 		if (!rc && mig_stream__set_nodelay(&in->stream, true))
 			log_debug("incoming migration: TCP_NODELAY not set");
@@ -138,15 +180,20 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 		return;
 	}
 	const struct mig_recv_stats *st = mig_recv__stats(&in->recv);
+	uint64_t pages = st->pages, zero = st->zero_pages, bytes = st->bytes, cp, cz, cb;
+	multifd_recv__stats(&in->mf, &cp, &cz, &cb);
+	pages += cp;
+	zero += cz;
+	bytes += cb;
 	pthread_mutex_lock(&m->lock);
-	m->stats.transferred = st->bytes;
-	m->stats.normal = st->pages;
-	m->stats.duplicate = st->zero_pages;
+	m->stats.transferred = bytes;
+	m->stats.normal = pages;
+	m->stats.duplicate = zero;
 	m->stats.total_ms = time__now_ms() - m->stats.start_ms;
 	pthread_mutex_unlock(&m->lock);
 	log_info("incoming migration completed: %llu pages, %llu zero pages, %llu bytes",
-		 (unsigned long long)st->pages, (unsigned long long)st->zero_pages,
-		 (unsigned long long)st->bytes);
+		 (unsigned long long)pages, (unsigned long long)zero,
+		 (unsigned long long)bytes);
 	migration__set_status(m, MIG_COMPLETED);
 }
 
@@ -158,10 +205,11 @@ void *migration__incoming_thread(void *arg)
 	if (!in)
 		return NULL;
 	in->m = m;
-	struct proto_ram pr;
-	sender__proto_ram(&m->vm->ram, &pr);
+	sender__proto_ram(&m->vm->ram, &in->pr);
 	struct mig_recv_ops ops = { .on_state = incoming__on_state, .on_zero = incoming__on_zero,
-				    .on_page_written = incoming__on_page, .ctx = in };
+				    .on_page_written = incoming__on_page, .on_sync = incoming__on_sync,
+				    .on_channels = incoming__on_channels, .ctx = in };
+	multifd_recv__init(&in->mf, &in->pr, &ops, &in->stream);
 	int rc = bitmap__init(&in->written, m->vm->ram.npages);
 	if (!rc)
 		rc = incoming__accept(in, m->in_uri);
@@ -171,10 +219,12 @@ void *migration__incoming_thread(void *arg)
 		m->stats.start_ms = time__now_ms();
 		pthread_mutex_unlock(&m->lock);
 		migration__set_status(m, MIG_ACTIVE);
-		rc = mig_recv__init(&in->recv, &pr, &ops);
+		rc = mig_recv__init(&in->recv, &in->pr, &ops);
 		if (!rc)
 			rc = incoming__load(in);
 	}
+	if (in->listening)
+		mig_listener__close(&in->listener);
 	incoming__finish(in, rc, connected);
 	if (connected) {
 		mig_recv__free(&in->recv);

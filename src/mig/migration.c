@@ -31,6 +31,7 @@ void migration__init(struct migration *m, struct vm *vm, struct control *ctl)
 	m->params.cap_zero_detect = true;
 	m->params.dirty_limit_period_ms = 1000;
 	m->params.vcpu_dirty_limit = 1;
+	m->params.multifd_channels = 2;
 	calcrate__init(&m->calc, vm);
 }
 
@@ -136,6 +137,10 @@ void migration__cancel(struct migration *m)
 	atomic_store(&m->cancel, true);
 	migration__set_status(m, MIG_CANCELLING);
 	mig_stream__shutdown(&m->stream);
+	pthread_mutex_lock(&m->lock);
+	if (m->mf_open)
+		multifd_send__shutdown(&m->mf);
+	pthread_mutex_unlock(&m->lock);
 }
 
 static json_t *migration__ram_json(const struct mig_stats *st)

@@ -18,6 +18,7 @@
 #include "base/bitmap.h"
 #include "base/log.h"
 #include "mig/calcrate.h"
+#include "mig/multifd.h"
 #include "mig/policy.h"
 #include "mig/proto.h"
 #include "mig/stream.h"
@@ -42,6 +43,8 @@ struct mig_params {
 	enum policy_kind throttle_policy; /* x-cpu-throttle-policy: step | computed */
 	bool cap_dirty_limit;        /* dirty-limit: limit vCPU dirty rates instead of throttling */
 	enum proto_comp compression; /* x-compression: none | zstd | lz4 */
+	bool cap_multifd;            /* multifd: pages over parallel channels */
+	unsigned multifd_channels;   /* multifd-channels */
 	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */
 	uint64_t vcpu_dirty_limit;   /* vcpu-dirty-limit, MB/s */
 };
@@ -74,6 +77,8 @@ struct migration {
 	atomic_bool cancel;
 	struct mig_stream stream;
 	bool stream_open;
+	struct multifd_send mf;      /* parallel channels (capability multifd) */
+	bool mf_open;                /* under lock: mf may be shut down by cancel */
 	struct bitmap todo;          /* pages still to send */
 	struct policy_state pstate;
 	/* incoming */

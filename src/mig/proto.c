@@ -18,6 +18,7 @@ const char *proto__type_name(uint32_t type)
 	case PROTO_SYNC:    return "SYNC";
 	case PROTO_END:     return "END";
 	case PROTO_ERROR:   return "ERROR";
+	case PROTO_CHANNEL: return "CHANNEL";
 	case PROTO_RP_OK:   return "RP_OK";
 	case PROTO_RP_FAIL: return "RP_FAIL";
 	case PROTO_RP_PING: return "RP_PING";
@@ -64,6 +65,7 @@ const char *proto__header_problem(const struct proto_hdr *h)
 		break;
 	case PROTO_SYNC:
 	case PROTO_RP_PING:
+	case PROTO_CHANNEL:
 		if (h->length != 8)
 			return "record length must be 8";
 		break;
@@ -237,6 +239,11 @@ ssize_t proto__encode_sync(void *buf, size_t cap, uint64_t round)
 	return proto__encode_u64(buf, cap, PROTO_SYNC, round);
 }
 
+ssize_t proto__encode_channel(void *buf, size_t cap, uint32_t index, uint32_t count)
+{
+	return proto__encode_u64(buf, cap, PROTO_CHANNEL, (uint64_t)count << 32 | index);
+}
+
 ssize_t proto__encode_rp_ping(void *buf, size_t cap, uint64_t cookie)
 {
 	return proto__encode_u64(buf, cap, PROTO_RP_PING, cookie);
@@ -404,6 +411,21 @@ static int proto__decode_u64(const void *payload, size_t len, uint64_t *v, const
 int proto__decode_sync(const void *p, size_t len, uint64_t *round, const char **why)
 {
 	return proto__decode_u64(p, len, round, why);
+}
+
+int proto__decode_channel(const void *p, size_t len, uint32_t *index, uint32_t *count,
+			  const char **why)
+{
+	uint64_t v;
+	if (proto__decode_u64(p, len, &v, why))
+		return -EPROTO;
+	*index = (uint32_t)v;
+	*count = (uint32_t)(v >> 32);
+	if (*count < 1 || *count > PROTO_MAX_CHANNELS || *index > *count) {
+		*why = "channel index or count out of range";
+		return -EPROTO;
+	}
+	return 0;
 }
 
 int proto__decode_rp_ping(const void *p, size_t len, uint64_t *cookie, const char **why)

@@ -37,6 +37,7 @@
 #define PROTO_MAX_ZERO       65536u         /* offsets per ZERO record */
 #define PROTO_MAX_MSG        4096u          /* bytes of an ERROR/RP_FAIL text */
 #define PROTO_HASH_LEN       32u
+#define PROTO_MAX_CHANNELS   16u            /* extra multifd channels */
 
 /* Record types.  Source -> destination: 1..0xff; return path
  * (destination -> source): 0x100..0x1ff. */
@@ -48,6 +49,7 @@ enum proto_type {
 	PROTO_SYNC    = 5,
 	PROTO_END     = 6,
 	PROTO_ERROR   = 7,
+	PROTO_CHANNEL = 8,      /* multifd: u32 channel index, u32 extra channels */
 	PROTO_RP_OK   = 0x101,
 	PROTO_RP_FAIL = 0x102,
 	PROTO_RP_PING = 0x103,
@@ -158,6 +160,9 @@ ssize_t proto__encode_zero(void *buf, size_t cap, uint32_t block, uint32_t count
 ssize_t proto__encode_state(void *buf, size_t cap, uint32_t id, uint32_t version,
 			    uint32_t instance, const void *data, size_t len) KMIG_MUST_CHECK;
 ssize_t proto__encode_sync(void *buf, size_t cap, uint64_t round) KMIG_MUST_CHECK;
+/* CHANNEL: on the main stream (index 0) it announces `count` extra
+ * channels; each extra connection starts with one naming its index. */
+ssize_t proto__encode_channel(void *buf, size_t cap, uint32_t index, uint32_t count) KMIG_MUST_CHECK;
 /* hash may be NULL: END without checksum. */
 ssize_t proto__encode_end(void *buf, size_t cap, const uint8_t *hash) KMIG_MUST_CHECK;
 /* msg is truncated to PROTO_MAX_MSG bytes. */
@@ -184,6 +189,9 @@ int proto__decode_state(const void *p, size_t len, struct proto_state *st,
 			const char **why) KMIG_MUST_CHECK;
 int proto__decode_sync(const void *p, size_t len, uint64_t *round,
 		       const char **why) KMIG_MUST_CHECK;
+/* Index 0..PROTO_MAX_CHANNELS, count 1..PROTO_MAX_CHANNELS, index <= count. */
+int proto__decode_channel(const void *p, size_t len, uint32_t *index, uint32_t *count,
+			  const char **why) KMIG_MUST_CHECK;
 /* hash receives PROTO_HASH_LEN bytes when flags has HAS_CHECKSUM. */
 int proto__decode_end(const void *p, size_t len, uint32_t flags, uint8_t *hash,
 		      bool *has_hash, const char **why) KMIG_MUST_CHECK;

@@ -59,7 +59,7 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
 	static const char *const comp_names[] = { "none", "zstd", "lz4" };
-	return json_pack("{s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s}",
+	return json_pack("{s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i}",
 			 "max-bandwidth", (json_int_t)p.max_bandwidth,
 			 "downtime-limit", (json_int_t)p.policy.downtime_limit_ms,
 			 "throttle-trigger-threshold", p.policy.throttle_trigger_threshold,
@@ -70,7 +70,8 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 			 "x-cpu-throttle-policy", policy_names[p.throttle_policy],
 			 "x-vcpu-dirty-limit-period", (json_int_t)p.dirty_limit_period_ms,
 			 "vcpu-dirty-limit", (json_int_t)p.vcpu_dirty_limit,
-			 "x-compression", comp_names[p.compression]);
+			 "x-compression", comp_names[p.compression],
+			 "multifd-channels", p.multifd_channels);
 }
 
 static int params_uint(json_t *args, const char *name, uint64_t max, unsigned *out,
@@ -97,7 +98,7 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 		"max-bandwidth", "downtime-limit", "throttle-trigger-threshold",
 		"cpu-throttle-initial", "cpu-throttle-increment", "cpu-throttle-tailslow",
 		"max-cpu-throttle", "x-cpu-throttle-policy", "x-vcpu-dirty-limit-period",
-		"vcpu-dirty-limit", "x-compression", NULL };
+		"vcpu-dirty-limit", "x-compression", "multifd-channels", NULL };
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
@@ -110,11 +111,16 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 	    params_uint(args, "cpu-throttle-initial", 99, &p.policy.cpu_throttle_initial, err) < 0 ||
 	    params_uint(args, "cpu-throttle-increment", 99, &p.policy.cpu_throttle_increment, err) < 0 ||
 	    params_uint(args, "max-cpu-throttle", 99, &p.policy.max_cpu_throttle, err) < 0 ||
+	    params_uint(args, "multifd-channels", PROTO_MAX_CHANNELS, &p.multifd_channels, err) < 0 ||
 	    qmp_arg__bool(args, "cpu-throttle-tailslow", &p.policy.cpu_throttle_tailslow, false, err) < 0 ||
 	    qmp_arg__str(args, "x-cpu-throttle-policy", &pol, false, err) < 0 ||
 	    qmp_arg__uint(args, "x-vcpu-dirty-limit-period", &p.dirty_limit_period_ms, false, err) < 0 ||
 	    qmp_arg__uint(args, "vcpu-dirty-limit", &p.vcpu_dirty_limit, false, err) < 0)
 		return NULL;
+	if (p.multifd_channels < 1) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "multifd-channels must be 1..%u", PROTO_MAX_CHANNELS);
+		return NULL;
+	}
 	if (p.dirty_limit_period_ms < 1 || p.dirty_limit_period_ms > 1000 || p.vcpu_dirty_limit < 1) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "x-vcpu-dirty-limit-period must be 1..1000 ms "
 			       "and vcpu-dirty-limit at least 1 MB/s");
@@ -149,6 +155,10 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 	m->params = p;
 	pthread_mutex_unlock(&m->lock);
 	mig_stream__set_rate(&m->stream, p.max_bandwidth);
+	pthread_mutex_lock(&m->lock);
+	if (m->mf_open)
+		multifd_send__set_rate(&m->mf, p.max_bandwidth);
+	pthread_mutex_unlock(&m->lock);
 	return NULL;
 }
 
@@ -163,6 +173,7 @@ static const struct cap_desc caps[] = {
 	{ "x-verify", offsetof(struct mig_params, cap_verify) },
 	{ "zero-blocks", offsetof(struct mig_params, cap_zero_detect) },
 	{ "dirty-limit", offsetof(struct mig_params, cap_dirty_limit) },
+	{ "multifd", offsetof(struct mig_params, cap_multifd) },
 };
 #define NCAPS (sizeof(caps) / sizeof(caps[0]))
 

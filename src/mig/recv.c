@@ -26,6 +26,17 @@ int mig_recv__init(struct mig_recv *r, const struct proto_ram *ram,
 	return 0;
 }
 
+int mig_recv__init_channel(struct mig_recv *r, const struct proto_ram *ram,
+			   const struct mig_recv_ops *ops)
+{
+	int rc = mig_recv__init(r, ram, ops);
+	if (rc)
+		return rc;
+	r->channel = true;
+	r->state = MIG_RECV_RAM;
+	return 0;
+}
+
 void mig_recv__free(struct mig_recv *r)
 {
 	free(r->payload);
@@ -235,8 +246,32 @@ static int recv__error_rec(struct mig_recv *r, const struct proto_hdr *h, const 
 			      "): %s", e.code, text);
 }
 
+static int recv__channel_rec(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	uint32_t index, count;
+	const char *why = NULL;
+	if (proto__decode_channel(p, h->length, &index, &count, &why))
+		return mig_recv__fail(r, -EPROTO, "CHANNEL: %s", why);
+	if (r->channel || index != 0 || !r->ops.on_channels)
+		return mig_recv__fail(r, -EPROTO, "unexpected CHANNEL record");
+	int e = r->ops.on_channels(r->ops.ctx, count);
+	if (e)
+		return mig_recv__fail(r, e > 0 ? -EINVAL : e, "cannot open %" PRIu32
+				      " migration channels", count);
+	return 0;
+}
+
+/* Records an extra channel may carry. */
+static bool recv__channel_allows(uint32_t type)
+{
+	return type == PROTO_PAGES || type == PROTO_ZERO || type == PROTO_SYNC;
+}
+
 static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const void *p)
 {
+	if (r->channel && !recv__channel_allows(h->type))
+		return mig_recv__fail(r, -EPROTO, "%s record on a multifd channel",
+				      proto__type_name(h->type));
 	uint64_t round;
 	const char *why = NULL;
 	switch (h->type) {
@@ -251,9 +286,15 @@ static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const
 			return mig_recv__fail(r, -EPROTO, "SYNC: %s", why);
 		r->stats.syncs++;
 		r->stats.last_round = round;
-		if (r->ops.on_sync)
-			r->ops.on_sync(r->ops.ctx, round);
+		if (r->ops.on_sync) {
+			int e = r->ops.on_sync(r->ops.ctx, round);
+			if (e)
+				return mig_recv__fail(r, e > 0 ? -EINVAL : e, "round %" PRIu64
+						      " did not complete on every channel", round);
+		}
 		return 0;
+	case PROTO_CHANNEL:
+		return recv__channel_rec(r, h, p);
 	case PROTO_END:
 		return recv__end(r, h, p);
 	default:

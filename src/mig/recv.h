@@ -53,7 +53,11 @@ struct mig_recv_ops {
 	 * applied (e.g. to mark it received). */
 	void (*on_page_written)(void *ctx, uint32_t block, uint64_t offset);
 	/* Optional: a SYNC (round) marker. */
-	void (*on_sync)(void *ctx, uint64_t round);
+	int (*on_sync)(void *ctx, uint64_t round);
+	/* Optional: the main stream announced `count` extra channels (multifd);
+	 * a CHANNEL record without this hook, or on a channel stream, fails.
+	 * Non-zero return fails as for on_state. */
+	int (*on_channels)(void *ctx, uint32_t count);
 	void *ctx;
 };
 
@@ -70,6 +74,7 @@ struct mig_recv_stats {
 
 struct mig_recv {
 	enum mig_recv_state state;
+	bool channel;           /* an extra multifd channel: PAGES, ZERO, SYNC only */
 	const struct proto_ram *ram;
 	struct mig_recv_ops ops;
 	struct mig_recv_stats stats;
@@ -87,6 +92,10 @@ struct mig_recv {
 int mig_recv__init(struct mig_recv *r, const struct proto_ram *ram,
 		   const struct mig_recv_ops *ops) KMIG_MUST_CHECK;
 void mig_recv__free(struct mig_recv *r);
+/* A receiver for an extra multifd channel: no START (the main stream
+ * checked the layout); only PAGES, ZERO and SYNC records are accepted. */
+int mig_recv__init_channel(struct mig_recv *r, const struct proto_ram *ram,
+			   const struct mig_recv_ops *ops) KMIG_MUST_CHECK;
 
 /* Applies one record whose payload (hdr->length bytes) is in memory.
  * 0 or -errno (and the receiver is FAILED). */

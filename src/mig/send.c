@@ -26,10 +26,20 @@ static bool sender__page_is_zero(const uint8_t *p)
 	return true;
 }
 
+uint64_t sender__bytes(struct sender *s)
+{
+	return mig_stream__bytes_out(s->stream) + (s->mf ? multifd_send__bytes(s->mf) : 0);
+}
+
 static int sender__flush_zero(struct sender *s)
 {
 	if (!s->zn)
 		return 0;
+	if (s->mf) {
+		unsigned n = s->zn;
+		s->zn = 0;
+		return multifd_send__queue(s->mf, PROTO_ZERO, (uint32_t)s->zblock, n, s->zoffs);
+	}
 	ssize_t n = proto__encode_zero(s->rec, s->rec_cap, (uint32_t)s->zblock, s->zn, s->zoffs);
 	s->zn = 0;
 	if (n < 0)
@@ -41,6 +51,11 @@ static int sender__flush_pages(struct sender *s)
 {
 	if (!s->pn)
 		return 0;
+	if (s->mf) {
+		unsigned n = s->pn;
+		s->pn = 0;
+		return multifd_send__queue(s->mf, PROTO_PAGES, (uint32_t)s->pblock, n, s->poffs);
+	}
 	const struct ram_block *b = &s->ram->blocks[s->pblock];
 	if (s->comp != PROTO_COMP_NONE) {
 		ssize_t n = proto__encode_pages_comp(&s->codec, s->comp, s->rec, s->rec_cap,
@@ -121,6 +136,21 @@ static bool sender__skip(struct sender *s, uint64_t page)
 	return k != BALLOON_SKIP_NONE;
 }
 
+/* With parallel channels every pass ends with SYNC(round) on each of them
+ * and on the main stream: the destination applies round r+1 only after
+ * every channel has applied round r. */
+static int sender__end_pass(struct sender *s)
+{
+	if (!s->mf)
+		return 0;
+	s->round++;
+	int rc = multifd_send__sync(s->mf, s->round);
+	ssize_t n = rc ? rc : proto__encode_sync(s->rec, s->rec_cap, s->round);
+	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
+	/* the channels wait at the destination until the main stream's SYNC arrives */
+	return rc ? rc : mig_stream__flush(s->stream);
+}
+
 /* Sends every page set in todo, clearing it. */
 int sender__pass(struct sender *s)
 {
@@ -142,7 +172,8 @@ int sender__pass(struct sender *s)
 			sender__update_stats(s);
 		}
 	}
-	return sender__flush(s);
+	int rc = sender__flush(s);
+	return rc ? rc : sender__end_pass(s);
 }
 
 static int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
@@ -202,7 +233,7 @@ int sender__switchover(struct sender *s)
 {
 	struct vm *vm = s->m->vm;
 	uint64_t t0 = time__now_ms();
-	uint64_t bytes0 = mig_stream__bytes_out(s->stream);
+	uint64_t bytes0 = sender__bytes(s);
 	migration__set_status(s->m, MIG_DEVICE);
 	s->prev_status = vm__status(vm);
 	vm->run_after_migration = s->prev_status == VM_STATUS_RUNNING;
@@ -233,7 +264,7 @@ int sender__switchover(struct sender *s)
 		rc = sender__await_destination(s);
 	pthread_mutex_lock(&s->m->lock);
 	s->m->stats.downtime_ms = time__now_ms() - t0;
-	s->m->stats.downtime_bytes = mig_stream__bytes_out(s->stream) - bytes0;
+	s->m->stats.downtime_bytes = sender__bytes(s) - bytes0;
 	pthread_mutex_unlock(&s->m->lock);
 	return rc;
 }

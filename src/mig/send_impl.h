@@ -8,6 +8,7 @@
 #include "kvm/vm.h"
 #include "mem/ram.h"
 #include "mig/migration.h"
+#include "mig/multifd.h"
 #include "mig/proto.h"
 
 #define SENDER_BATCH_PAGES 256
@@ -23,6 +24,9 @@ struct sender {
 	enum proto_comp comp;        /* x-compression of PAGES records */
 	struct proto_codec codec;
 	bool paused;                /* we stopped the vCPUs */
+	struct multifd_send *mf;    /* parallel channels, or NULL */
+	struct proto_ram pr;        /* guest RAM as the protocol sees it */
+	uint64_t round;             /* passes completed (SYNC numbers) */
 	enum vm_status prev_status; /* VM status before switchover */
 	/* pending batches */
 	int pblock, zblock;
@@ -41,6 +45,8 @@ int sender__pass(struct sender *s);
 int sender__flush(struct sender *s);
 int sender__switchover(struct sender *s);
 int sender__check_return_path(struct sender *s, int timeout_ms);
+/* Bytes written on the main stream and every channel. */
+uint64_t sender__bytes(struct sender *s);
 void sender__update_stats(struct sender *s);
 void sender__proto_ram(const struct ram *ram, struct proto_ram *out);
 

@@ -30,7 +30,7 @@ void sender__update_stats(struct sender *s)
 	uint64_t now = time__now_ms();
 	pthread_mutex_lock(&m->lock);
 	struct mig_stats *st = &m->stats;
-	st->transferred = mig_stream__bytes_out(s->stream);
+	st->transferred = sender__bytes(s);
 	st->duplicate = s->zero_pages;
 	st->normal = s->normal_pages;
 	st->normal_bytes = s->normal_pages * RAM_PAGE_SIZE;
@@ -49,6 +49,28 @@ void sender__update_stats(struct sender *s)
 	pthread_mutex_unlock(&m->lock);
 }
 
+/* Announces the extra channels on the main stream and opens them. */
+static int sender__open_channels(struct sender *s, const char *uri, const struct proto_ram *pr)
+{
+	struct migration *m = s->m;
+	unsigned n = m->params.multifd_channels;
+	char err[256];
+	ssize_t len = proto__encode_channel(s->rec, s->rec_cap, 0, n);
+	int rc = len < 0 ? (int)len : mig_stream__write(s->stream, s->rec, (size_t)len);
+	if (!rc)
+		rc = mig_stream__flush(s->stream);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&m->lock);
+	m->mf_open = true; /* migrate_cancel may shut the channels down from now on */
+	pthread_mutex_unlock(&m->lock);
+	s->mf = &m->mf;
+	rc = multifd_send__open(&m->mf, n, uri, pr, s->comp, m->params.max_bandwidth, err, sizeof(err));
+	if (rc)
+		migration__set_error(m, "%s", err);
+	return rc;
+}
+
 static int sender__setup(struct sender *s, const char *uri)
 {
 	struct migration *m = s->m;
@@ -60,12 +82,16 @@ static int sender__setup(struct sender *s, const char *uri)
 	}
 	m->stream_open = true;
 	mig_stream__set_rate(s->stream, m->params.max_bandwidth);
-	struct proto_ram pr;
 	struct proto_start st;
-	sender__proto_ram(s->ram, &pr);
-	proto_start__from_ram(&st, &pr);
+	struct proto_ram *pr = &s->pr;
+	sender__proto_ram(s->ram, pr);
+	proto_start__from_ram(&st, pr);
 	ssize_t n = proto__encode_start(s->rec, s->rec_cap, &st);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
+	if (rc)
+		return rc;
+	if (!rc && m->params.cap_multifd)
+		rc = sender__open_channels(s, uri, pr);
 	if (rc)
 		return rc;
 	rc = dirty__start(m->vm->dirty);
@@ -147,13 +173,13 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 static int sender__iterate(struct sender *s)
 {
 	struct migration *m = s->m;
-	uint64_t t = time__now_ms(), bytes = mig_stream__bytes_out(s->stream);
+	uint64_t t = time__now_ms(), bytes = sender__bytes(s);
 	int rc = sender__pass(s); /* the bulk pass */
 	s->bulk_done = true;
 	if (m->vm->balloon)
 		balloon__hint_done(m->vm->balloon); /* the guest takes its pages back */
 	while (!rc) {
-		uint64_t now = time__now_ms(), out = mig_stream__bytes_out(s->stream);
+		uint64_t now = time__now_ms(), out = sender__bytes(s);
 		/* no all-vCPU kick while throttled (seed 000 patch 3) */
 		bool kick = atomic_load(&m->vm->throttle_pct) == 0 && !m->limit_set;
 		int64_t got = dirty__sync(m->vm->dirty, &m->todo, kick);
@@ -246,6 +272,14 @@ void *migration__send_thread(void *arg)
 	if (rc && atomic_load(&m->cancel))
 		rc = -ECANCELED;
 	sender__cleanup(s, rc);
+	if (s->mf) {
+		pthread_mutex_lock(&m->lock);
+		m->mf_open = false;
+		pthread_mutex_unlock(&m->lock);
+		if (rc)
+			multifd_send__shutdown(s->mf);
+		multifd_send__close(s->mf);
+	}
 	if (m->stream_open) {
 		mig_stream__close(&m->stream);
 		m->stream_open = false;

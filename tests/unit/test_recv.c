@@ -51,7 +51,7 @@ static int h_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst, const vo
 	return h->state_ret;
 }
 static void h_written(void *ctx, uint32_t b, uint64_t o) { (void)b; (void)o; ((struct hooks *)ctx)->written++; }
-static void h_sync(void *ctx, uint64_t r) { (void)r; ((struct hooks *)ctx)->syncs++; }
+static int h_sync(void *ctx, uint64_t r) { (void)r; ((struct hooks *)ctx)->syncs++; return 0; }
 
 /* Feeds one encoded record (header decoded without validation). */
 static int feed(struct mig_recv *r, const uint8_t *rec, ssize_t n)
@@ -242,6 +242,55 @@ static void t_reject_order(struct t *t)
 	neg__setup(&x, true);
 	neg__expect(t, &x, proto__encode_error(x.buf, sizeof(x.buf), 5, "bye\n"), -ECANCELED,
 		    "source aborted the migration (code 5): bye?");
+	neg__done(&x);
+}
+
+static int h_channels(void *ctx, uint32_t n) { ((struct hooks *)ctx)->syncs += (int)n; return 0; }
+
+/* multifd: CHANNEL records and the restricted receiver of an extra channel. */
+static void t_channels(struct t *t)
+{
+	struct neg x;
+	uint32_t idx, cnt;
+	const char *why;
+	uint8_t b[32];
+	T_CHECK(t, proto__encode_channel(b, sizeof(b), 2, 4) == PROTO_HDR_SIZE + 8);
+	T_CHECK_EQ(t, proto__decode_channel(b + PROTO_HDR_SIZE, 8, &idx, &cnt, &why), 0);
+	T_CHECK(t, idx == 2 && cnt == 4);
+	T_CHECK(t, proto__encode_channel(b, sizeof(b), 5, 4) > 0);
+	T_CHECK_EQ(t, proto__decode_channel(b + PROTO_HDR_SIZE, 8, &idx, &cnt, &why), -EPROTO);
+	T_CHECK(t, proto__encode_channel(b, sizeof(b), 0, PROTO_MAX_CHANNELS + 1) > 0);
+	T_CHECK_EQ(t, proto__decode_channel(b + PROTO_HDR_SIZE, 8, &idx, &cnt, &why), -EPROTO);
+	/* main stream without an on_channels hook refuses CHANNEL */
+	neg__setup(&x, true);
+	neg__expect(t, &x, proto__encode_channel(x.buf, sizeof(x.buf), 0, 2), -EPROTO, "CHANNEL");
+	neg__done(&x);
+	/* main stream with the hook: CHANNEL{0, n} reaches it; CHANNEL{1, n} does not */
+	neg__setup(&x, true);
+	x.r.ops.on_channels = h_channels;
+	T_CHECK_EQ(t, feed(&x.r, x.buf, proto__encode_channel(x.buf, sizeof(x.buf), 0, 3)), 0);
+	T_CHECK_EQ(t, x.hk.syncs, 3);
+	neg__expect(t, &x, proto__encode_channel(x.buf, sizeof(x.buf), 1, 3), -EPROTO, "CHANNEL");
+	neg__done(&x);
+	/* an extra channel takes pages and SYNC without START, nothing else */
+	neg__setup(&x, false);
+	mig_recv__free(&x.r);
+	struct mig_recv_ops ops = { .on_state = h_state, .on_sync = h_sync, .ctx = &x.hk };
+	T_CHECK_EQ(t, mig_recv__init_channel(&x.r, &x.f.ram, &ops), 0);
+	uint64_t o[1] = { PG };
+	memset(x.snap + PG, 0, PG);
+	T_CHECK_EQ(t, feed(&x.r, x.buf, proto__encode_zero(x.buf, sizeof(x.buf), 0, 1, o)), 0);
+	T_CHECK_EQ(t, feed(&x.r, x.buf, proto__encode_sync(x.buf, sizeof(x.buf), 1)), 0);
+	T_CHECK_EQ(t, x.hk.syncs, 1);
+	neg__expect(t, &x, proto__encode_state(x.buf, sizeof(x.buf), 1, 1, 0, "x", 1), -EPROTO,
+		    "multifd channel");
+	neg__done(&x);
+	neg__setup(&x, false);
+	mig_recv__free(&x.r);
+	T_CHECK_EQ(t, mig_recv__init_channel(&x.r, &x.f.ram, &ops), 0);
+	struct proto_start st;
+	proto_start__from_ram(&st, &x.f.ram);
+	neg__expect(t, &x, proto__encode_start(x.buf, sizeof(x.buf), &st), -EPROTO, NULL);
 	neg__done(&x);
 }
 
@@ -593,6 +642,7 @@ int main(void)
 	T_RUN(&t, t_valid_stream);
 	T_RUN(&t, t_reject_order);
 	T_RUN(&t, t_reject_header);
+	T_RUN(&t, t_channels);
 	T_RUN(&t, t_reject_start);
 	T_RUN(&t, t_reject_bounds);
 	T_RUN(&t, t_reject_payload);

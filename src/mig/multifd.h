@@ -1,0 +1,127 @@
+/* Parallel migration channels (multifd).  The main stream carries START,
+ * CHANNEL{0, n}, SYNC, STATE and END; n extra connections (each opened
+ * with CHANNEL{i, n}) carry the page records.
+ *
+ * Source: one worker thread per channel takes batches of page offsets
+ * from its queue, reads the pages (after the sync that reported them),
+ * compresses them if asked, and writes the records.  At the end of every
+ * pass the migration thread queues SYNC(round) on every channel and writes
+ * it on the main stream.
+ *
+ * Destination: one thread per channel applies its records; on SYNC(r) it
+ * waits at a barrier until every channel and the main stream have reached
+ * round r, so a page sent again in a later round on another channel can
+ * never be overwritten by older data. */
+#ifndef KMIG_MIG_MULTIFD_H
+#define KMIG_MIG_MULTIFD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/log.h"
+#include "mig/proto.h"
+#include "mig/recv.h"
+#include "mig/stream.h"
+
+#define MULTIFD_QUEUE 8              /* batches queued per channel */
+#define MULTIFD_BATCH 4096           /* offsets per batch (zero batches) */
+
+struct multifd_job {
+	uint32_t type;               /* PROTO_PAGES, PROTO_ZERO or PROTO_SYNC */
+	uint32_t block, count;
+	uint64_t round;
+	uint64_t offsets[MULTIFD_BATCH];
+};
+
+struct multifd_send_chan {
+	struct multifd_send *mf;
+	unsigned index;              /* 1..n */
+	struct mig_stream stream;
+	bool open;
+	pthread_t thread;
+	bool thread_running;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct multifd_job *jobs;    /* ring of MULTIFD_QUEUE */
+	unsigned head, tail;         /* under lock */
+	bool stop;
+	uint8_t *rec;                /* record buffer */
+	struct proto_codec codec;
+};
+
+struct multifd_send {
+	unsigned n;
+	unsigned next;               /* round-robin */
+	enum proto_comp comp;
+	const struct proto_ram *ram;
+	atomic_int err;              /* first worker error */
+	struct multifd_send_chan chan[PROTO_MAX_CHANNELS];
+};
+
+/* Connects n channels to uri and starts their workers.  mf must be zeroed
+ * (as multifd_send__close leaves it); ram must outlive the channels.  err
+ * gets a reason on failure; multifd_send__close cleans up either way. */
+int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
+		       const struct proto_ram *ram, enum proto_comp comp, uint64_t rate,
+		       char *err, size_t errlen) KMIG_MUST_CHECK;
+/* Queues a batch (blocks while the chosen channel's queue is full). */
+int multifd_send__queue(struct multifd_send *mf, uint32_t type, uint32_t block,
+			uint32_t count, const uint64_t *offsets) KMIG_MUST_CHECK;
+/* Queues SYNC(round) on every channel. */
+int multifd_send__sync(struct multifd_send *mf, uint64_t round) KMIG_MUST_CHECK;
+/* Waits until every queue is empty and flushed. */
+int multifd_send__drain(struct multifd_send *mf) KMIG_MUST_CHECK;
+void multifd_send__set_rate(struct multifd_send *mf, uint64_t rate);
+uint64_t multifd_send__bytes(struct multifd_send *mf);
+/* Makes blocked workers return (cancel); safe from any thread. */
+void multifd_send__shutdown(struct multifd_send *mf);
+/* Stops the workers and closes the channels. */
+void multifd_send__close(struct multifd_send *mf);
+
+struct multifd_recv_chan {
+	struct multifd_recv *mf;
+	unsigned index;              /* 1..n, from its CHANNEL record */
+	struct mig_stream stream;
+	struct mig_recv recv;
+	pthread_t thread;
+	bool thread_running;
+};
+
+struct multifd_recv {
+	unsigned n;
+	const struct proto_ram *ram;
+	struct mig_recv_ops ops;     /* page hooks shared by every channel */
+	struct mig_stream *main;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint64_t arrived[PROTO_MAX_CHANNELS + 1]; /* per stream: rounds reached */
+	uint64_t released;           /* rounds every stream has passed */
+	unsigned accepted;           /* connections taken so far */
+	bool failed, done;
+	char error[256];
+	struct multifd_recv_chan chan[PROTO_MAX_CHANNELS];
+};
+
+/* main: the main stream, whose reading stops if a channel fails. */
+void multifd_recv__init(struct multifd_recv *mf, const struct proto_ram *ram,
+			const struct mig_recv_ops *ops, struct mig_stream *main);
+/* The stream to accept the next channel connection into (NULL when all
+ * PROTO_MAX_CHANNELS are taken). */
+struct mig_stream *multifd_recv__next_stream(struct multifd_recv *mf);
+/* Takes the connection just accepted into next_stream: reads its CHANNEL
+ * record and starts its thread.  err gets a reason on failure. */
+int multifd_recv__add(struct multifd_recv *mf, unsigned expected, char *err,
+		      size_t errlen) KMIG_MUST_CHECK;
+/* The main stream reached SYNC(round): waits until every channel has.
+ * 0, or -EPROTO if a channel failed. */
+int multifd_recv__main_sync(struct multifd_recv *mf, uint64_t round) KMIG_MUST_CHECK;
+/* Ends the channels (after END, or on failure) and joins their threads;
+ * returns -EPROTO if a channel failed (reason in mf->error). */
+int multifd_recv__finish(struct multifd_recv *mf) KMIG_MUST_CHECK;
+/* Page counters summed over the channels. */
+void multifd_recv__stats(struct multifd_recv *mf, uint64_t *pages, uint64_t *zero,
+			 uint64_t *bytes);
+
+#endif

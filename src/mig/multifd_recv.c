@@ -1,0 +1,187 @@
+/* Parallel migration channels: the receiving side. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "mig/multifd.h"
+
+void multifd_recv__init(struct multifd_recv *mf, const struct proto_ram *ram,
+			const struct mig_recv_ops *ops, struct mig_stream *main)
+{
+	memset(mf, 0, sizeof(*mf));
+	mf->ram = ram;
+	mf->main = main;
+	mf->ops = *ops;
+	pthread_mutex_init(&mf->lock, NULL);
+	pthread_cond_init(&mf->cond, NULL);
+}
+
+/* A channel failed: wake every waiter and stop reading the main stream
+ * (its reader then fails and answers the source, whose writes to the
+ * failed channel error out as that socket is shut down). */
+static void multifd_recv__fail(struct multifd_recv *mf, struct multifd_recv_chan *c,
+			       const char *why)
+{
+	pthread_mutex_lock(&mf->lock);
+	if (!mf->failed && !mf->done) {
+		mf->failed = true;
+		snprintf(mf->error, sizeof(mf->error), "%.250s", why);
+		if (mf->main)
+			shutdown(mf->main->fd, SHUT_RD);
+		mig_stream__shutdown(&c->stream);
+	}
+	pthread_cond_broadcast(&mf->cond);
+	pthread_mutex_unlock(&mf->lock);
+}
+
+/* Stream `who` (0 = main) reached round r: wait until every stream has. */
+static int multifd_recv__barrier(struct multifd_recv *mf, unsigned who, uint64_t round)
+{
+	pthread_mutex_lock(&mf->lock);
+	if (round <= mf->arrived[who]) {
+		pthread_mutex_unlock(&mf->lock);
+		return -EPROTO; /* rounds only go forward */
+	}
+	mf->arrived[who] = round;
+	pthread_cond_broadcast(&mf->cond);
+	for (;;) {
+		uint64_t low = mf->arrived[0];
+		for (unsigned i = 1; i <= mf->n; i++)
+			if (mf->arrived[i] < low)
+				low = mf->arrived[i];
+		if (low >= round || mf->failed)
+			break;
+		pthread_cond_wait(&mf->cond, &mf->lock);
+	}
+	int rc = mf->failed ? -EPROTO : 0;
+	pthread_mutex_unlock(&mf->lock);
+	return rc;
+}
+
+
+static int chan__on_sync(void *ctx, uint64_t round)
+{
+	struct multifd_recv_chan *c = ctx;
+	return multifd_recv__barrier(c->mf, c->index, round);
+}
+
+/* Page hooks go to the shared ones; the channel itself is the context
+ * of on_sync only. */
+static int chan__on_zero(void *ctx, uint32_t block, uint64_t off)
+{
+	struct multifd_recv_chan *c = ctx;
+	return c->mf->ops.on_zero(c->mf->ops.ctx, block, off);
+}
+
+static void chan__on_page(void *ctx, uint32_t block, uint64_t off)
+{
+	struct multifd_recv_chan *c = ctx;
+	c->mf->ops.on_page_written(c->mf->ops.ctx, block, off);
+}
+
+static void *chan__thread(void *arg)
+{
+	struct multifd_recv_chan *c = arg;
+	pthread_setname_np(pthread_self(), "multifd-in");
+	for (;;) {
+		int rc = mig_recv__step(&c->recv, &c->stream);
+		if (!rc)
+			continue;
+		pthread_mutex_lock(&c->mf->lock);
+		bool done = c->mf->done;
+		pthread_mutex_unlock(&c->mf->lock);
+		if (!done) {
+			char why[300];
+			snprintf(why, sizeof(why), "channel %u: %s", c->index,
+				 mig_recv__error(&c->recv)[0] ? mig_recv__error(&c->recv)
+							      : mig_stream__strerror(&c->stream));
+			multifd_recv__fail(c->mf, c, why);
+		}
+		return NULL;
+	}
+}
+
+struct mig_stream *multifd_recv__next_stream(struct multifd_recv *mf)
+{
+	return mf->accepted < PROTO_MAX_CHANNELS ? &mf->chan[mf->accepted].stream : NULL;
+}
+
+static bool multifd_recv__index_taken(struct multifd_recv *mf, uint32_t index)
+{
+	for (unsigned i = 0; i < mf->accepted; i++)
+		if (mf->chan[i].index == index)
+			return true;
+	return false;
+}
+
+int multifd_recv__add(struct multifd_recv *mf, unsigned expected, char *err, size_t errlen)
+{
+	struct multifd_recv_chan *c = &mf->chan[mf->accepted];
+	uint8_t buf[64];
+	struct proto_hdr h;
+	uint32_t index, count;
+	const char *why = "not a CHANNEL record of this migration";
+	int rc = mig_stream__get_record(&c->stream, &h, buf, sizeof(buf));
+	if (rc || h.type != PROTO_CHANNEL || proto__decode_channel(buf, h.length, &index, &count, &why) ||
+	    count != expected || index < 1 || index > expected || multifd_recv__index_taken(mf, index)) {
+		snprintf(err, errlen, "bad multifd channel handshake: %s",
+			 rc ? mig_stream__strerror(&c->stream) : why);
+		mig_stream__close(&c->stream);
+		return -EPROTO;
+	}
+	c->mf = mf;
+	c->index = index;
+	struct mig_recv_ops ops = { .on_sync = chan__on_sync, .ctx = c };
+	if (mf->ops.on_zero)
+		ops.on_zero = chan__on_zero;
+	if (mf->ops.on_page_written)
+		ops.on_page_written = chan__on_page;
+	mf->n = expected;
+	mf->accepted++;
+	rc = mig_recv__init_channel(&c->recv, mf->ram, &ops);
+	if (!rc)
+		rc = pthread_create(&c->thread, NULL, chan__thread, c) ? -EAGAIN : 0;
+	if (rc) {
+		snprintf(err, errlen, "cannot start multifd channel %u", index);
+		return rc;
+	}
+	c->thread_running = true;
+	return 0;
+}
+
+int multifd_recv__main_sync(struct multifd_recv *mf, uint64_t round)
+{
+	return multifd_recv__barrier(mf, 0, round);
+}
+
+int multifd_recv__finish(struct multifd_recv *mf)
+{
+	pthread_mutex_lock(&mf->lock);
+	mf->done = true;
+	pthread_cond_broadcast(&mf->cond);
+	pthread_mutex_unlock(&mf->lock);
+	for (unsigned i = 0; i < mf->accepted; i++) {
+		struct multifd_recv_chan *c = &mf->chan[i];
+		if (c->thread_running) {
+			mig_stream__shutdown(&c->stream);
+			pthread_join(c->thread, NULL);
+			c->thread_running = false;
+		}
+		mig_recv__free(&c->recv);
+		mig_stream__close(&c->stream);
+	}
+	return mf->failed ? -EPROTO : 0;
+}
+
+void multifd_recv__stats(struct multifd_recv *mf, uint64_t *pages, uint64_t *zero,
+			 uint64_t *bytes)
+{
+	*pages = *zero = *bytes = 0;
+	for (unsigned i = 0; i < mf->accepted; i++) {
+		const struct mig_recv_stats *st = mig_recv__stats(&mf->chan[i].recv);
+		*pages += st->pages;
+		*zero += st->zero_pages;
+		*bytes += st->bytes;
+	}
+}
