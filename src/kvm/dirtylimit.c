@@ -98,6 +98,21 @@ int dirtylimit__cancel(struct dirtylimit *dl, int cpu)
 	return rc;
 }
 
+void dirtylimit__save(struct dirtylimit *dl, uint64_t quota[DIRTYLIMIT_MAX_VCPUS])
+{
+	pthread_mutex_lock(&dl->lock);
+	memcpy(quota, dl->quota, sizeof(dl->quota));
+	pthread_mutex_unlock(&dl->lock);
+}
+
+int dirtylimit__restore(struct dirtylimit *dl, const uint64_t quota[DIRTYLIMIT_MAX_VCPUS])
+{
+	int rc = 0;
+	for (unsigned i = 0; i < dl->vm->nr_vcpus && !rc; i++)
+		rc = quota[i] ? dirtylimit__set(dl, (int)i, quota[i]) : dirtylimit__cancel(dl, (int)i);
+	return rc;
+}
+
 void dirtylimit__set_period(struct dirtylimit *dl, uint64_t period_ms)
 {
 	pthread_mutex_lock(&dl->lock);

@@ -42,6 +42,10 @@ int dirtylimit__set(struct dirtylimit *dl, int cpu, uint64_t mbps) KMIG_MUST_CHE
 /* Removes the quota of vCPU cpu (every vCPU when cpu < 0). */
 int dirtylimit__cancel(struct dirtylimit *dl, int cpu) KMIG_MUST_CHECK;
 void dirtylimit__set_period(struct dirtylimit *dl, uint64_t period_ms);
+/* Copies every vCPU's quota out / puts saved quotas back (0 = none), so a
+ * migration can limit all vCPUs and leave the user's limits as they were. */
+void dirtylimit__save(struct dirtylimit *dl, uint64_t quota[DIRTYLIMIT_MAX_VCPUS]);
+int dirtylimit__restore(struct dirtylimit *dl, const uint64_t quota[DIRTYLIMIT_MAX_VCPUS]) KMIG_MUST_CHECK;
 bool dirtylimit__active(struct dirtylimit *dl);
 /* One control step when a period has passed (throttle timer thread). */
 void dirtylimit__tick(struct dirtylimit *dl, uint64_t now_ms);

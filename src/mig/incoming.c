@@ -104,8 +104,10 @@ static int incoming__on_state(void *ctx, uint32_t id, uint32_t ver, uint32_t ins
 static int incoming__load(struct incoming *in)
 {
 	int rc = mig_recv__run(&in->recv, &in->stream);
-	if (in->multifd && multifd_recv__finish(&in->mf))
+	if (in->multifd && multifd_recv__finish(&in->mf)) {
+		migration__set_error(in->m, "%s", in->mf.error); /* the root cause */
 		return mig_recv__fail(&in->recv, -EPROTO, "%s", in->mf.error);
+	}
 	if (rc)
 		return rc;
 	unsigned want = state__expected_sections(in->m->vm);

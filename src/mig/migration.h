@@ -17,6 +17,7 @@
 
 #include "base/bitmap.h"
 #include "base/log.h"
+#include "kvm/dirtylimit.h"
 #include "mig/calcrate.h"
 #include "mig/multifd.h"
 #include "mig/policy.h"
@@ -89,6 +90,7 @@ struct migration {
 	bool incoming_expected;      /* --incoming given: the VM waits for a stream */
 	struct calcrate calc;        /* calc-dirty-rate */
 	bool limit_set;              /* this migration set dirty limits */
+	uint64_t user_limits[DIRTYLIMIT_MAX_VCPUS]; /* quotas before it did */
 };
 
 void migration__init(struct migration *m, struct vm *vm, struct control *ctl);

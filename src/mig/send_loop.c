@@ -161,6 +161,7 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 		return 1;
 	if (d.action == POLICY_SET_THROTTLE && limit) {
 		if (!m->limit_set) {
+			dirtylimit__save(&vm->dirtylimit, m->user_limits);
 			dirtylimit__set_period(&vm->dirtylimit, m->params.dirty_limit_period_ms);
 			m->limit_set = dirtylimit__set(&vm->dirtylimit, -1, quota) == 0;
 		}
@@ -210,8 +211,8 @@ static void sender__cleanup(struct sender *s, int rc)
 	if (vm->balloon)
 		balloon__hint_done(vm->balloon);
 	throttle__set(&vm->throttle, 0);
-	if (m->limit_set && dirtylimit__cancel(&vm->dirtylimit, -1))
-		log_warn("migration: dirty limits not cancelled");
+	if (m->limit_set && dirtylimit__restore(&vm->dirtylimit, m->user_limits))
+		log_warn("migration: dirty limits not restored");
 	m->limit_set = false;
 	if (dirty__stop(vm->dirty))
 		log_warn("migration: dirty tracking did not stop cleanly");
