@@ -791,6 +791,7 @@ static void hint_step(u64 t)
 		held[nheld].end = b + len;
 		nheld++;
 		vq_add(&vq_hint, b, len, 1);
+		palloc_mark_hinted(b, len);
 		round_blocks++;
 		round_bytes += len;
 		posted++;

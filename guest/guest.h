@@ -65,6 +65,10 @@ struct cfg {
 	u64 balloon_hint;	/* free page hinting (default 1) */
 	u64 balloon_report;	/* free page reporting (default 0) */
 	enum balloon_test balloon_test;	/* test hooks of the driver */
+	u64 refill_ms;		/* fill-free: reuse freed memory every N ms (0: never) */
+	u64 refill_mb;		/* fill-free: MiB per refill generation */
+	u64 refill_keep;	/* fill-free: generations held (and re-checked), 1..8 */
+	u64 corrupt_refill;	/* fill-free: skip one page's write in this generation */
 };
 extern struct cfg cfg;
 
@@ -134,6 +138,8 @@ void palloc_free_range(u64 base, u64 len);
 u64 palloc_take_unreported_chunk(void);	/* a free 2 MiB chunk, 2 MiB aligned */
 void palloc_free_reported_chunk(u64 base);
 u64 palloc_free_pages(void);
+void palloc_mark_hinted(u64 base, u64 len);	/* the balloon hinted this block */
+int palloc_was_hinted(u64 addr);	/* addr's 2 MiB chunk was wholly hinted since boot */
 int palloc_extents(struct range *out, int max);
 
 /* virtio-balloon driver (balloon=1), run from cpu 0's loops */

@@ -21,7 +21,8 @@ struct hvm_memmap_entry {
 extern u32 pvh_start_info, ap_boot_cpu;
 extern char __image_end[], tramp_start[], tramp_end[];
 
-struct cfg cfg = { .workload = WL_STRESS, .mb = 64, .cpus = 1, .report_ms = 1000, .balloon_hint = 1 };
+struct cfg cfg = { .workload = WL_STRESS, .mb = 64, .cpus = 1, .report_ms = 1000, .balloon_hint = 1,
+		   .refill_mb = 32, .refill_keep = 1 };
 u64 tsc_khz, tsc0;
 struct range ram[MAX_RANGES];
 int nram;
@@ -97,6 +98,10 @@ static void parse_option(char *key)
 	else if (streq(key, "balloon")) num = &cfg.balloon;
 	else if (streq(key, "balloon_hint")) num = &cfg.balloon_hint;
 	else if (streq(key, "balloon_report")) num = &cfg.balloon_report;
+	else if (streq(key, "refill_ms")) num = &cfg.refill_ms;
+	else if (streq(key, "refill_mb")) num = &cfg.refill_mb;
+	else if (streq(key, "refill_keep")) num = &cfg.refill_keep;
+	else if (streq(key, "corrupt_refill")) num = &cfg.corrupt_refill;
 	if (!num) {
 		kprintf("kmig-guest warning: unknown option \"%s\", ignored\n", key);
 		return;

@@ -20,6 +20,7 @@ static struct range ext[MAX_EXTENTS];
 static int next, inited;
 static u64 nfree;			/* free pages */
 static u64 reported[CHUNKS / 64];	/* 2 MiB chunks reported and untouched since */
+static u64 hinted[CHUNKS / 64];		/* 2 MiB chunks wholly hinted at least once */
 
 static inline void unreport(u64 base, u64 end)
 {
@@ -157,6 +158,34 @@ void palloc_free_reported_chunk(u64 a)
 	palloc_free_range(a, 1ULL << CHUNK_SHIFT);
 	if (c < CHUNKS)
 		reported[c / 64] |= 1ULL << (c % 64);
+}
+
+/* Remembers (for good) the 2 MiB chunks lying wholly inside memory the
+ * balloon driver hinted as free, so a workload can tell that it reuses
+ * hinted memory.  The driver hints runs of contiguous blocks; a block
+ * that continues the previous one extends its run, so chunks that
+ * straddle two blocks count too. */
+void palloc_mark_hinted(u64 base, u64 len)
+{
+	static u64 run_base, run_end;
+	const u64 sz = 1ULL << CHUNK_SHIFT;
+	if (base != run_end)
+		run_base = base;
+	run_end = base + len;
+	u64 a = (run_base + sz - 1) & ~(sz - 1);
+	if (a < (base & ~(sz - 1)))
+		a = base & ~(sz - 1);	/* the chunks before were marked already */
+	for (; a + sz <= run_end; a += sz) {
+		u64 c = a >> CHUNK_SHIFT;
+		if (c < CHUNKS)
+			hinted[c / 64] |= 1ULL << (c % 64);
+	}
+}
+
+int palloc_was_hinted(u64 addr)
+{
+	u64 c = addr >> CHUNK_SHIFT;
+	return c < CHUNKS && ((hinted[c / 64] >> (c % 64)) & 1);
 }
 
 u64 palloc_free_pages(void)

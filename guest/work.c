@@ -1,6 +1,10 @@
 /* Workloads stress, idle and fill-free (verify is in verify.c). */
 #include "guest.h"
 
+static int refill_on;		/* fill-free with refill_ms: idle_run refills */
+static u64 refill_sweep;	/* pages over which the refills' position moves */
+static void refill_step(u64 g);
+
 #define CHUNK 4096		/* pages between two looks at the clock */
 
 struct gib_stats {
@@ -70,9 +74,18 @@ void idle_run(int cpu)
 	if (cpu != 0)
 		halt_cpu();
 	const u64 period = cfg.report_ms * tsc_khz;
-	u64 prev = rdtsc(), next = prev + period;
+	const u64 rperiod = cfg.refill_ms * tsc_khz;
+	u64 prev = rdtsc(), next = prev + period, next_refill = prev + rperiod, gen = 0;
 	for (;;) {
 		u64 t = rdtsc();
+		if (refill_on && t >= next_refill) {
+			gen = gen >= 0xffffffffULL ? 1 : gen + 1;
+			refill_step(gen);
+			t = rdtsc();
+			next_refill += rperiod;
+			if (next_refill <= t)
+				next_refill = t + rperiod;
+		}
 		if (t >= next) {
 			kprintf("heartbeat t_ms=%lu gap_ms=%lu\n", cycles_to_ms(t - tsc0), cycles_to_ms(t - prev));
 			prev = t;
@@ -119,5 +132,153 @@ void fill_free_run(int cpu)
 	int n = palloc_extents(ext, 4);
 	kprintf("fill-free done mb=%lu free_pages=%lu extents=%d\n", got / PAGES_PER_MIB,
 		palloc_free_pages(), n);
+	refill_on = cfg.refill_ms && cfg.refill_mb;
+	u64 held = (cfg.refill_keep + 1) * cfg.refill_mb * PAGES_PER_MIB;
+	refill_sweep = palloc_free_pages() > held ? palloc_free_pages() - held : 0;
 	idle_run(cpu);
+}
+
+/*
+ * fill-free's refills (refill_ms=N): every N ms generation g takes
+ * refill_mb MiB from the allocator and writes every 8-byte word at
+ * guest-physical address a as a ^ key(g); then every generation still
+ * held (the last refill_keep ones before g) is re-read word by word, and
+ * the oldest, g - refill_keep, is reported and freed.  The allocator hands
+ * out its lowest free memory, so each generation first takes (and gives
+ * back afterwards, unwritten) a spacer of (g mod (S / refill_mb + 1)) *
+ * refill_mb, S = the free memory after fill-free minus refill_keep + 1
+ * generations (less if less is free now): the generations sweep all free memory, and after a
+ * migration's free page hints they reuse memory the balloon driver hinted
+ * and got back.  A hinted page that a migration failed to resend after the
+ * guest reused it shows up on the destination as "refill BAD".
+ */
+#define REFILL_RANGES 512
+#define REFILL_KEEP_MAX 8
+#define REFILL_MAX_BAD 8
+
+struct refill_gen {
+	u64 g;			/* 0: nothing held */
+	u64 pages, hinted, bad;
+	int n;
+	struct range r[REFILL_RANGES];
+};
+static struct refill_gen rgen[REFILL_KEEP_MAX + 1];
+static struct range spacer[REFILL_RANGES];
+
+static inline u64 refill_key(u64 g)
+{
+	u64 z = g * 0x9e3779b97f4a7c15ULL;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return (z ^ (z >> 31)) | (1ULL << 63);	/* never 0: a zero page is always bad */
+}
+
+static void refill_write(u64 base, u64 end, u64 key, u64 skip)
+{
+	for (u64 a = base; a < end; a += PAGE_SIZE) {
+		if (a == skip)
+			continue;
+		u64 *w = (u64 *)a;
+		for (u64 j = 0; j < 512; j++)
+			w[j] = (a + 8 * j) ^ key;
+		if (((a - base) & ((4ULL << 20) - 1)) == 0)
+			balloon_poll();
+	}
+}
+
+/* Re-reads every word of generation o's pages; counts bad and hinted pages. */
+static void refill_check(struct refill_gen *o)
+{
+	const u64 key = refill_key(o->g);
+	o->hinted = 0;
+	for (int k = 0; k < o->n; k++) {
+		for (u64 a = o->r[k].base; a < o->r[k].end; a += PAGE_SIZE) {
+			const volatile u64 *w = (const volatile u64 *)a;
+			if (palloc_was_hinted(a))
+				o->hinted++;
+			for (u64 j = 0; j < 512; j++) {
+				u64 v = w[j], e = (a + 8 * j) ^ key;
+				if (v == e)
+					continue;
+				if (o->bad++ < REFILL_MAX_BAD)
+					kprintf("refill BAD page=0x%lx gen=%lu word=%lu got=0x%lx want=0x%lx hinted=%d\n",
+						a, o->g, j, v, e, palloc_was_hinted(a));
+				break;
+			}
+			if (((a - o->r[k].base) & ((4ULL << 20) - 1)) == 0)
+				balloon_poll();
+		}
+	}
+}
+
+static void refill_step(u64 g)
+{
+	const u64 keep = cfg.refill_keep < 1 ? 1 : cfg.refill_keep > REFILL_KEEP_MAX ?
+			 REFILL_KEEP_MAX : cfg.refill_keep;
+	struct refill_gen *cur = &rgen[g % (keep + 1)];
+	const u64 want = cfg.refill_mb * PAGES_PER_MIB, key = refill_key(g);
+
+	/* the spacer */
+	u64 space = (g % (refill_sweep / want + 1)) * want, nfree = palloc_free_pages();
+	if (space + want > nfree)	/* e.g. while the balloon driver holds memory */
+		space = nfree > want ? nfree - want : 0;
+	int nsp = 0;
+	while (space && nsp < REFILL_RANGES) {
+		u64 len, b = palloc_alloc_block(space * PAGE_SIZE, &len);
+		if (!b)
+			break;
+		spacer[nsp].base = b;
+		spacer[nsp++].end = b + len;
+		space -= len / PAGE_SIZE;
+	}
+
+	/* a new generation in fresh allocations (its slot was freed last step) */
+	cur->g = g;
+	cur->pages = cur->bad = 0;
+	cur->n = 0;
+	while (cur->pages < want && cur->n < REFILL_RANGES) {
+		u64 len, b = palloc_alloc_block((want - cur->pages) * PAGE_SIZE, &len);
+		if (!b)
+			break;		/* empty (e.g. the balloon driver holds all for hints) */
+		u64 skip = 0;
+		if (g == cfg.corrupt_refill && cur->n == 0) {
+			skip = b + ((len / 2) & ~(PAGE_SIZE - 1));
+			kprintf("refill corrupt page=0x%lx gen=%lu\n", skip, g);
+		}
+		cur->r[cur->n].base = b;
+		cur->r[cur->n].end = b + len;
+		cur->n++;
+		cur->pages += len / PAGE_SIZE;
+		refill_write(b, b + len, key, skip);
+	}
+	__asm__ volatile("" ::: "memory");
+	while (nsp--)
+		palloc_free_range(spacer[nsp].base, spacer[nsp].end - spacer[nsp].base);
+
+	/* every older generation still held must be intact */
+	u64 checked = 0;
+	for (u64 i = 1; i <= keep && i < g; i++) {
+		struct refill_gen *o = &rgen[(g - i) % (keep + 1)];
+		if (o->g != g - i)
+			continue;
+		refill_check(o);
+		checked += o->pages;
+	}
+	if (g <= keep)
+		return;
+	/* the oldest one is done */
+	struct refill_gen *o = &rgen[(g - keep) % (keep + 1)];
+	if (o->g != g - keep)
+		return;
+	if (o->bad)
+		kprintf("refill bad_pages=%lu gen=%lu pages=%lu\n", o->bad, o->g, o->pages);
+	else
+		kprintf("refill ok gen=%lu mb=%lu hinted_mb=%lu checked_mb=%lu wrote_gen=%lu wrote_mb=%lu t_ms=%lu\n",
+			o->g, o->pages / PAGES_PER_MIB, o->hinted / PAGES_PER_MIB,
+			checked / PAGES_PER_MIB, g, cur->pages / PAGES_PER_MIB, now_ms());
+	for (int k = 0; k < o->n; k++)
+		palloc_free_range(o->r[k].base, o->r[k].end - o->r[k].base);
+	o->g = 0;
+	o->n = 0;
+	o->pages = 0;
 }
