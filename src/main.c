@@ -29,7 +29,8 @@ static void usage(FILE *f)
 		"                [--dirty-ring ENTRIES] [--reaper fixed|adaptive] [--balloon]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
 		"       kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS]\n"
-		"                    [--auto-converge step|computed] [--compression none|zstd|lz4]\n"
+		"                    [--auto-converge step|computed] [--dirty-limit MB/s] [--multifd N]\n"
+		"                    [--compression none|zstd|lz4]\n"
 		"                    [--verify] [--json]\n"
 		"       kmig version\n");
 }

@@ -12,8 +12,9 @@
 
 struct migrate_opts {
 	const char *qmp, *uri, *policy, *compression;
-	uint64_t bandwidth_mbs, downtime_ms;
+	uint64_t bandwidth_mbs, downtime_ms, dirty_limit;
 	bool have_bw, have_dt, json, verify;
+	uint64_t multifd;            /* channels; 0 = off */
 };
 
 static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
@@ -23,6 +24,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "downtime", required_argument, 0, 'd' }, { "json", no_argument, 0, 'j' },
 		{ "auto-converge", required_argument, 0, 'a' }, { "verify", no_argument, 0, 'v' },
 		{ "compression", required_argument, 0, 'c' },
+		{ "dirty-limit", required_argument, 0, 'l' }, { "multifd", required_argument, 0, 'm' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -50,6 +52,14 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 			o->policy = optarg;
 			break;
 		case 'v': o->verify = true; break;
+		case 'l':
+			if (units__parse_u64(optarg, 1, 1000000, &o->dirty_limit))
+				die("--dirty-limit %s: MB/s per vCPU, at least 1", optarg);
+			break;
+		case 'm':
+			if (units__parse_u64(optarg, 1, 16, &o->multifd))
+				die("--multifd %s: 1 to 16 channels", optarg);
+			break;
 		case 'c':
 			if (strcmp(optarg, "none") && strcmp(optarg, "zstd") && strcmp(optarg, "lz4"))
 				die("--compression %s: expected none, zstd or lz4", optarg);
@@ -58,8 +68,8 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		case 'j': o->json = true; break;
 		default:
 			fprintf(stderr, "usage: kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] "
-					"[--downtime MS] [--auto-converge step|computed] [--compression none|zstd|lz4] "
-					"[--verify] [--json]\n");
+					"[--downtime MS] [--auto-converge step|computed] [--dirty-limit MB/s] "
+					"[--multifd N] [--compression none|zstd|lz4] [--verify] [--json]\n");
 			return -1;
 		}
 	}
@@ -80,13 +90,19 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 		json_object_set_new(params, "x-cpu-throttle-policy", json_string(o->policy));
 	if (o->compression)
 		json_object_set_new(params, "x-compression", json_string(o->compression));
+	if (o->dirty_limit)
+		json_object_set_new(params, "vcpu-dirty-limit", json_integer(o->dirty_limit));
+	if (o->multifd)
+		json_object_set_new(params, "multifd-channels", json_integer(o->multifd));
 	json_t *r = qmp_client__call(c, "migrate-set-parameters", params, err, n);
 	if (!r)
 		return -1;
 	json_decref(r);
-	json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b}]}", "capabilities",
+	json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b}]}", "capabilities",
 				 "capability", "auto-converge", "state", o->policy != NULL,
-				 "capability", "x-verify", "state", o->verify);
+				 "capability", "x-verify", "state", o->verify,
+				 "capability", "dirty-limit", "state", o->dirty_limit != 0,
+				 "capability", "multifd", "state", o->multifd != 0);
 	r = qmp_client__call(c, "migrate-set-capabilities", caps, err, n);
 	if (!r)
 		return -1;
@@ -106,14 +122,20 @@ static json_int_t jint(json_t *o, const char *k)
 static void migrate__progress(json_t *q, bool tty)
 {
 	json_t *ram = json_object_get(q, "ram");
+	json_t *limit = json_object_get(q, "dirty-limit-throttle-time-per-round");
 	json_int_t total = jint(ram, "total"), rem = jint(ram, "remaining");
 	double pct = total ? 100.0 * (double)(jint(ram, "transferred")) / (double)total : 0;
+	char slow[48];
+	if (limit)
+		snprintf(slow, sizeof(slow), "dirty-limit sleep %4lld ms/s",
+			 (long long)json_integer_value(limit) / 1000);
+	else
+		snprintf(slow, sizeof(slow), "throttle %2lld%%", jint(q, "cpu-throttle-percentage"));
 	fprintf(stderr, "%s%-9s %7.1f%% of RAM sent  %6.0f Mbit/s  dirty %7lld pages/s  "
-		"expected downtime %5lld ms  remaining %6lld MiB  throttle %2lld%%%s",
+		"expected downtime %5lld ms  remaining %6lld MiB  %s%s",
 		tty ? "\r" : "", json_string_value(json_object_get(q, "status")), pct,
 		json_real_value(json_object_get(ram, "mbps")), jint(ram, "dirty-pages-rate"),
-		jint(q, "expected-downtime"), rem >> 20, jint(q, "cpu-throttle-percentage"),
-		tty ? "" : "\n");
+		jint(q, "expected-downtime"), rem >> 20, slow, tty ? "" : "\n");
 }
 
 static void migrate__summary(json_t *q)

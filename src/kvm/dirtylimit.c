@@ -137,6 +137,16 @@ void dirtylimit__tick(struct dirtylimit *dl, uint64_t now_ms)
 	}
 	dl->last_ms = now_ms;
 	dirty__harvest(dl->vm->dirty);
+	/* The rate periods (1 s) are not aligned with these steps: the period
+	 * that closed last may have begun before the previous change of the
+	 * sleep.  Act on every other step only, so the rate read was measured
+	 * under the sleep now in effect (the law assumes it). */
+	if (dl->skip_next) {
+		dl->skip_next = false;
+		pthread_mutex_unlock(&dl->lock);
+		return;
+	}
+	dl->skip_next = true;
 	for (unsigned i = 0; i < dl->vm->nr_vcpus; i++) {
 		if (!dl->quota[i])
 			continue;

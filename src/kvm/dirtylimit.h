@@ -30,6 +30,7 @@ struct dirtylimit {
 	bool tracking;                             /* we hold dirty tracking on */
 	uint64_t period_ms;
 	uint64_t last_ms;                          /* last control step */
+	bool skip_next;                            /* the next step only measures */
 	uint64_t quota[DIRTYLIMIT_MAX_VCPUS];      /* MB/s; 0 = no limit */
 	uint64_t sleep_us[DIRTYLIMIT_MAX_VCPUS];   /* per period */
 };
