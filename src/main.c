@@ -143,7 +143,7 @@ static int cmd_run(int argc, char **argv)
 			die("--incoming %s: %s", o.incoming, err);
 	}
 	int status = control__run(ctl);
-	migration__cancel(mig);
+	migration__stop_threads(mig); /* they use the VM: stop them first */
 	vm__destroy(vm);
 	migration__destroy(mig);
 	control__destroy(ctl);

@@ -115,9 +115,14 @@ static int dirty__start_locked(struct dirty *d)
 	int rc = ram__set_logging(d->ram, true);
 	if (!rc)
 		__atomic_store_n(&d->active, true, __ATOMIC_RELEASE);
+	else if (ram__set_logging(d->ram, false)) /* undo a half-done switch */
+		log_warn("dirty tracking: memslot logging left on after a failed start");
 	pthread_mutex_unlock(&d->lock);
-	if (!rc && d->backend == DIRTY_RING)
+	if (!rc && d->backend == DIRTY_RING) {
 		rc = dirty_ring__start_reaper(d);
+		if (rc && dirty__stop_locked(d))
+			log_warn("dirty tracking: could not undo a failed start");
+	}
 	return rc;
 }
 

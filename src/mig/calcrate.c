@@ -1,6 +1,7 @@
 #include "mig/calcrate.h"
 
 #include <errno.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,13 +20,51 @@ void calcrate__init(struct calcrate *c, struct vm *vm)
 	memset(c, 0, sizeof(*c));
 	c->vm = vm;
 	pthread_mutex_init(&c->lock, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->cond, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
+void calcrate__stop(struct calcrate *c)
+{
+	pthread_mutex_lock(&c->lock);
+	c->stop = true;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	if (c->thread_running)
+		pthread_join(c->thread, NULL);
+	c->thread_running = false;
 }
 
 void calcrate__destroy(struct calcrate *c)
 {
-	if (c->thread_running)
-		pthread_join(c->thread, NULL);
+	calcrate__stop(c);
+	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->lock);
+}
+
+/* Waits out the measurement interval; false if calcrate__stop came first. */
+static bool calcrate__wait(struct calcrate *c)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += (time_t)c->calc_time_s;
+	pthread_mutex_lock(&c->lock);
+	while (!c->stop && pthread_cond_timedwait(&c->cond, &c->lock, &ts) != ETIMEDOUT)
+		;
+	bool go = !c->stop;
+	pthread_mutex_unlock(&c->lock);
+	return go;
+}
+
+bool calcrate__measuring_bitmap(struct calcrate *c)
+{
+	pthread_mutex_lock(&c->lock);
+	bool busy = c->status == CALC_MEASURING && c->mode == CALC_DIRTY_BITMAP;
+	pthread_mutex_unlock(&c->lock);
+	return busy;
 }
 
 static uint64_t calcrate__page_hash(struct vm *vm, uint64_t page)
@@ -51,7 +90,8 @@ static uint64_t calcrate__sample(struct calcrate *c)
 		pages[i] = seed % ram->npages;
 		hash[i] = calcrate__page_hash(c->vm, pages[i]);
 	}
-	time__sleep_ns(c->calc_time_s * 1000000000ull);
+	if (!calcrate__wait(c))
+		n = 0;
 	for (uint64_t i = 0; i < n; i++)
 		changed += calcrate__page_hash(c->vm, pages[i]) != hash[i];
 out:
@@ -69,7 +109,11 @@ static uint64_t calcrate__ring(struct calcrate *c)
 	dirty__harvest(vm->dirty);
 	for (unsigned i = 0; i < vm->nr_vcpus && i < CALCRATE_MAX_VCPUS; i++)
 		before[i] = dirty__vcpu_entries(vm->dirty, i);
-	time__sleep_ns(c->calc_time_s * 1000000000ull);
+	if (!calcrate__wait(c)) {
+		if (dirty__stop(vm->dirty))
+			log_warn("calc-dirty-rate: tracking did not stop cleanly");
+		return 0;
+	}
 	vm__kick_all_sync(vm);
 	dirty__harvest(vm->dirty);
 	for (unsigned i = 0; i < vm->nr_vcpus && i < CALCRATE_MAX_VCPUS; i++) {
@@ -92,8 +136,7 @@ static uint64_t calcrate__bitmap(struct calcrate *c)
 	if (!dirty__start(vm->dirty)) {
 		int64_t got = dirty__sync(vm->dirty, &bm, true); /* the baseline */
 		bitmap__clear_all(&bm);
-		time__sleep_ns(c->calc_time_s * 1000000000ull);
-		if (got >= 0 && dirty__sync(vm->dirty, &bm, true) >= 0)
+		if (got >= 0 && calcrate__wait(c) && dirty__sync(vm->dirty, &bm, true) >= 0)
 			rate = dirtyrate__qemu_mbps(bitmap__count(&bm), RAM_PAGE_SIZE,
 						    c->calc_time_s * 1000);
 		if (dirty__stop(vm->dirty))
@@ -143,6 +186,7 @@ int calcrate__start(struct calcrate *c, uint64_t calc_time_s, uint64_t sample_pa
 	if (c->thread_running)
 		pthread_join(c->thread, NULL);
 	c->thread_running = false;
+	c->stop = false;
 	c->calc_time_s = calc_time_s;
 	c->sample_pages = sample_pages;
 	c->mode = mode;

@@ -29,6 +29,8 @@ enum calcrate_status { CALC_UNSTARTED, CALC_MEASURING, CALC_MEASURED };
 struct calcrate {
 	struct vm *vm;
 	pthread_mutex_t lock;
+	pthread_cond_t cond;         /* wakes the measurement wait on stop */
+	bool stop;
 	pthread_t thread;
 	bool thread_running;
 	enum calcrate_status status;
@@ -40,6 +42,11 @@ struct calcrate {
 
 void calcrate__init(struct calcrate *c, struct vm *vm);
 void calcrate__destroy(struct calcrate *c);
+/* Ends a measurement in progress at once and joins its thread. */
+void calcrate__stop(struct calcrate *c);
+/* A dirty-bitmap measurement is running: its syncs would take the dirty
+ * pages a migration needs, so `migrate` must wait for it. */
+bool calcrate__measuring_bitmap(struct calcrate *c);
 /* Starts a measurement; err gets a reason on failure. */
 int calcrate__start(struct calcrate *c, uint64_t calc_time_s, uint64_t sample_pages,
 		    enum calcrate_mode mode, char *err, size_t errlen) KMIG_MUST_CHECK;

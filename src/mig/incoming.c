@@ -27,7 +27,21 @@ struct incoming {
 	struct bitmap written;       /* pages a PAGES record has filled */
 	struct multifd_recv mf;      /* parallel channels, when announced */
 	bool multifd;
+	bool connected;              /* under m->lock: stream holds a connection */
+	bool cancelled;              /* under m->lock */
 };
+
+/* migration__cancel_incoming, under m->lock: unblock whatever the incoming
+ * thread waits for (accept, or a read on the stream). */
+static void incoming__cancel(void *ctx)
+{
+	struct incoming *in = ctx;
+	in->cancelled = true;
+	if (in->listening)
+		mig_listener__shutdown(&in->listener);
+	if (in->connected)
+		mig_stream__shutdown(&in->stream);
+}
 
 #define INCOMING_CHANNEL_WAIT_MS 10000
 
@@ -122,11 +136,21 @@ static int incoming__load(struct incoming *in)
 static int incoming__accept(struct incoming *in, const char *uri)
 {
 	char err[256];
+	struct migration *m = in->m;
 	int rc = mig_listener__open(&in->listener, uri, err, sizeof(err));
 	if (!rc) {
+		pthread_mutex_lock(&m->lock);
 		in->listening = true;
+		if (in->cancelled)
+			mig_listener__shutdown(&in->listener);
+		pthread_mutex_unlock(&m->lock);
 		log_info("incoming migration: listening on %s", uri);
 		rc = mig_listener__accept(&in->listener, &in->stream, err, sizeof(err));
+		pthread_mutex_lock(&m->lock);
+		in->connected = rc == 0;
+		if (in->cancelled && !rc)
+			mig_stream__shutdown(&in->stream);
+		pthread_mutex_unlock(&m->lock);
 		/* the return path carries one small record: send it at once */
 		if (!rc && mig_stream__set_nodelay(&in->stream, true))
 			log_debug("incoming migration: TCP_NODELAY not set");
@@ -207,6 +231,10 @@ void *migration__incoming_thread(void *arg)
 	if (!in)
 		return NULL;
 	in->m = m;
+	pthread_mutex_lock(&m->lock);
+	m->in_cancel = incoming__cancel;
+	m->in_ctx = in;
+	pthread_mutex_unlock(&m->lock);
 	sender__proto_ram(&m->vm->ram, &in->pr);
 	struct mig_recv_ops ops = { .on_state = incoming__on_state, .on_zero = incoming__on_zero,
 				    .on_page_written = incoming__on_page, .on_sync = incoming__on_sync,
@@ -225,9 +253,17 @@ void *migration__incoming_thread(void *arg)
 		if (!rc)
 			rc = incoming__load(in);
 	}
+	pthread_mutex_lock(&m->lock);
 	if (in->listening)
 		mig_listener__close(&in->listener);
+	in->listening = false;
+	pthread_mutex_unlock(&m->lock);
 	incoming__finish(in, rc, connected);
+	pthread_mutex_lock(&m->lock);
+	m->in_cancel = NULL;
+	m->in_ctx = NULL;
+	in->connected = false;
+	pthread_mutex_unlock(&m->lock);
 	if (connected) {
 		mig_recv__free(&in->recv);
 		mig_stream__close(&in->stream);

@@ -37,22 +37,32 @@ void migration__init(struct migration *m, struct vm *vm, struct control *ctl)
 
 static void migration__join(struct migration *m)
 {
-	if (m->thread_running) {
+	pthread_mutex_lock(&m->lock);
+	bool running = m->thread_running;
+	pthread_mutex_unlock(&m->lock);
+	if (running) {
 		pthread_join(m->thread, NULL);
+		pthread_mutex_lock(&m->lock);
 		m->thread_running = false;
+		pthread_mutex_unlock(&m->lock);
 	}
+}
+
+void migration__stop_threads(struct migration *m)
+{
+	migration__cancel(m);
+	migration__join(m);
+	if (m->in_running) {
+		migration__cancel_incoming(m);
+		pthread_join(m->in_thread, NULL);
+		m->in_running = false;
+	}
+	calcrate__stop(&m->calc);
 }
 
 void migration__destroy(struct migration *m)
 {
-	if (m->thread_running) {
-		migration__cancel(m);
-		migration__join(m);
-	}
-	if (m->in_running) {
-		pthread_join(m->in_thread, NULL);
-		m->in_running = false;
-	}
+	migration__stop_threads(m);
 	bitmap__free(&m->todo);
 	calcrate__destroy(&m->calc);
 	pthread_mutex_destroy(&m->lock);
@@ -100,6 +110,10 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 		snprintf(err, errlen, "Cannot migrate a VM that is %s", vm_status__name(vs));
 		return -EINVAL;
 	}
+	if (calcrate__measuring_bitmap(&m->calc)) {
+		snprintf(err, errlen, "a dirty-bitmap calc-dirty-rate is measuring; retry when it is done");
+		return -EBUSY;
+	}
 	struct mig_uri u;
 	if (mig_uri__parse(uri, &u, err, errlen))
 		return -EINVAL;
@@ -114,32 +128,52 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 	m->stats.start_ms = time__now_ms();
 	m->stats.total = m->vm->ram.size;
 	m->error[0] = 0;
+	m->end_sent = false;
 	pthread_mutex_unlock(&m->lock);
 	atomic_store(&m->cancel, false);
 	migration__set_status(m, MIG_SETUP);
+	pthread_mutex_lock(&m->lock);
+	m->thread_running = true; /* before the thread exists: cancel sees it */
+	pthread_mutex_unlock(&m->lock);
 	int rc = pthread_create(&m->thread, NULL, migration__send_thread, m);
 	if (rc) {
+		pthread_mutex_lock(&m->lock);
+		m->thread_running = false;
+		pthread_mutex_unlock(&m->lock);
 		migration__set_status(m, MIG_FAILED);
 		snprintf(err, errlen, "cannot start the migration thread");
 		return -rc;
 	}
-	m->thread_running = true;
 	return 0;
 }
 
 void migration__cancel(struct migration *m)
 {
+	/* check and change the status at once: the migration thread may be
+	 * finishing; after END has gone out the destination may already run
+	 * the guest, so a cancel is too late and is ignored */
 	pthread_mutex_lock(&m->lock);
-	bool busy = migration__busy(m->status);
+	bool busy = m->thread_running && (m->status == MIG_SETUP || m->status == MIG_ACTIVE ||
+					  m->status == MIG_DEVICE) && !m->end_sent;
+	if (busy) {
+		atomic_store(&m->cancel, true);
+		m->status = MIG_CANCELLING;
+		if (m->stream_open)
+			mig_stream__shutdown(&m->stream);
+		if (m->mf_open)
+			multifd_send__shutdown(&m->mf);
+	}
+	bool events = m->params.cap_events;
 	pthread_mutex_unlock(&m->lock);
-	if (!busy)
-		return;
-	atomic_store(&m->cancel, true);
-	migration__set_status(m, MIG_CANCELLING);
-	mig_stream__shutdown(&m->stream);
+	if (busy && events)
+		control__event(m->ctl, "MIGRATION", json_pack("{s:s}", "status", "cancelling"));
+}
+
+void migration__cancel_incoming(struct migration *m)
+{
 	pthread_mutex_lock(&m->lock);
-	if (m->mf_open)
-		multifd_send__shutdown(&m->mf);
+	if (m->in_cancel)
+		m->in_cancel(m->in_ctx);
 	pthread_mutex_unlock(&m->lock);
 }
 

@@ -85,6 +85,9 @@ struct migration {
 	/* incoming */
 	pthread_t in_thread;
 	bool in_running;
+	void (*in_cancel)(void *ctx); /* under lock: unblocks the incoming thread */
+	void *in_ctx;
+	bool end_sent;               /* under lock: END is out, cancel is too late */
 	char in_uri[256];
 	char out_uri[256];
 	bool incoming_expected;      /* --incoming given: the VM waits for a stream */
@@ -98,8 +101,14 @@ void migration__destroy(struct migration *m);
 
 /* Starts an outgoing migration to uri in the background. */
 int migration__start(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
-/* Requests cancellation (any phase); the thread cleans up. */
+/* Requests cancellation (setup, active, or device before END went out);
+ * the thread cleans up. */
 void migration__cancel(struct migration *m);
+/* Unblocks an incoming migration (listening or loading): it fails. */
+void migration__cancel_incoming(struct migration *m);
+/* Cancels and joins every migration thread (outgoing, incoming,
+ * calc-dirty-rate); call before the VM is destroyed. */
+void migration__stop_threads(struct migration *m);
 /* Starts listening for an incoming stream on uri in the background. */
 int migration__incoming(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
 /* query-migrate's answer (new reference). */

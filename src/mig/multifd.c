@@ -107,6 +107,18 @@ static int chan__open(struct multifd_send *mf, unsigned i, unsigned n, const cha
 	return 0;
 }
 
+static void chan__free(struct multifd_send_chan *c)
+{
+	if (c->open)
+		mig_stream__close(&c->stream);
+	proto_codec__free(&c->codec);
+	free(c->jobs);
+	free(c->rec);
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->cond);
+	memset(c, 0, sizeof(*c));
+}
+
 int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
 		       const struct proto_ram *ram, enum proto_comp comp, uint64_t rate,
 		       char *err, size_t errlen)
@@ -118,10 +130,13 @@ int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
 	mf->ram = ram;
 	mf->comp = comp;
 	for (unsigned i = 0; i < n; i++) {
-		mf->n = i + 1;
 		int rc = chan__open(mf, i, n, uri, rate / n, err, errlen);
-		if (rc)
+		if (rc) {
+			chan__free(&mf->chan[i]);
 			return rc;
+		}
+		/* counted only once whole: shutdown and close see finished channels */
+		atomic_store(&mf->n, i + 1);
 	}
 	return 0;
 }
@@ -224,13 +239,7 @@ void multifd_send__close(struct multifd_send *mf)
 			pthread_mutex_unlock(&c->lock);
 			pthread_join(c->thread, NULL);
 		}
-		if (c->open)
-			mig_stream__close(&c->stream);
-		proto_codec__free(&c->codec);
-		free(c->jobs);
-		free(c->rec);
-		pthread_mutex_destroy(&c->lock);
-		pthread_cond_destroy(&c->cond);
+		chan__free(c);
 	}
 	memset(mf, 0, sizeof(*mf));
 }

@@ -52,7 +52,7 @@ struct multifd_send_chan {
 };
 
 struct multifd_send {
-	unsigned n;
+	_Atomic unsigned n;          /* channels fully open */
 	unsigned next;               /* round-robin */
 	enum proto_comp comp;
 	const struct proto_ram *ram;

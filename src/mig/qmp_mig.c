@@ -204,7 +204,8 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 		return NULL;
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
-	bool busy = m->status == MIG_SETUP || m->status == MIG_ACTIVE || m->status == MIG_DEVICE;
+	bool busy = m->status == MIG_SETUP || m->status == MIG_ACTIVE || m->status == MIG_DEVICE ||
+		    m->status == MIG_CANCELLING;
 	pthread_mutex_unlock(&m->lock);
 	if (busy) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "There's a migration process in progress");

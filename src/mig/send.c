@@ -121,6 +121,7 @@ int sender__check_return_path(struct sender *s, int timeout_ms)
 	if (proto__decode_error(buf + PROTO_HDR_SIZE, hdr.length, &e, &why))
 		return 0;
 	migration__set_error(s->m, "destination refused the stream: %.*s", (int)e.msg_len, e.msg);
+	s->dest_refused = true;
 	return -EPROTO;
 }
 
@@ -200,6 +201,7 @@ static int sender__await_destination(struct sender *s)
 		return 0;
 	if (hdr.type == PROTO_RP_FAIL) {
 		struct proto_error e;
+		s->dest_refused = true;
 		const char *why;
 		if (!proto__decode_error(s->rec, hdr.length, &e, &why))
 			migration__set_error(s->m, "destination failed: %.*s", (int)e.msg_len, e.msg);
@@ -259,6 +261,11 @@ int sender__switchover(struct sender *s)
 		  (unsigned long long)(time__now_ms() - t0));
 	if (!rc)
 		rc = sender__end(s);
+	if (!rc) {
+		pthread_mutex_lock(&s->m->lock);
+		s->m->end_sent = s->end_sent = true;
+		pthread_mutex_unlock(&s->m->lock);
+	}
 	log_debug("switchover: END sent after %llu ms", (unsigned long long)(time__now_ms() - t0));
 	if (!rc)
 		rc = sender__await_destination(s);

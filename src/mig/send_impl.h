@@ -24,6 +24,9 @@ struct sender {
 	enum proto_comp comp;        /* x-compression of PAGES records */
 	struct proto_codec codec;
 	bool paused;                /* we stopped the vCPUs */
+	bool tracking;              /* we hold dirty tracking on */
+	bool end_sent;              /* END is out: the destination may run the guest */
+	bool dest_refused;          /* the destination answered RP_FAIL */
 	struct multifd_send *mf;    /* parallel channels, or NULL */
 	struct proto_ram pr;        /* guest RAM as the protocol sees it */
 	uint64_t round;             /* passes completed (SYNC numbers) */

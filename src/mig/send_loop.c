@@ -80,7 +80,12 @@ static int sender__setup(struct sender *s, const char *uri)
 		migration__set_error(m, "%s", err);
 		return rc;
 	}
-	m->stream_open = true;
+	pthread_mutex_lock(&m->lock);
+	m->stream_open = true; /* migrate_cancel may shut it down from now on */
+	bool cancelled = atomic_load(&m->cancel);
+	pthread_mutex_unlock(&m->lock);
+	if (cancelled)
+		return -ECANCELED;
 	mig_stream__set_rate(s->stream, m->params.max_bandwidth);
 	struct proto_start st;
 	struct proto_ram *pr = &s->pr;
@@ -99,6 +104,7 @@ static int sender__setup(struct sender *s, const char *uri)
 		migration__set_error(m, "cannot start dirty tracking: %s", strerror(-rc));
 		return rc;
 	}
+	s->tracking = true;
 	/* Collect (and re-protect, chunk by chunk) what tracking reports at
 	 * once, e.g. KVM_DIRTY_LOG_INITIALLY_SET: the bulk pass sends all. */
 	int64_t got = dirty__sync(m->vm->dirty, &m->todo, false);
@@ -214,8 +220,9 @@ static void sender__cleanup(struct sender *s, int rc)
 	if (m->limit_set && dirtylimit__restore(&vm->dirtylimit, m->user_limits))
 		log_warn("migration: dirty limits not restored");
 	m->limit_set = false;
-	if (dirty__stop(vm->dirty))
+	if (s->tracking && dirty__stop(vm->dirty))
 		log_warn("migration: dirty tracking did not stop cleanly");
+	s->tracking = false;
 	if (m->stream_open)
 		sender__update_stats(s);
 	if (!rc) {
@@ -223,7 +230,17 @@ static void sender__cleanup(struct sender *s, int rc)
 		migration__set_status(m, MIG_COMPLETED);
 		return;
 	}
-	if (s->paused) {
+	if (m->stream_open && mig_stream__error(s->stream))
+		sender__check_return_path(s, 500); /* the destination may say why */
+	if (s->paused && s->end_sent && !s->dest_refused && s->prev_status == VM_STATUS_RUNNING) {
+		/* END went out but the destination never answered: it may be
+		 * running the guest, so this copy must not run too.  It stays
+		 * paused (our pause is kept); `cont` runs it if the destination
+		 * is known not to. */
+		vm__set_status(vm, VM_STATUS_PAUSED);
+		migration__set_error(m, "the destination did not confirm after the last state was sent; "
+				     "the guest stays paused here");
+	} else if (s->paused) {
 		/* a VM the user had stopped stays stopped (its own pause remains) */
 		vm__set_status(vm, s->prev_status);
 		vm__resume_vcpus(vm);
@@ -234,10 +251,8 @@ static void sender__cleanup(struct sender *s, int rc)
 		migration__set_status(m, MIG_CANCELLED);
 		return;
 	}
-	if (m->stream_open && mig_stream__error(s->stream)) {
-		sender__check_return_path(s, 500); /* the destination may say why */
+	if (m->stream_open && mig_stream__error(s->stream))
 		migration__set_error(m, "%s", mig_stream__strerror(s->stream));
-	}
 	migration__set_error(m, "%s", strerror(-rc));
 	migration__set_status(m, MIG_FAILED);
 	log_err("migration failed: %s", m->error);
@@ -281,10 +296,12 @@ void *migration__send_thread(void *arg)
 			multifd_send__shutdown(s->mf);
 		multifd_send__close(s->mf);
 	}
+	pthread_mutex_lock(&m->lock);
 	if (m->stream_open) {
 		mig_stream__close(&m->stream);
 		m->stream_open = false;
 	}
+	pthread_mutex_unlock(&m->lock);
 	free(s->rec);
 	proto_codec__free(&s->codec);
 out:

@@ -55,6 +55,7 @@ static int state__load_vcpu(struct vm *vm, uint32_t id, uint32_t inst, const voi
 			return -EINVAL;
 		}
 		uint8_t buf[65536] __attribute__((aligned(64)));
+		memset(buf, 0, sizeof(buf)); /* KVM may read more than a short section */
 		memcpy(buf, data, len); /* the stream buffer may be unaligned */
 		if (ioctl(v->fd, op->req, buf) < 0) {
 			int e = errno;
