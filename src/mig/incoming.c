@@ -16,6 +16,8 @@
 #include "mig/send_impl.h"
 #include "state/state.h"
 
+#define INCOMING_MAX_SECTIONS 1024 /* far above 6 + 9 per vCPU */
+
 struct incoming {
 	struct migration *m;
 	struct mig_recv recv;
@@ -24,6 +26,7 @@ struct incoming {
 	bool listening;
 	struct proto_ram pr;
 	unsigned sections;
+	uint64_t seen[INCOMING_MAX_SECTIONS]; /* (id, instance) of each section loaded */
 	struct bitmap written;       /* pages a PAGES record has filled */
 	struct multifd_recv mf;      /* parallel channels, when announced */
 	bool multifd;
@@ -107,10 +110,19 @@ static int incoming__on_state(void *ctx, uint32_t id, uint32_t ver, uint32_t ins
 {
 	struct incoming *in = ctx;
 	char why[256] = "";
+	/* each (section, instance) once: with the count checked at END, every
+	 * expected section has then arrived */
+	uint64_t key = (uint64_t)id << 32 | inst;
+	for (unsigned i = 0; i < in->sections && i < INCOMING_MAX_SECTIONS; i++)
+		if (in->seen[i] == key)
+			return mig_recv__fail(&in->recv, -EPROTO, "state section %u for instance %u twice",
+					      id, inst);
+	if (in->sections >= INCOMING_MAX_SECTIONS)
+		return mig_recv__fail(&in->recv, -EPROTO, "too many state sections");
 	int rc = state__load(in->m->vm, id, ver, inst, data, len, why, sizeof(why));
 	if (rc)
 		return mig_recv__fail(&in->recv, rc, "%s", why);
-	in->sections++;
+	in->seen[in->sections++] = key;
 	return 0;
 }
 
