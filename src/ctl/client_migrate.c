@@ -126,9 +126,10 @@ static void migrate__progress(json_t *q, bool tty)
 	json_int_t total = jint(ram, "total"), rem = jint(ram, "remaining");
 	double pct = total ? 100.0 * (double)(jint(ram, "transferred")) / (double)total : 0;
 	char slow[48];
-	if (limit)
-		snprintf(slow, sizeof(slow), "dirty-limit sleep %4lld ms/s",
-			 (long long)json_integer_value(limit) / 1000);
+	if (limit) { /* sleep per 1 s period of running, as a share of the time */
+		double us = (double)json_integer_value(limit);
+		snprintf(slow, sizeof(slow), "dirty-limit %2.0f%% asleep", 100.0 * us / (us + 1e6));
+	}
 	else
 		snprintf(slow, sizeof(slow), "throttle %2lld%%", jint(q, "cpu-throttle-percentage"));
 	fprintf(stderr, "%s%-9s %7.1f%% of RAM sent  %6.0f Mbit/s  dirty %7lld pages/s  "
