@@ -23,7 +23,6 @@ import re
 import shutil
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import kmigtest as kt  # noqa: E402
@@ -37,26 +36,13 @@ REFILL_BAD = re.compile(r"^refill (BAD|bad_pages)")
 
 
 def dump(vm, n=12):
-    con = vm.console.text().splitlines()[-n:]
-    return "console: %s | output: %s" % (" / ".join(con), vm.output().strip()[-600:])
+    return kt.dump(vm, n)
 
 
 def run_case(name, fn, d):
-    vms = []
     sub = os.path.join(d, name)
     os.mkdir(sub)
-    try:
-        fn(sub, vms)
-    except Exception as e:
-        R.ok(name, False, "exception: %r\n%s%s" % (e, traceback.format_exc(), "".join(
-            "\n# %s (exit %r): %s" % (os.path.basename(vm.console.path), vm.proc.poll(), dump(vm))
-            for vm in vms)))
-    finally:
-        for vm in vms:
-            vm.kill()
-        san = kt.sanitizer_reports(vms)
-        if san:
-            R.ok(name + "_sanitizers", False, repr(san))
+    kt.run_case(R, name, lambda vms: fn(sub, vms))
 
 
 def refills(lines):

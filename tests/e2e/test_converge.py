@@ -30,7 +30,6 @@ import re
 import shutil
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import kmigtest as kt  # noqa: E402
@@ -50,24 +49,11 @@ def tcp_uri():
 
 
 def run_case(name, fn, d):
-    vms = []
-    try:
-        fn(d, vms)
-    except Exception as e:  # a crash of the test itself is a failure of the case
-        R.ok(name, False, "exception: %r\n%s%s" % (e, traceback.format_exc(), "".join(
-            "\n# %s (exit %r): %s" % (os.path.basename(vm.console.path), vm.proc.poll(), dump(vm))
-            for vm in vms)))
-    finally:
-        for vm in vms:
-            vm.kill()
-        san = kt.sanitizer_reports(vms)
-        if san:
-            R.ok(name + "_sanitizers", False, repr(san))
+    kt.run_case(R, name, lambda vms: fn(d, vms))
 
 
 def dump(vm, n=10):
-    con = vm.console.text().splitlines()[-n:]
-    return "console: %s | output: %s" % (" / ".join(con), vm.output().strip()[-600:])
+    return kt.dump(vm, n)
 
 
 def pair(d, sub, cmdline, uri, cpus=1, extra=()):

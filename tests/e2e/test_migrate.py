@@ -11,7 +11,6 @@ import re
 import shutil
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import kmigtest as kt  # noqa: E402
@@ -42,25 +41,11 @@ def last_t_ms(console, pattern=r"t_ms=(\d+)"):
 
 
 def run_case(name, fn, d):
-    vms = []
-    try:
-        fn(d, vms)
-    except Exception as e:  # a crash of the test itself is a failure of the case
-        R.ok(name, False, "exception: %r\n%s%s" % (e, traceback.format_exc(), "".join(
-            "\n# %s (exit %r): %s" % (os.path.basename(vm.console.path), vm.proc.poll(), dump(vm))
-            for vm in vms)))
-    finally:
-        for vm in vms:
-            vm.kill()
-        san = kt.sanitizer_reports(vms)
-        if san:
-            R.ok(name + "_sanitizers", False, repr(san))
+    kt.run_case(R, name, lambda vms: fn(d, vms))
 
 
 def dump(vm, n=15):
-    """The tail of a VM's console and VMM output, for failure messages."""
-    con = vm.console.text().splitlines()[-n:]
-    return "console: %s | output: %s" % (" / ".join(con), vm.output().strip()[-600:])
+    return kt.dump(vm, n)
 
 
 # ------------------------------------------------------------------ (1)

@@ -14,7 +14,6 @@ import socket
 import struct
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import kmigtest as kt  # noqa: E402
@@ -29,26 +28,13 @@ def tcp_uri():
 
 
 def dump(vm, n=12):
-    con = vm.console.text().splitlines()[-n:]
-    return "console: %s | output: %s" % (" / ".join(con), vm.output().strip()[-600:])
+    return kt.dump(vm, n)
 
 
 def run_case(name, fn, d):
     sub = os.path.join(d, name)
     os.mkdir(sub)
-    vms = []
-    try:
-        fn(sub, vms, name)
-    except Exception as e:
-        R.ok(name, False, "exception: %r\n%s%s" % (e, traceback.format_exc(), "".join(
-            "\n# %s (exit %r): %s" % (os.path.basename(vm.console.path), vm.proc.poll(), dump(vm))
-            for vm in vms)))
-    finally:
-        for vm in vms:
-            vm.kill()
-        san = kt.sanitizer_reports(vms)
-        if san:
-            R.ok(name + "_sanitizers", False, repr(san))
+    kt.run_case(R, name, lambda vms: fn(sub, vms, name))
 
 
 def source(d, vms, cmdline, memory="256M", name="src"):

@@ -18,8 +18,7 @@ R = kt.Report()
 
 
 def dump(vm, n=12):
-    con = vm.console.text().splitlines()[-n:]
-    return "console: %s | output: %s" % (" / ".join(con), vm.output().strip()[-600:])
+    return kt.dump(vm, n)
 
 
 def rounds(text, cpu):
