@@ -71,7 +71,7 @@ static void balloon__pfns(struct balloon *b, const struct virtq_buf *buf, bool i
 	}
 }
 
-static void balloon__page_queue(struct balloon *b, unsigned qi)
+void balloon__drain(struct balloon *b, unsigned qi, balloon_chain_fn fn)
 {
 	struct virtq *q = &b->vp.vqs[qi];
 	struct virtq_chain c;
@@ -79,10 +79,7 @@ static void balloon__page_queue(struct balloon *b, unsigned qi)
 	bool used = false;
 	int rc;
 	while ((rc = virtq__pop(q, &b->mem, &c, &why)) == 1) {
-		struct balloon_run run = { 0, 0 };
-		for (unsigned i = 0; i < c.nout; i++)
-			balloon__pfns(b, &c.bufs[i], qi == BALLOON_VQ_INFLATE, &run);
-		balloon__discard(b, run.gpa, run.len);
+		fn(b, qi, &c);
 		if (virtq__push(q, &b->mem, c.head, 0))
 			break;
 		used = true;
@@ -93,31 +90,27 @@ static void balloon__page_queue(struct balloon *b, unsigned qi)
 		virtio_pci__queue_used(&b->vp, qi);
 }
 
-/* Free page reporting: every writable buffer is a free range to drop. */
-static void balloon__report_queue(struct balloon *b)
+/* Inflate/deflate: the readable buffers hold 32-bit page frame numbers. */
+static void balloon__page_chain(struct balloon *b, unsigned qi, const struct virtq_chain *c)
 {
-	struct virtq *q = &b->vp.vqs[BALLOON_VQ_REPORTING];
-	struct virtq_chain c;
-	const char *why = NULL;
-	bool used = false;
-	int rc;
-	while ((rc = virtq__pop(q, &b->mem, &c, &why)) == 1) {
-		for (unsigned i = c.nout; i < c.n; i++) {
-			uint64_t lo = (c.bufs[i].gpa + RAM_PAGE_SIZE - 1) & ~(RAM_PAGE_SIZE - 1);
-			uint64_t hi = (c.bufs[i].gpa + c.bufs[i].len) & ~(RAM_PAGE_SIZE - 1);
-			if (hi > lo) {
-				balloon__discard(b, lo, hi - lo);
-				b->stats.reported_pages += (hi - lo) >> RAM_PAGE_SHIFT;
-			}
+	struct balloon_run run = { 0, 0 };
+	for (unsigned i = 0; i < c->nout; i++)
+		balloon__pfns(b, &c->bufs[i], qi == BALLOON_VQ_INFLATE, &run);
+	balloon__discard(b, run.gpa, run.len);
+}
+
+/* Free page reporting: every writable buffer is a free range to drop. */
+static void balloon__report_chain(struct balloon *b, unsigned qi, const struct virtq_chain *c)
+{
+	(void)qi;
+	for (unsigned i = c->nout; i < c->n; i++) {
+		uint64_t lo = (c->bufs[i].gpa + RAM_PAGE_SIZE - 1) & ~(RAM_PAGE_SIZE - 1);
+		uint64_t hi = (c->bufs[i].gpa + c->bufs[i].len) & ~(RAM_PAGE_SIZE - 1);
+		if (hi > lo) {
+			balloon__discard(b, lo, hi - lo);
+			b->stats.reported_pages += (hi - lo) >> RAM_PAGE_SHIFT;
 		}
-		if (virtq__push(q, &b->mem, c.head, 0))
-			break;
-		used = true;
 	}
-	if (rc < 0)
-		virtio_pci__fail(&b->vp, why);
-	if (used)
-		virtio_pci__queue_used(&b->vp, BALLOON_VQ_REPORTING);
 }
 
 static void balloon__notify(void *ctx, unsigned q)
@@ -125,9 +118,9 @@ static void balloon__notify(void *ctx, unsigned q)
 	struct balloon *b = ctx;
 	switch (q) {
 	case BALLOON_VQ_INFLATE:
-	case BALLOON_VQ_DEFLATE: balloon__page_queue(b, q); break;
-	case BALLOON_VQ_FREE_PAGE: balloon__hint_queue(b); break;
-	case BALLOON_VQ_REPORTING: balloon__report_queue(b); break;
+	case BALLOON_VQ_DEFLATE: balloon__drain(b, q, balloon__page_chain); break;
+	case BALLOON_VQ_FREE_PAGE: balloon__drain(b, q, balloon__hint_chain); break;
+	case BALLOON_VQ_REPORTING: balloon__drain(b, q, balloon__report_chain); break;
 	default: break; /* stats: buffers stay with the device */
 	}
 }

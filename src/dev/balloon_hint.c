@@ -54,28 +54,15 @@ static void balloon__hint_range(struct balloon *b, const struct virtq_buf *buf)
 	pthread_cond_broadcast(&b->hint_cond);
 }
 
-void balloon__hint_queue(struct balloon *b)
+void balloon__hint_chain(struct balloon *b, unsigned qi, const struct virtq_chain *c)
 {
-	struct virtq *q = &b->vp.vqs[BALLOON_VQ_FREE_PAGE];
-	struct virtq_chain c;
-	const char *why = NULL;
-	bool used = false;
-	int rc;
-	while ((rc = virtq__pop(q, &b->mem, &c, &why)) == 1) {
-		for (unsigned i = 0; i < c.n; i++) {
-			if (c.bufs[i].writable)
-				balloon__hint_range(b, &c.bufs[i]);
-			else
-				balloon__hint_id(b, &c.bufs[i]);
-		}
-		if (virtq__push(q, &b->mem, c.head, 0))
-			break;
-		used = true;
+	(void)qi;
+	for (unsigned i = 0; i < c->n; i++) {
+		if (c->bufs[i].writable)
+			balloon__hint_range(b, &c->bufs[i]);
+		else
+			balloon__hint_id(b, &c->bufs[i]);
 	}
-	if (rc < 0)
-		virtio_pci__fail(&b->vp, why);
-	if (used)
-		virtio_pci__queue_used(&b->vp, BALLOON_VQ_FREE_PAGE);
 }
 
 void balloon__hint_reset(struct balloon *b)

@@ -32,8 +32,12 @@ struct balloon {
 int64_t balloon__page_of(const struct balloon *b, uint64_t gpa);
 void balloon__discard(struct balloon *b, uint64_t gpa, uint64_t len);
 uint64_t balloon__actual_bytes_locked(const struct balloon *b);
-/* balloon_hint.c: the free page hint queue (lock held). */
-void balloon__hint_queue(struct balloon *b);
+/* Pops every available chain of queue qi, hands it to fn, returns it
+ * used; a malformed ring marks the device broken (lock held). */
+typedef void (*balloon_chain_fn)(struct balloon *b, unsigned qi, const struct virtq_chain *c);
+void balloon__drain(struct balloon *b, unsigned qi, balloon_chain_fn fn);
+/* balloon_hint.c: one chain of the free page hint queue (lock held). */
+void balloon__hint_chain(struct balloon *b, unsigned qi, const struct virtq_chain *c);
 void balloon__hint_reset(struct balloon *b);
 
 #endif
