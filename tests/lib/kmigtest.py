@@ -1,8 +1,9 @@
 """Shared helpers for kmig's Python tests and benchmarks (standard library only).
 
-A test prints "ok NAME", "not ok NAME: why" or "skip NAME: why" lines
-(tests/run.sh counts them).  Helpers here start kmig or QEMU as real
-processes, follow the guest's console through a file, and talk QMP.
+Tests are pytest tests (tests/conftest.py: markers, fixtures, and the
+"ok NAME" / "not ok NAME: why" lines tests/run.sh counts).  Helpers here
+start kmig or QEMU as real processes, follow the guest's console through a
+file, and talk QMP.
 """
 import json
 import os
@@ -21,29 +22,76 @@ KMIG = os.path.join(BUILD, "kmig")
 GUEST = os.path.join(ROOT, "build", "guest", "kmig-guest.elf")
 
 
-class Report:
-    """Collects results; each check prints one line at once."""
+class Checks:
+    """Soft checks of the running pytest test (tests/conftest.py's `check`
+    fixture is this object): ok(name, cond, why) records a failed check and
+    returns cond, so a test goes on to gather every finding; the fixture
+    fails the test at its end, listing them."""
 
     def __init__(self):
-        self.failed = 0
+        self.failures = []
+
+    def begin(self):
+        self.failures = []
+
+    def end(self):
+        f, self.failures = self.failures, []
+        return f
 
     def ok(self, name, cond, why=""):
-        if cond:
-            print("ok %s" % name, flush=True)
-        else:
-            self.failed += 1
-            print("not ok %s: %s" % (name, why), flush=True)
-        return cond
+        if not cond:
+            line = "%s: %s" % (name, why) if why else name
+            self.failures.append(line)
+            print("# check failed: %s" % line, flush=True)
+        return bool(cond)
 
-    def skip(self, name, why):
-        print("skip %s: %s" % (name, why), flush=True)
+    __call__ = ok
 
-    def done(self):
-        sys.exit(1 if self.failed else 0)
+
+R = Checks()
+
+KVM_GET_API_VERSION = 0xAE00
+
+
+def kvm_state():
+    """'ok', or why /dev/kvm cannot be used here."""
+    import fcntl
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+        return "/dev/kvm: %s" % e.strerror
+    try:
+        v = fcntl.ioctl(fd, KVM_GET_API_VERSION)
+        return "ok" if v == 12 else "/dev/kvm: API version %d, not 12" % v
+    except OSError as e:
+        return "/dev/kvm: KVM_GET_API_VERSION: %s" % e.strerror
+    finally:
+        os.close(fd)
 
 
 def have_kvm():
-    return os.access("/dev/kvm", os.R_OK | os.W_OK)
+    return kvm_state() == "ok"
+
+
+def kvm_module():
+    """The KVM module that provides /dev/kvm here: kvm_pvm, kvm_intel,
+    kvm_amd, or None."""
+    for m in ("kvm_pvm", "kvm_intel", "kvm_amd"):
+        if os.path.isdir("/sys/module/" + m) and have_kvm():
+            return m
+    return None
+
+
+def emulated():
+    """True inside scripts/kvm-vm: everything runs under TCG emulation, so
+    tests scale their rounds and timeouts (never their assertions) to it."""
+    return os.environ.get("KMIG_TEST_EMULATED") == "1"
+
+
+def slow(seconds):
+    """A timeout for something that takes `seconds` natively; longer under
+    emulation."""
+    return seconds * (6 if emulated() else 1)
 
 
 def tmpdir():
