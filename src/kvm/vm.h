@@ -84,6 +84,14 @@ struct vm {
 	bool quit;                   /* under lock: vCPU threads exit */
 	atomic_int exit_code;        /* process exit status once shut down */
 	bool run_after_migration;    /* source: was running at switchover; destination: resume */
+	struct vm_tsc_in {           /* destination: the source's TSC sample (state_tsc.c) */
+		bool valid;          /* a STATE_VM_TSC section arrived */
+		bool offset_known;   /* offset computed (with the TSC attribute) */
+		uint64_t tsc;        /* guest TSC of vCPU 0 at realtime_ns */
+		uint64_t realtime_ns;
+		uint32_t khz;        /* the source's guest TSC frequency */
+		int64_t offset;      /* the TSC offset every vCPU gets */
+	} tsc_in;
 	uint64_t probe_exits;        /* vm__all_halted: exits seen at the previous call */
 	atomic_uint throttle_pct;    /* 0..99: share of time vCPUs sleep (set via throttle) */
 	struct throttle throttle;

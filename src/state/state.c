@@ -82,7 +82,10 @@ static int state__save_vm(struct vm *vm, state_put_fn put, void *ctx)
 
 int state__save(struct vm *vm, state_put_fn put, void *ctx)
 {
-	int rc = state__save_vm(vm, put, ctx);
+	/* first: the destination needs it before the vCPUs' MSRs */
+	int rc = state__save_tsc(vm, put, ctx);
+	if (!rc)
+		rc = state__save_vm(vm, put, ctx);
 	for (unsigned i = 0; !rc && i < vm->nr_vcpus; i++)
 		rc = state__save_vcpu(vm, &vm->vcpus[i], put, ctx);
 	struct kvm_clock_data clk;
@@ -97,5 +100,5 @@ int state__save(struct vm *vm, state_put_fn put, void *ctx)
 unsigned state__expected_sections(struct vm *vm)
 {
 	unsigned per_vcpu = 7 + state__has(vm, KVM_CAP_XCRS) + state__has(vm, KVM_CAP_DEBUGREGS);
-	return 5 + (vm->balloon != NULL) + per_vcpu * vm->nr_vcpus;
+	return 6 + (vm->balloon != NULL) + per_vcpu * vm->nr_vcpus;
 }

@@ -1,7 +1,9 @@
 /* Save and restore of everything a guest needs besides RAM: per vCPU
  * registers, special registers, XSAVE (or FPU), XCRs, debug registers,
  * MSRs (KVM's saveable list), LAPIC, MP state and pending events;
- * VM-wide PIC/IOAPIC, PIT and KVM clock; devices (serial).
+ * VM-wide PIC/IOAPIC, PIT and KVM clock; devices (serial); the guest TSC
+ * with the wall-clock time it was read at, so the destination's TSC goes on
+ * from where the source's was plus the time the switchover took.
  *
  * Each section is (id, version, instance, bytes); instance is the vCPU
  * index for vCPU sections, 0 otherwise.  Sections are produced in the order
@@ -32,6 +34,7 @@ enum state_section {
 	STATE_VM_PIT = 21,
 	STATE_VM_CLOCK = 22,
 	STATE_VM_RUNSTATE = 23,     /* 1 byte: the guest was running at switchover */
+	STATE_VM_TSC = 24,          /* the guest TSC and the wall clock at one instant */
 	STATE_DEV_SERIAL = 30,
 	STATE_DEV_VIRTIO = 31,
 };

@@ -68,7 +68,18 @@ int state__save_msrs(struct vm *vm, struct vcpu *v, state_put_fn put, void *ctx)
 	return rc;
 }
 
-int state__load_msrs(struct vcpu *v, const void *data, size_t len, char *why, size_t whylen)
+/* Drops MSR_IA32_TSC from m (the TSC section sets it); returns the count left. */
+static uint32_t state__msrs_without_tsc(struct kvm_msrs *m)
+{
+	uint32_t k = 0;
+	for (uint32_t i = 0; i < m->nmsrs; i++)
+		if (m->entries[i].index != STATE_MSR_TSC)
+			m->entries[k++] = m->entries[i];
+	return k;
+}
+
+int state__load_msrs(struct vm *vm, struct vcpu *v, const void *data, size_t len,
+		     char *why, size_t whylen)
 {
 	if (len % sizeof(struct kvm_msr_entry) || len / sizeof(struct kvm_msr_entry) > STATE_MAX_MSRS) {
 		snprintf(why, whylen, "MSR section of %zu bytes is malformed", len);
@@ -80,7 +91,16 @@ int state__load_msrs(struct vcpu *v, const void *data, size_t len, char *why, si
 		return -ENOMEM;
 	m->nmsrs = n;
 	memcpy(m->entries, data, len);
-	int done = ioctl(v->fd, KVM_SET_MSRS, m);
+	if (vm->tsc_in.valid) {
+		/* the TSC first: the TSC deadline among the rest is relative to it */
+		int rc = state__restore_tsc(vm, v, why, whylen);
+		if (rc) {
+			free(m);
+			return rc;
+		}
+		m->nmsrs = n = state__msrs_without_tsc(m);
+	}
+	int done = n ? ioctl(v->fd, KVM_SET_MSRS, m) : 0;
 	/* Set the rest one by one so one refused MSR does not drop the others. */
 	for (uint32_t i = done < 0 ? 0 : (uint32_t)done; i < n; i++) {
 		struct { struct kvm_msrs m; struct kvm_msr_entry e; } one = {

@@ -3,6 +3,7 @@
 #define KMIG_STATE_STATE_IMPL_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "state/state.h"
 
@@ -13,6 +14,20 @@ struct vcpu;
 bool state__has(struct vm *vm, int cap);
 int state__save_xsave(struct vm *vm, struct vcpu *v, state_put_fn put, void *ctx);
 int state__save_msrs(struct vm *vm, struct vcpu *v, state_put_fn put, void *ctx);
-int state__load_msrs(struct vcpu *v, const void *data, size_t len, char *why, size_t whylen);
+int state__load_msrs(struct vm *vm, struct vcpu *v, const void *data, size_t len,
+		     char *why, size_t whylen);
+
+/* state_tsc.c: the STATE_VM_TSC section (struct state_tsc). */
+#define STATE_MSR_TSC 0x10
+struct state_tsc {
+	uint64_t tsc;                /* guest TSC of vCPU 0 ... */
+	uint64_t realtime_ns;        /* ... read at this CLOCK_REALTIME instant */
+	uint32_t khz;                /* guest TSC frequency */
+	uint32_t reserved;           /* 0 */
+};
+int state__save_tsc(struct vm *vm, state_put_fn put, void *ctx);
+int state__load_tsc(struct vm *vm, const void *data, size_t len, char *why, size_t whylen);
+/* Sets vCPU v's TSC to the value the source's sample gives for now. */
+int state__restore_tsc(struct vm *vm, struct vcpu *v, char *why, size_t whylen);
 
 #endif

@@ -40,7 +40,7 @@ static int state__load_vcpu(struct vm *vm, uint32_t id, uint32_t inst, const voi
 	}
 	struct vcpu *v = &vm->vcpus[inst];
 	if (id == STATE_VCPU_MSRS)
-		return state__load_msrs(v, data, len, why, whylen);
+		return state__load_msrs(vm, v, data, len, why, whylen);
 	for (unsigned i = 0; i < sizeof(state_vcpu_ops) / sizeof(state_vcpu_ops[0]); i++) {
 		const struct state_vcpu_op *op = &state_vcpu_ops[i];
 		if (op->id != id)
@@ -120,6 +120,13 @@ int state__load(struct vm *vm, uint32_t id, uint32_t version, uint32_t instance,
 		}
 		vm->run_after_migration = *(const uint8_t *)data;
 		return 0;
+	}
+	if (id == STATE_VM_TSC) {
+		if (instance) {
+			snprintf(why, whylen, "TSC section with instance %u", instance);
+			return -EINVAL;
+		}
+		return state__load_tsc(vm, data, len, why, whylen);
 	}
 	if (id == STATE_DEV_VIRTIO) {
 		if (!vm->balloon || instance) {
