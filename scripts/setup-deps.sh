@@ -10,7 +10,11 @@ pkgs=(
   liblz4-dev           # lz4 compression of migration pages
   binutils             # objdump: the guest build scans its ring-0 code
   qemu-system-x86      # test and benchmark peer, runs the same guest ELF
-  python3              # test and benchmark drivers (standard library only)
+  python3              # test and benchmark drivers
+  python3-pytest       # runs the Python test suites (tests/conftest.py)
+  python3-pytest-timeout  # a per-test time limit, so a hung test fails instead of hanging CI
+  cpio                 # scripts/kvm-vm: packs its initramfs
+  busybox-static       # scripts/kvm-vm: the initramfs's shell and tools
   socat                # talking QMP by hand
   iproute2             # ip netns / veth / tc for shaped-link tests
 )

@@ -57,12 +57,14 @@ pytest_files() {
 }
 
 run_pytest() {  # $1: marker expression
-	local files
+	local files extra=()
 	files=$(pytest_files)
+	[ "${KMIG_TEST_EMULATED:-}" = 1 ] && extra+=(--timeout=1500)
 	[ -n "$files" ] || return 0
 	echo "== pytest -m '$1'"
 	# shellcheck disable=SC2086
-	$PY -m pytest -q -o console_output_style=classic -m "$1" $files 2>&1 | tee "$log"
+	$PY -m pytest -q -o console_output_style=classic "${extra[@]}" -m "$1" $files 2>&1 |
+		tee "$log"
 	local rc=${PIPESTATUS[0]}
 	[ "$rc" -eq 5 ] && rc=0   # nothing selected
 	count "$rc" "pytest"
