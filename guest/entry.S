@@ -186,6 +186,7 @@ t_crash_triple:
 	lidt empty_idt_ptr
 	ud2
 t_crash_emul:
+	movl $CRASH_EMUL_GPA, %ecx	/* zero-extends into rcx */
 	jmp r0_crash_emul
 ud_fault:
 	pushq $0
@@ -205,11 +206,15 @@ halt_forever:
 	hlt
 	jmp halt_forever
 
-/* The one place that deliberately executes what kvm_pvm cannot emulate
- * (crash=emul); check_r0.sh exempts r0_crash_emul..r0_crash_emul_end. */
+/* The one place that deliberately executes what KVM cannot emulate
+ * (crash=emul); check_r0.py exempts r0_crash_emul..r0_crash_emul_end.
+ * popcnt reads CRASH_EMUL_GPA (%rcx), where no memory is: KVM must emulate
+ * the access (kvm_pvm emulates every ring-0 instruction anyway) and its
+ * emulator has no popcnt, so every KVM stops the VM with an emulation
+ * failure here, rip at the popcnt.  The int3 is never reached. */
 	.globl r0_crash_emul, r0_crash_emul_end
 r0_crash_emul:
-	popcnt %rax, %rax
+	popcnt (%rcx), %rax
 	int3
 r0_crash_emul_end:
 	jmp halt_forever

@@ -35,7 +35,7 @@
 #define TRAP_IN8        7   /* rsi = port: returns the byte in rax */
 #define TRAP_WRMSR      8   /* rsi = msr, rdx = 64-bit value */
 #define TRAP_CRASH_TRIPLE 9 /* load an empty IDT and raise #UD: triple fault */
-#define TRAP_CRASH_EMUL 10  /* execute an instruction kvm_pvm cannot emulate */
+#define TRAP_CRASH_EMUL 10  /* popcnt from CRASH_EMUL_GPA: an emulation failure on any KVM */
 #define TRAP_IN32       11  /* rsi = port: 32-bit in, result in rax (PCI conf1 data) */
 #define TRAP_MMIO_R8    12  /* rsi = guest-physical addr: returns the value in rax */
 #define TRAP_MMIO_R16   13
@@ -45,6 +45,12 @@
 #define TRAP_MMIO_W16   17
 #define TRAP_MMIO_W64   18  /* (the 32-bit write is TRAP_MMIO_W32) */
 #define TRAP_MAX        18
+
+/* crash=emul reads here: the start of the MMIO hole below 4 GiB, mapped by
+ * the guest's page tables (uncached), backed by no memory under kmig (RAM
+ * above 3 GiB continues at 4 GiB) nor under QEMU's pc machine, and below
+ * the window the balloon driver assigns BARs in (0xe0000000..). */
+#define CRASH_EMUL_GPA  0xc0000000
 
 #define COM1_PORT       0x3f8
 #define POWEROFF_PORT   0xf4

@@ -454,7 +454,8 @@ static void crash_now(void)
 		trap(TRAP_CRASH_TRIPLE, 0, 0);
 		break;
 	case CRASH_EMUL:
-		kprintf("kmig-guest crash=emul: popcnt/int3 in ring 0\n");
+		kprintf("kmig-guest crash=emul: popcnt from gpa 0x%x (no memory) in ring 0\n",
+			CRASH_EMUL_GPA);
 		trap(TRAP_CRASH_EMUL, 0, 0);
 		break;
 	case CRASH_UD:

@@ -5,6 +5,8 @@
  *   3..4 GiB (MMIO hole, LAPIC/IOAPIC) is mapped uncached.  Page 0 stays
  *   mapped: QEMU's PVH option ROM puts the memory map there.
  */
+#include "layout.h"
+
 #define PTE_P   0x001
 #define PTE_RW  0x002
 #define PTE_US  0x004
@@ -36,4 +38,8 @@ pd:
 	.endif
 	.set i, i + 1
 	.endr
+/* crash=emul's popcnt reads CRASH_EMUL_GPA through this map */
+	.if (CRASH_EMUL_GPA < (1536 << 21)) || (CRASH_EMUL_GPA >= (2048 << 21))
+	.error "CRASH_EMUL_GPA is not in the mapped MMIO hole (3..4 GiB)"
+	.endif
 	.section .note.GNU-stack, "", @progbits

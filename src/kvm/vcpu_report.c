@@ -36,6 +36,15 @@ void vcpu__report(struct vcpu *v, const char *what)
 		return;
 	}
 	log_err("vcpu%u: %s", v->index, what);
+	/* kvm_amd INITs the vCPU on a shutdown intercept (the VMCB is undefined
+	 * after one) before KVM_EXIT_SHUTDOWN reaches us: the state at the
+	 * triple fault is gone.  kmig's guests never run at the reset vector
+	 * (no firmware; PVH starts in protected mode), so this state means that. */
+	if (r.rip == 0xfff0 && sr.cs.selector == 0xf000 && sr.cs.base == 0xffff0000ull &&
+	    !(sr.cr0 & 1))
+		log_err("vcpu%u: registers are the vCPU's INIT state: KVM reset it before "
+			"returning (kvm_amd does on a triple fault), the state at the failure is lost",
+			v->index);
 	log_err("vcpu%u: rip=%016llx rsp=%016llx rflags=%08llx rax=%016llx rbx=%016llx",
 		v->index, r.rip, r.rsp, r.rflags, r.rax, r.rbx);
 	log_err("vcpu%u: rcx=%016llx rdx=%016llx rsi=%016llx rdi=%016llx rbp=%016llx",

@@ -1,17 +1,15 @@
-#!/usr/bin/python3
 """Boots the test guest in kmig with one vCPU, once per workload, and checks
 the console lines each workload prints (see guest/main.c, guest/work.c,
 guest/verify.c), guest power-off, and the dirty-ring backend."""
 import os
 import re
-import shutil
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from kmigtest import Report, have_kvm, kmig_vm, tmpdir  # noqa: E402
+import pytest
 
-R = Report()
+import kmigtest as kt
+
+pytestmark = pytest.mark.kvm
 
 READY = r"kmig-guest ready cpus=(\d+) mem_mb=(\d+)"
 STRESS = r"^stress cpu=(\d+) t_ms=(\d+) ms_per_gib=(\d+\.\d\d) max_ms_per_gib=(\d+\.\d\d)$"
@@ -41,152 +39,120 @@ def why(vm):
     return "console:\n%s\nkmig output:\n%s" % (vm.console.text()[-1500:], vm.output()[-1500:])
 
 
-def check_ready(name, vm, mem_mb_max, mem_mb_min):
-    m = vm.console.wait(READY, timeout=20, proc=vm.proc)
-    if not R.ok(name + "_ready", m is not None, "no ready line; " + why(vm)):
+def check_ready(check, name, vm, mem_mb_max, mem_mb_min):
+    m = vm.console.wait(READY, timeout=kt.slow(20), proc=vm.proc)
+    if not check(name + "_ready", m is not None, "no ready line; " + why(vm)):
         return False
     cpus, mem = int(m.group(1)), int(m.group(2))
-    R.ok(name + "_ready_cpus1", cpus == 1, "cpus=%d" % cpus)
-    R.ok(name + "_ready_mem_mb", mem_mb_min <= mem <= mem_mb_max,
-         "mem_mb=%d not in [%d, %d]" % (mem, mem_mb_min, mem_mb_max))
+    check(name + "_ready_cpus1", cpus == 1, "cpus=%d" % cpus)
+    check(name + "_ready_mem_mb", mem_mb_min <= mem <= mem_mb_max,
+          "mem_mb=%d not in [%d, %d]" % (mem, mem_mb_min, mem_mb_max))
     return True
 
 
-def test_stress(d, name="stress", extra=()):
-    vm = kmig_vm(d, name, "workload=stress mb=64 report_ms=200", memory="1G", extra=extra)
-    try:
-        if not check_ready(name, vm, 1024, 900):
-            return
-        ms = wait_count(vm, STRESS, 5)
-        if not R.ok(name + "_lines", len(ms) >= 5, "%d stress lines; %s" % (len(ms), why(vm))):
-            return
-        R.ok(name + "_cpu0", all(m.group(1) == "0" for m in ms),
-             "cpus seen: %s" % sorted(set(m.group(1) for m in ms)))
-        t = [int(m.group(2)) for m in ms]
-        R.ok(name + "_t_ms_increasing", all(a < b for a, b in zip(t, t[1:])), "t_ms=%s" % t)
-        avg = [float(m.group(3)) for m in ms]
-        mx = [float(m.group(4)) for m in ms]
-        R.ok(name + "_rates_positive", all(a > 0 for a in avg), "ms_per_gib=%s" % avg)
-        R.ok(name + "_max_ge_avg", all(b >= a for a, b in zip(avg, mx)),
-             "ms_per_gib=%s max=%s" % (avg, mx))
-        R.ok(name + "_still_running", vm.proc.poll() is None,
-             "kmig exited with %s; %s" % (vm.proc.poll(), why(vm)))
-        R.ok(name + "_no_guest_errors",
-             not matches(vm, r"kmig-guest (error|warning|fault)"), why(vm))
-    finally:
-        vm.kill()
+@pytest.mark.parametrize("name, extra", [
+    ("stress", ()),
+    ("dirty_ring_stress", ("--dirty-ring", "4096")),
+], ids=["bitmap", "dirty_ring"])
+def test_stress(d, vms, check, name, extra):
+    vm = kt.kmig_vm(d, name, "workload=stress mb=64 report_ms=200", memory="1G", extra=extra)
+    vms.append(vm)
+    if not check_ready(check, name, vm, 1024, 900):
+        return
+    ms = wait_count(vm, STRESS, 5, timeout=kt.slow(20))
+    if not check(name + "_lines", len(ms) >= 5, "%d stress lines; %s" % (len(ms), why(vm))):
+        return
+    check(name + "_cpu0", all(m.group(1) == "0" for m in ms),
+          "cpus seen: %s" % sorted(set(m.group(1) for m in ms)))
+    t = [int(m.group(2)) for m in ms]
+    check(name + "_t_ms_increasing", all(a < b for a, b in zip(t, t[1:])), "t_ms=%s" % t)
+    avg = [float(m.group(3)) for m in ms]
+    mx = [float(m.group(4)) for m in ms]
+    check(name + "_rates_positive", all(a > 0 for a in avg), "ms_per_gib=%s" % avg)
+    check(name + "_max_ge_avg", all(b >= a for a, b in zip(avg, mx)),
+          "ms_per_gib=%s max=%s" % (avg, mx))
+    check(name + "_still_running", vm.proc.poll() is None,
+          "kmig exited with %s; %s" % (vm.proc.poll(), why(vm)))
+    check(name + "_no_guest_errors",
+          not matches(vm, r"kmig-guest (error|warning|fault)"), why(vm))
 
 
-def test_idle(d):
-    vm = kmig_vm(d, "idle", "workload=idle report_ms=200", memory="256M")
-    try:
-        if not check_ready("idle", vm, 256, 200):
-            return
-        ms = wait_count(vm, HEARTBEAT, 6)
-        if not R.ok("idle_heartbeats", len(ms) >= 6, "%d heartbeats; %s" % (len(ms), why(vm))):
-            return
-        gaps = [int(m.group(2)) for m in ms]
-        t = [int(m.group(1)) for m in ms]
-        R.ok("idle_gap_near_report_ms", all(100 <= g <= 600 for g in gaps),
-             "gap_ms=%s (report_ms=200)" % gaps)
-        R.ok("idle_t_ms_increasing", all(a < b for a, b in zip(t, t[1:])), "t_ms=%s" % t)
-        diffs = [b - a for a, b in zip(t, t[1:])]
-        R.ok("idle_t_ms_steps_match_gaps",
-             all(abs(df - g) <= 2 for df, g in zip(diffs, gaps[1:])),
-             "t_ms steps %s vs gap_ms %s" % (diffs, gaps[1:]))
-    finally:
-        vm.kill()
+def test_idle(d, vms, check):
+    vm = kt.kmig_vm(d, "idle", "workload=idle report_ms=200", memory="256M")
+    vms.append(vm)
+    if not check_ready(check, "idle", vm, 256, 200):
+        return
+    ms = wait_count(vm, HEARTBEAT, 6, timeout=kt.slow(20))
+    if not check("idle_heartbeats", len(ms) >= 6, "%d heartbeats; %s" % (len(ms), why(vm))):
+        return
+    gaps = [int(m.group(2)) for m in ms]
+    t = [int(m.group(1)) for m in ms]
+    check("idle_gap_near_report_ms", all(100 <= g <= 600 for g in gaps),
+          "gap_ms=%s (report_ms=200)" % gaps)
+    check("idle_t_ms_increasing", all(a < b for a, b in zip(t, t[1:])), "t_ms=%s" % t)
+    diffs = [b - a for a, b in zip(t, t[1:])]
+    check("idle_t_ms_steps_match_gaps",
+          all(abs(df - g) <= 2 for df, g in zip(diffs, gaps[1:])),
+          "t_ms steps %s vs gap_ms %s" % (diffs, gaps[1:]))
 
 
-def test_fill_free(d):
-    vm = kmig_vm(d, "fill", "workload=fill-free mb=64 report_ms=200", memory="256M")
-    try:
-        if not check_ready("fill_free", vm, 256, 200):
-            return
-        m = vm.console.wait(FILL_DONE, timeout=20, proc=vm.proc)
-        if not R.ok("fill_free_done", m is not None, why(vm)):
-            return
-        mb, free_pages, extents = (int(x) for x in m.groups())
-        R.ok("fill_free_mb", mb == 64, "mb=%d" % mb)
-        R.ok("fill_free_pages_back", free_pages * 4096 >= 64 << 20,
-             "free_pages=%d < 64 MiB" % free_pages)
-        R.ok("fill_free_extents", extents >= 1, "extents=%d" % extents)
-        hb = vm.console.wait(HEARTBEAT, timeout=10, proc=vm.proc)
-        R.ok("fill_free_then_heartbeat", hb is not None, why(vm))
-    finally:
-        vm.kill()
+def test_fill_free(d, vms, check):
+    vm = kt.kmig_vm(d, "fill", "workload=fill-free mb=64 report_ms=200", memory="256M")
+    vms.append(vm)
+    if not check_ready(check, "fill_free", vm, 256, 200):
+        return
+    m = vm.console.wait(FILL_DONE, timeout=kt.slow(20), proc=vm.proc)
+    if not check("fill_free_done", m is not None, why(vm)):
+        return
+    mb, free_pages, extents = (int(x) for x in m.groups())
+    check("fill_free_mb", mb == 64, "mb=%d" % mb)
+    check("fill_free_pages_back", free_pages * 4096 >= 64 << 20,
+          "free_pages=%d < 64 MiB" % free_pages)
+    check("fill_free_extents", extents >= 1, "extents=%d" % extents)
+    hb = vm.console.wait(HEARTBEAT, timeout=kt.slow(10), proc=vm.proc)
+    check("fill_free_then_heartbeat", hb is not None, why(vm))
 
 
-def test_verify(d):
-    vm = kmig_vm(d, "verify", "workload=verify mb=32 report_ms=200", memory="256M")
-    try:
-        if not check_ready("verify", vm, 256, 200):
-            return
-        ms = wait_count(vm, VERIFY_OK, 4, timeout=30)
-        if not R.ok("verify_ok_lines", len(ms) >= 4, "%d lines; %s" % (len(ms), why(vm))):
-            return
-        rounds = [int(m.group(1)) for m in ms]
-        R.ok("verify_rounds_increasing", all(a < b for a, b in zip(rounds, rounds[1:])),
-             "rounds=%s" % rounds)
-        R.ok("verify_cpu0", all(m.group(2) == "0" for m in ms), "")
-        R.ok("verify_pages", all(int(m.group(3)) >= 32 * 256 for m in ms),
-             "pages=%s (want >= %d per report)" % ([m.group(3) for m in ms], 32 * 256))
-        R.ok("verify_no_bad", not matches(vm, r"verify (BAD|bad_pages)"), why(vm))
-    finally:
-        vm.kill()
+def test_verify(d, vms, check):
+    vm = kt.kmig_vm(d, "verify", "workload=verify mb=32 report_ms=200", memory="256M")
+    vms.append(vm)
+    if not check_ready(check, "verify", vm, 256, 200):
+        return
+    ms = wait_count(vm, VERIFY_OK, 4, timeout=kt.slow(30))
+    if not check("verify_ok_lines", len(ms) >= 4, "%d lines; %s" % (len(ms), why(vm))):
+        return
+    rounds = [int(m.group(1)) for m in ms]
+    check("verify_rounds_increasing", all(a < b for a, b in zip(rounds, rounds[1:])),
+          "rounds=%s" % rounds)
+    check("verify_cpu0", all(m.group(2) == "0" for m in ms), "")
+    check("verify_pages", all(int(m.group(3)) >= 32 * 256 for m in ms),
+          "pages=%s (want >= %d per report)" % ([m.group(3) for m in ms], 32 * 256))
+    check("verify_no_bad", not matches(vm, r"verify (BAD|bad_pages)"), why(vm))
 
 
-def test_verify_detects_corruption(d):
+def test_verify_detects_corruption(d, vms, check):
     """The verify check itself can fail: the guest corrupts a page in round 2."""
-    vm = kmig_vm(d, "corrupt", "workload=verify mb=16 report_ms=100 corrupt_round=2",
-                 memory="256M")
-    try:
-        m = vm.console.wait(r"^verify BAD page=0x[0-9a-f]+ cpu=0 round=2 ", timeout=30,
-                            proc=vm.proc)
-        R.ok("verify_detects_corruption", m is not None, why(vm))
-    finally:
-        vm.kill()
+    vm = kt.kmig_vm(d, "corrupt", "workload=verify mb=16 report_ms=100 corrupt_round=2",
+                    memory="256M")
+    vms.append(vm)
+    m = vm.console.wait(r"^verify BAD page=0x[0-9a-f]+ cpu=0 round=2 ", timeout=kt.slow(30),
+                        proc=vm.proc)
+    check("verify_detects_corruption", m is not None, why(vm))
 
 
-def test_exit_ms(d):
-    vm = kmig_vm(d, "exit", "workload=stress mb=16 report_ms=200 exit_ms=1500", memory="256M")
-    try:
-        q = vm.qmp()
-        ev = q.wait_event("SHUTDOWN", timeout=30)
-        R.ok("exit_ms_shutdown_event", ev is not None, why(vm))
-        if ev is not None:
-            data = ev.get("data", {})
-            R.ok("exit_ms_shutdown_by_guest", data.get("guest") is True, "event %s" % ev)
-        rc = vm.wait_exit(15)
-        R.ok("exit_ms_exit_code_0", rc == 0, "exit status %s; %s" % (rc, why(vm)))
-        R.ok("exit_ms_guest_exit_line", vm.console.wait(r"^kmig-guest exit t_ms=(\d+)",
-                                                        timeout=1) is not None, why(vm))
-        R.ok("exit_ms_qmp_socket_removed", not os.path.exists(vm.qmp_path),
-             "%s still exists" % vm.qmp_path)
-    finally:
-        vm.kill()
-
-
-def main():
-    if not os.path.exists("/dev/kvm"):
-        R.skip("boot", "/dev/kvm is absent")
-        R.done()
-    if not have_kvm():
-        R.ok("boot_kvm_access", False, "/dev/kvm exists but is not accessible")
-        R.done()
-    d = tmpdir()
-    try:
-        test_stress(d)
-        test_idle(d)
-        test_fill_free(d)
-        test_verify(d)
-        test_verify_detects_corruption(d)
-        test_exit_ms(d)
-        test_stress(d, "dirty_ring_stress", extra=("--dirty-ring", "4096"))
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-    R.done()
-
-
-if __name__ == "__main__":
-    main()
+def test_exit_ms(d, vms, check):
+    vm = kt.kmig_vm(d, "exit", "workload=stress mb=16 report_ms=200 exit_ms=1500",
+                    memory="256M")
+    vms.append(vm)
+    q = vm.qmp()
+    ev = q.wait_event("SHUTDOWN", timeout=kt.slow(30))
+    check("exit_ms_shutdown_event", ev is not None, why(vm))
+    if ev is not None:
+        data = ev.get("data", {})
+        check("exit_ms_shutdown_by_guest", data.get("guest") is True, "event %s" % ev)
+    rc = vm.wait_exit(kt.slow(15))
+    check("exit_ms_exit_code_0", rc == 0, "exit status %s; %s" % (rc, why(vm)))
+    check("exit_ms_guest_exit_line", vm.console.wait(r"^kmig-guest exit t_ms=(\d+)",
+                                                     timeout=1) is not None, why(vm))
+    check("exit_ms_qmp_socket_removed", not os.path.exists(vm.qmp_path),
+          "%s still exists" % vm.qmp_path)

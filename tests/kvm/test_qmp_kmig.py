@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """QMP against a running kmig (docs/qmp.md): greeting, negotiation, run
 state commands and their events, bad input, several clients, the socket's
 mode, and quit."""
@@ -6,13 +5,14 @@ import json
 import os
 import socket
 import stat
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from kmigtest import QMP, Report, have_kvm, kmig_vm, tmpdir  # noqa: E402
+import pytest
 
-R = Report()
+import kmigtest as kt
+
+pytestmark = pytest.mark.kvm
+
 HEARTBEAT = r"^heartbeat t_ms=(\d+) gap_ms=(\d+)$"
 
 
@@ -64,149 +64,150 @@ def why(vm):
     return "console:\n%s\nkmig output:\n%s" % (vm.console.text()[-1000:], vm.output()[-1500:])
 
 
-def run(d):
-    vm = kmig_vm(d, "q", "workload=idle report_ms=200", memory="256M")
+def start(d, vms):
+    vm = kt.kmig_vm(d, "q", "workload=idle report_ms=200", memory="256M")
+    vms.append(vm)
+    kt.QMP(vm.qmp_path, timeout=kt.slow(30)).close()   # waits for the socket to appear
+    return vm
+
+
+def running(d, vms, check):
+    """A VM whose guest beats; its QMP client, or None (a failed check)."""
+    vm = start(d, vms)
+    q = kt.QMP(vm.qmp_path)
+    if not check("guest_heartbeats", vm.console.wait(HEARTBEAT, timeout=kt.slow(20),
+                                                     proc=vm.proc) is not None, why(vm)):
+        return vm, None
+    return vm, q
+
+
+def test_greeting_negotiation_socket_mode(d, vms, check):
+    vm = start(d, vms)
+    raw = Raw(vm.qmp_path)
+    g = raw.read()
+    ver = g.get("QMP", {}).get("version", {})
+    qemu = ver.get("qemu", {})
+    check("greeting_shape",
+          set(g) == {"QMP"} and set(g["QMP"]) == {"version", "capabilities"} and
+          g["QMP"]["capabilities"] == [] and
+          all(isinstance(qemu.get(k), int) for k in ("major", "minor", "micro")) and
+          str(ver.get("package", "")).startswith("kmig-"), "greeting %s" % g)
+
+    raw.send({"execute": "query-status", "id": 7})
+    r = raw.reply()
+    check("before_negotiation_refused",
+          r.get("error", {}).get("class") == "CommandNotFound" and r.get("id") == 7 and
+          "return" not in r, "reply %s" % r)
+    raw.send({"execute": "qmp_capabilities", "id": "neg"})
+    r = raw.reply()
+    check("negotiation", r == {"return": {}, "id": "neg"}, "reply %s" % r)
+    raw.send({"execute": "qmp_capabilities"})
+    r = raw.reply()
+    check("second_negotiation_refused", r.get("error", {}).get("class") == "CommandNotFound",
+          "reply %s" % r)
+    raw.send({"execute": "query-version"})
+    r = raw.reply()
+    check("query_version_matches_greeting", r.get("return") == ver, "reply %s" % r)
+    raw.send({"execute": "query-commands"})
+    r = raw.reply()
+    names = {c.get("name") for c in r.get("return", [])}
+    want = {"qmp_capabilities", "query-version", "query-commands", "query-status",
+            "stop", "cont", "quit"}
+    check("query_commands", want <= names, "missing %s" % (want - names))
+    raw.close()
+
+    st = os.stat(vm.qmp_path)
+    check("socket_mode_0600", stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600,
+          "mode %o" % st.st_mode)
+
+
+def test_stop_cont(d, vms, check):
+    vm, q = running(d, vms, check)
+    if q is None:
+        return
+    s = q.cmd("query-status")
+    check("query_status_running", s.get("status") == "running" and s.get("running") is True,
+          "query-status %s" % s)
+
+    r = q.cmd_full("stop")
+    check("stop_returns", r.get("return") == {}, "reply %s" % r)
+    check("stop_event", q.wait_event("STOP", timeout=kt.slow(5)) is not None, "no STOP event")
+    s = q.cmd("query-status")
+    check("query_status_paused", s.get("status") == "paused" and s.get("running") is False,
+          "query-status %s" % s)
+    time.sleep(0.3)               # a line already on its way may land
+    n0 = heartbeats(vm)
+    time.sleep(1.5)               # report_ms=200: ~7 heartbeats if it were running
+    n1 = heartbeats(vm)
+    check("stopped_guest_is_silent", n1 == n0, "%d new heartbeats while paused" % (n1 - n0))
+
+    r = q.cmd_full("cont")
+    check("cont_returns", r.get("return") == {}, "reply %s" % r)
+    check("resume_event", q.wait_event("RESUME", timeout=kt.slow(5)) is not None,
+          "no RESUME event")
+    s = q.cmd("query-status")
+    check("query_status_running_again", s.get("status") == "running", "query-status %s" % s)
+    check("heartbeats_resume", wait_more_heartbeats(vm, n1, 2, timeout=kt.slow(10)), why(vm))
+
+
+def test_bad_input_keeps_connection_and_vm(d, vms, check):
+    vm, q = running(d, vms, check)
+    if q is None:
+        return
+    q.send_raw(b"this is not json\n")
+    r = q.read_reply()
+    check("garbage_generic_error", r.get("error", {}).get("class") == "GenericError",
+          "reply %s" % r)
+    q.send_raw(b'{"execute": "no-such-command"}\n')
+    r = q.read_reply()
+    check("unknown_command", r.get("error", {}).get("class") == "CommandNotFound",
+          "reply %s" % r)
+    q.send_raw(b'{"execute": "stop", "arguments": {"bogus": 1}}\n')
+    r = q.read_reply()
+    check("unexpected_argument", r.get("error", {}).get("class") == "GenericError",
+          "reply %s" % r)
+    if q.cmd("query-status").get("status") == "paused":
+        q.cmd("cont")             # the bogus stop was obeyed; go on from running
+    q.send_raw(b'[1, 2]\n')
+    r = q.read_reply()
+    check("non_object_generic_error", r.get("error", {}).get("class") == "GenericError",
+          "reply %s" % r)
+    s = q.cmd("query-status")
+    check("running_after_garbage", s.get("status") == "running", "query-status %s" % s)
+    check("heartbeats_after_garbage",
+          wait_more_heartbeats(vm, heartbeats(vm), 2, timeout=kt.slow(10)), why(vm))
+
+
+def test_clients_and_quit(d, vms, check):
+    """Two clients both see events; another connects after one leaves; quit."""
+    vm, q = running(d, vms, check)
+    if q is None:
+        return
+    q2 = kt.QMP(vm.qmp_path)
+    q.cmd("stop")
+    check("two_clients_stop_event_1", q.wait_event("STOP", timeout=kt.slow(5)) is not None, "")
+    check("two_clients_stop_event_2", q2.wait_event("STOP", timeout=kt.slow(5)) is not None, "")
+    q2.cmd("cont")
+    check("two_clients_resume_event_1", q.wait_event("RESUME", timeout=kt.slow(5)) is not None,
+          "")
+    q2.close()
+    q.close()
+    time.sleep(0.2)
     try:
-        # --- greeting and negotiation, raw ---
-        q = QMP(vm.qmp_path)          # waits for the socket to appear
-        q.close()
-        raw = Raw(vm.qmp_path)
-        g = raw.read()
-        ver = g.get("QMP", {}).get("version", {})
-        qemu = ver.get("qemu", {})
-        R.ok("greeting_shape",
-             set(g) == {"QMP"} and set(g["QMP"]) == {"version", "capabilities"} and
-             g["QMP"]["capabilities"] == [] and
-             all(isinstance(qemu.get(k), int) for k in ("major", "minor", "micro")) and
-             str(ver.get("package", "")).startswith("kmig-"), "greeting %s" % g)
+        q3 = kt.QMP(vm.qmp_path, timeout=10)
+        s = q3.cmd("query-status")
+        check("client_after_disconnect", s.get("status") == "running", "query-status %s" % s)
+    except (OSError, EOFError, RuntimeError, ValueError) as e:
+        check("client_after_disconnect", False, repr(e))
+        return
+    check("alive_after_clients_left", vm.proc.poll() is None, why(vm))
 
-        raw.send({"execute": "query-status", "id": 7})
-        r = raw.reply()
-        R.ok("before_negotiation_refused",
-             r.get("error", {}).get("class") == "CommandNotFound" and r.get("id") == 7 and
-             "return" not in r, "reply %s" % r)
-        raw.send({"execute": "qmp_capabilities", "id": "neg"})
-        r = raw.reply()
-        R.ok("negotiation", r == {"return": {}, "id": "neg"}, "reply %s" % r)
-        raw.send({"execute": "qmp_capabilities"})
-        r = raw.reply()
-        R.ok("second_negotiation_refused", r.get("error", {}).get("class") == "CommandNotFound",
-             "reply %s" % r)
-        raw.send({"execute": "query-version"})
-        r = raw.reply()
-        R.ok("query_version_matches_greeting", r.get("return") == ver, "reply %s" % r)
-        raw.send({"execute": "query-commands"})
-        r = raw.reply()
-        names = {c.get("name") for c in r.get("return", [])}
-        want = {"qmp_capabilities", "query-version", "query-commands", "query-status",
-                "stop", "cont", "quit"}
-        R.ok("query_commands", want <= names, "missing %s" % (want - names))
-        raw.close()
-
-        # --- socket mode ---
-        st = os.stat(vm.qmp_path)
-        R.ok("socket_mode_0600", stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600,
-             "mode %o" % st.st_mode)
-
-        # --- run state ---
-        q = QMP(vm.qmp_path)
-        if not R.ok("guest_heartbeats", vm.console.wait(HEARTBEAT, timeout=20, proc=vm.proc)
-                    is not None, why(vm)):
-            return
-        s = q.cmd("query-status")
-        R.ok("query_status_running", s.get("status") == "running" and s.get("running") is True,
-             "query-status %s" % s)
-
-        r = q.cmd_full("stop")
-        R.ok("stop_returns", r.get("return") == {}, "reply %s" % r)
-        R.ok("stop_event", q.wait_event("STOP", timeout=5) is not None, "no STOP event")
-        s = q.cmd("query-status")
-        R.ok("query_status_paused", s.get("status") == "paused" and s.get("running") is False,
-             "query-status %s" % s)
-        time.sleep(0.3)               # a line already on its way may land
-        n0 = heartbeats(vm)
-        time.sleep(1.5)               # report_ms=200: ~7 heartbeats if it were running
-        n1 = heartbeats(vm)
-        R.ok("stopped_guest_is_silent", n1 == n0, "%d new heartbeats while paused" % (n1 - n0))
-
-        r = q.cmd_full("cont")
-        R.ok("cont_returns", r.get("return") == {}, "reply %s" % r)
-        R.ok("resume_event", q.wait_event("RESUME", timeout=5) is not None, "no RESUME event")
-        s = q.cmd("query-status")
-        R.ok("query_status_running_again", s.get("status") == "running", "query-status %s" % s)
-        R.ok("heartbeats_resume", wait_more_heartbeats(vm, n1, 2), why(vm))
-
-        # --- bad input keeps the connection and the VM alive ---
-        q.send_raw(b"this is not json\n")
-        r = q.read_reply()
-        R.ok("garbage_generic_error", r.get("error", {}).get("class") == "GenericError",
-             "reply %s" % r)
-        q.send_raw(b'{"execute": "no-such-command"}\n')
-        r = q.read_reply()
-        R.ok("unknown_command", r.get("error", {}).get("class") == "CommandNotFound",
-             "reply %s" % r)
-        q.send_raw(b'{"execute": "stop", "arguments": {"bogus": 1}}\n')
-        r = q.read_reply()
-        R.ok("unexpected_argument", r.get("error", {}).get("class") == "GenericError",
-             "reply %s" % r)
-        if q.cmd("query-status").get("status") == "paused":
-            q.cmd("cont")             # the bogus stop was obeyed; go on from running
-        q.send_raw(b'[1, 2]\n')
-        r = q.read_reply()
-        R.ok("non_object_generic_error", r.get("error", {}).get("class") == "GenericError",
-             "reply %s" % r)
-        s = q.cmd("query-status")
-        R.ok("running_after_garbage", s.get("status") == "running", "query-status %s" % s)
-        R.ok("heartbeats_after_garbage", wait_more_heartbeats(vm, heartbeats(vm), 2), why(vm))
-
-        # --- two clients both see events; another connects after one leaves ---
-        q2 = QMP(vm.qmp_path)
-        q.cmd("stop")
-        R.ok("two_clients_stop_event_1", q.wait_event("STOP", timeout=5) is not None, "")
-        R.ok("two_clients_stop_event_2", q2.wait_event("STOP", timeout=5) is not None, "")
-        q2.cmd("cont")
-        R.ok("two_clients_resume_event_1", q.wait_event("RESUME", timeout=5) is not None, "")
-        q2.close()
-        q.close()
-        time.sleep(0.2)
-        try:
-            q3 = QMP(vm.qmp_path, timeout=10)
-            s = q3.cmd("query-status")
-            R.ok("client_after_disconnect", s.get("status") == "running", "query-status %s" % s)
-        except (OSError, EOFError, RuntimeError, ValueError) as e:
-            R.ok("client_after_disconnect", False, repr(e))
-            return
-        R.ok("alive_after_clients_left", vm.proc.poll() is None, why(vm))
-
-        # --- quit ---
-        r = q3.cmd_full("quit")
-        R.ok("quit_returns", r.get("return") == {}, "reply %s" % r)
-        ev = q3.wait_event("SHUTDOWN", timeout=5)
-        R.ok("quit_shutdown_event", ev is not None and ev.get("data", {}).get("guest") is False,
-             "event %s" % ev)
-        rc = vm.wait_exit(10)
-        R.ok("quit_exit_code_0", rc == 0, "exit status %s; %s" % (rc, why(vm)))
-        R.ok("quit_socket_removed", not os.path.exists(vm.qmp_path), "socket still there")
-        q3.close()
-    finally:
-        vm.kill()
-
-
-def main():
-    if not os.path.exists("/dev/kvm"):
-        R.skip("qmp_kmig", "/dev/kvm is absent")
-        R.done()
-    if not have_kvm():
-        R.ok("qmp_kvm_access", False, "/dev/kvm exists but is not accessible")
-        R.done()
-    d = tmpdir()
-    try:
-        run(d)
-    finally:
-        import shutil
-        shutil.rmtree(d, ignore_errors=True)
-    R.done()
-
-
-if __name__ == "__main__":
-    main()
+    r = q3.cmd_full("quit")
+    check("quit_returns", r.get("return") == {}, "reply %s" % r)
+    ev = q3.wait_event("SHUTDOWN", timeout=kt.slow(5))
+    check("quit_shutdown_event", ev is not None and ev.get("data", {}).get("guest") is False,
+          "event %s" % ev)
+    rc = vm.wait_exit(kt.slow(10))
+    check("quit_exit_code_0", rc == 0, "exit status %s; %s" % (rc, why(vm)))
+    check("quit_socket_removed", not os.path.exists(vm.qmp_path), "socket still there")
+    q3.close()
