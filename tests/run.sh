@@ -43,7 +43,8 @@ run_one() {
 	local name=$1; shift
 	[ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && return
 	echo "== $name"
-	"$@" 2>&1 | tee "$log"
+	# a hung test fails (status 124) instead of hanging the run
+	timeout -k 10 "${KMIG_C_TEST_TIMEOUT:-900}" "$@" 2>&1 | tee "$log"
 	count "${PIPESTATUS[0]}" "$name"
 }
 

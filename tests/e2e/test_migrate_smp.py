@@ -1,20 +1,16 @@
-#!/usr/bin/env python3
 """Live migration of a 2-vCPU guest (cpus=2): verify and stress workloads,
 on the bitmap and the dirty-ring backend.  Both vCPUs must come up, the
 migration must complete, and on the destination both vCPUs must go on with
 their workload (verify: no lost page, rounds growing on each CPU).
 """
-import os
 import re
-import shutil
-import sys
 import time
-import traceback
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-import kmigtest as kt  # noqa: E402
+import pytest
 
-R = kt.Report()
+import kmigtest as kt
+
+pytestmark = pytest.mark.kvm
 
 
 def dump(vm, n=12):
@@ -25,24 +21,27 @@ def rounds(text, cpu):
     return [int(x) for x in re.findall(r"^verify ok round=(\d+) cpu=%d " % cpu, text, re.M)]
 
 
-def case(d, vms, workload, backend):
-    name = "migrate_smp_%s_%s" % (workload, backend)
-    sub = os.path.join(d, name)
-    os.mkdir(sub)
+@pytest.mark.parametrize("workload,backend", [
+    ("verify", "bitmap"),
+    ("verify", "ring"),
+    ("stress", "bitmap"),
+    ("stress", "ring"),
+])
+def test_smp(d, vms, check, workload, backend):
     extra = ["--dirty-ring", "4096"] if backend == "ring" else []
     cmd = "workload=%s mb=64 cpus=2 report_ms=300" % workload
     uri = "tcp:127.0.0.1:%d" % kt.free_port()
-    src = kt.kmig_vm(sub, "src", cmd, memory="256M", cpus=2, extra=extra)
+    src = kt.kmig_vm(d, "src", cmd, memory="256M", cpus=2, extra=extra)
     vms.append(src)
-    dst = kt.kmig_vm(sub, "dst", cmd, memory="256M", cpus=2,
+    dst = kt.kmig_vm(d, "dst", cmd, memory="256M", cpus=2,
                      extra=extra + ["--incoming", uri])
     vms.append(dst)
     line = r"^verify ok round=\d+ cpu=%d " if workload == "verify" else r"^stress cpu=%d "
-    ready = src.console.wait(r"^kmig-guest ready cpus=(\d+)", 60, proc=src.proc)
-    if not R.ok(name + "_two_cpus", ready is not None and ready.group(1) == "2", dump(src)):
+    ready = src.console.wait(r"^kmig-guest ready cpus=(\d+)", kt.slow(60), proc=src.proc)
+    if not check("two_cpus", ready is not None and ready.group(1) == "2", dump(src)):
         return
-    up = all(src.console.wait(line % c, 40, proc=src.proc) is not None for c in (0, 1))
-    if not R.ok(name + "_boot", up, dump(src)):
+    up = all(src.console.wait(line % c, kt.slow(40), proc=src.proc) is not None for c in (0, 1))
+    if not check("boot", up, dump(src)):
         return
     caps = {"auto-converge": True}
     if workload == "verify":
@@ -50,19 +49,19 @@ def case(d, vms, workload, backend):
     # default bandwidth (128 MiB/s) and downtime limit (300 ms): both vCPUs
     # dirty memory, so dirty rounds follow the bulk pass until auto-converge
     # throttles them enough
-    r = kt.migrate(src, dst, uri, caps=caps, timeout=75)
-    print("# %s: status %s, total-time %s ms, downtime %s ms, dirty-sync-count %s"
-          % (name, r.get("status"), r.get("total-time"), r.get("downtime"),
+    r = kt.migrate(src, dst, uri, caps=caps, timeout=kt.slow(75))
+    print("# smp_%s_%s: status %s, total-time %s ms, downtime %s ms, dirty-sync-count %s"
+          % (workload, backend, r.get("status"), r.get("total-time"), r.get("downtime"),
              r.get("ram", {}).get("dirty-sync-count")))
-    if not R.ok(name + "_completed", r.get("status") == "completed",
-                "%r; src %s; dst %s" % (r, dump(src), dump(dst))):
+    if not check("completed", r.get("status") == "completed",
+                 "%r; src %s; dst %s" % (r, dump(src), dump(dst))):
         return
-    R.ok(name + "_states", src.qmp().cmd("query-status").get("status") == "postmigrate"
-         and dst.qmp().cmd("query-status").get("status") == "running",
-         "%s / %s" % (dump(src), dump(dst)))
+    check("states", src.qmp().cmd("query-status").get("status") == "postmigrate"
+          and dst.qmp().cmd("query-status").get("status") == "running",
+          "%s / %s" % (dump(src), dump(dst)))
     if workload == "verify":
         src_last = {c: max(rounds(src.console.text(), c) or [0]) for c in (0, 1)}
-        deadline = time.time() + 30
+        deadline = time.time() + kt.slow(30)
         while time.time() < deadline:
             t = dst.console.text()
             if all(len(rounds(t, c)) >= 3 for c in (0, 1)) or "verify BAD" in t \
@@ -72,50 +71,18 @@ def case(d, vms, workload, backend):
         t = dst.console.text()
         for c in (0, 1):
             rs = rounds(t, c)
-            R.ok(name + "_dst_cpu%d_verify_ok" % c,
-                 len(rs) >= 3 and rs == sorted(rs) and len(set(rs)) == len(rs)
-                 and rs[0] >= src_last[c],
-                 "src last round %d, dst rounds %r; %s" % (src_last[c], rs, dump(dst)))
+            check("dst_cpu%d_verify_ok" % c,
+                  len(rs) >= 3 and rs == sorted(rs) and len(set(rs)) == len(rs)
+                  and rs[0] >= src_last[c],
+                  "src last round %d, dst rounds %r; %s" % (src_last[c], rs, dump(dst)))
         bad = [l for l in (src.console.text() + "\n" + t).splitlines()
                if "verify BAD" in l or "bad_pages" in l]
-        R.ok(name + "_no_bad", not bad, " / ".join(bad[:5]))
+        check("no_bad", not bad, " / ".join(bad[:5]))
     else:
         # each vCPU goes on reporting on the destination (two lines each)
-        deadline = time.time() + 20
+        deadline = time.time() + kt.slow(20)
         while time.time() < deadline and dst.proc.poll() is None and \
                 not all(dst.console.count(line % c) >= 2 for c in (0, 1)):
             time.sleep(0.1)
         for c in (0, 1):
-            R.ok(name + "_dst_cpu%d_stress" % c, dst.console.count(line % c) >= 2, dump(dst))
-
-
-def main():
-    if not kt.have_kvm():
-        R.skip("migrate_smp", "no /dev/kvm")
-        return
-    d = kt.tmpdir()
-    try:
-        for workload in ("verify", "stress"):
-            for backend in ("bitmap", "ring"):
-                vms = []
-                try:
-                    case(d, vms, workload, backend)
-                except Exception as e:
-                    R.ok("migrate_smp_%s_%s" % (workload, backend), False,
-                         "exception: %r\n%s%s" % (e, traceback.format_exc(), "".join(
-                             "\n# %s (exit %r): %s" % (os.path.basename(vm.console.path),
-                                                       vm.proc.poll(), dump(vm)) for vm in vms)))
-                finally:
-                    for vm in vms:
-                        vm.kill()
-                    san = kt.sanitizer_reports(vms)
-                    if san:
-                        R.ok("migrate_smp_%s_%s_sanitizers" % (workload, backend), False,
-                             repr(san))
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()
-    R.done()
+            check("dst_cpu%d_stress" % c, dst.console.count(line % c) >= 2, dump(dst))
