@@ -573,9 +573,14 @@ static void mark__race(struct t *t, struct guest *g)
 		T_CHECK(t, false);
 		return;
 	}
-	uint64_t lost = 0, rounds = scaled(3000), marks;
+	uint64_t lost = 0, rounds = scaled(3000), marks, last = 0;
 	for (uint64_t r = 0; r < rounds && !rc; r++) {
+		/* the marker must get ahead between syncs; on a loaded machine
+		 * (two cores under emulation) it can starve: give it up to 100 ms */
+		for (int w = 0; w < 1000 && atomic_load(&m.done) < last + 2; w++)
+			time__sleep_ns(100000);
 		uint64_t done = atomic_load_explicit(&m.done, memory_order_acquire);
+		last = done;
 		rc = probe__sync(&p, r % 2, false);
 		lost += mark__lost_since(&p, done);
 		if (r % 8 == 7)
