@@ -95,7 +95,7 @@ run_kvm_part() {
 run_kvm_part_in_vm() {
 	echo "== kvm part inside scripts/kvm-vm (no usable /dev/kvm here)"
 	local t0=$SECONDS
-	scripts/kvm-vm --timeout "${KMIG_VM_TIMEOUT:-3000}" --env KMIG_TEST_ALL \
+	scripts/kvm-vm --timeout "${KMIG_VM_TIMEOUT:-2400}" --env KMIG_TEST_ALL \
 		--env KMIG_TEST_KEEP -- tests/run.sh --part kvm "$build" "$filter" 2>&1 | tee "$log"
 	local rc=${PIPESTATUS[0]}
 	echo "# kvm part inside scripts/kvm-vm: $((SECONDS - t0)) s, status $rc"
