@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import traceback
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -411,22 +410,3 @@ def dump(vm, n=12):
     """The tail of a VM's console and VMM output, for failure messages."""
     con = vm.console.text().splitlines()[-n:]
     return "console: %s | output: %s" % (" / ".join(con), vm.output().strip()[-600:])
-
-
-def run_case(report, name, fn):
-    """Runs fn(vms), where fn appends every VM it starts to vms: an exception
-    fails the case (with each VM's tail), every VM is killed afterwards, and
-    sanitizer findings in their output fail it too."""
-    vms = []
-    try:
-        fn(vms)
-    except Exception as e:  # a crash of the test itself is a failure of the case
-        report.ok(name, False, "exception: %r\n%s%s" % (e, traceback.format_exc(), "".join(
-            "\n# %s (exit %r): %s" % (os.path.basename(vm.console.path), vm.proc.poll(), dump(vm))
-            for vm in vms)))
-    finally:
-        for vm in vms:
-            vm.kill()
-        san = sanitizer_reports(vms)
-        if san:
-            report.ok(name + "_sanitizers", False, repr(san))
