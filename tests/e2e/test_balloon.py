@@ -202,7 +202,8 @@ def test_verify_churn(d, vms, check):
     time.sleep(1)
     bad = [l for l in (src.console.text() + "\n" + dst.console.text()).splitlines()
            if "verify BAD" in l or "bad_pages" in l or "balloon error" in l]
-    check("dst_verify_ok", ok is not None and not bad, " / ".join(bad[:5]) or dump(dst))
+    check("dst_verify_ok", ok is not None and not bad,
+          " / ".join(bad[:5]) or "%s; src %s" % (dump(dst), dump(src)))
 
 
 def test_dst_without_device(d, vms, check):

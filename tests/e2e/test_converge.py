@@ -247,7 +247,8 @@ def dst_runs_stress(check, src, dst, cpus=1):
                 ok[c] = t
         time.sleep(0.1)
     check("dst_runs_guest", len(ok) == cpus,
-          "src last t_ms=%d, new dst lines for cpus %r; %s" % (src_t, sorted(ok), dump(dst)))
+          "src last t_ms=%d, new dst lines for cpus %r; %s; src %s"
+          % (src_t, sorted(ok), dump(dst), dump(src)))
     check("states", src.qmp().cmd("query-status").get("status") == "postmigrate"
           and dst.qmp().cmd("query-status").get("status") == "running",
           "%r %r" % (src.qmp().cmd("query-status"), dst.qmp().cmd("query-status")))
