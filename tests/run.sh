@@ -27,7 +27,7 @@ export KMIG_BUILD=$build
 PY=/usr/bin/python3
 passed=0; failed=0; skipped=0
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "$log.vm"' EXIT
 
 count() {  # count the ok / not ok / skip lines of $log; $1: exit status, $2: name
 	local p f s
@@ -48,7 +48,7 @@ run_one() {
 	count "${PIPESTATUS[0]}" "$name"
 }
 
-pytest_files() {
+pytest_files() {  # one per line
 	local t
 	for t in tests/guest/test_*.py tests/kvm/test_*.py tests/e2e/test_*.py; do
 		[ -f "$t" ] || continue
@@ -57,18 +57,17 @@ pytest_files() {
 	done
 }
 
-run_pytest() {  # $1: marker expression
-	local files extra=()
-	files=$(pytest_files)
+run_pytest() {  # $1: marker expression, $2...: files
+	local expr=$1 extra=()
+	shift
 	[ "${KMIG_TEST_EMULATED:-}" = 1 ] && extra+=(--timeout=1500)
-	[ -n "$files" ] || return 0
-	echo "== pytest -m '$1'"
-	# shellcheck disable=SC2086
-	$PY -m pytest -q -o console_output_style=classic "${extra[@]}" -m "$1" $files 2>&1 |
+	[ $# -gt 0 ] || return 0
+	echo "== pytest -m '$expr' $*"
+	PYTHONUNBUFFERED=1 $PY -m pytest -q -o console_output_style=classic "${extra[@]}" -m "$expr" "$@" 2>&1 |
 		tee "$log"
 	local rc=${PIPESTATUS[0]}
 	[ "$rc" -eq 5 ] && rc=0   # nothing selected
-	count "$rc" "pytest"
+	count "$rc" "pytest $*"
 }
 
 run_host_part() {
@@ -77,35 +76,77 @@ run_host_part() {
 		[[ "$(basename "$t")" == test_kvm_* ]] && continue
 		[ -x "$t" ] && run_one "$(basename "$t")" "$t"
 	done
-	run_pytest "not kvm and not qemu and not linux"
+	# shellcheck disable=SC2046
+	run_pytest "not kvm and not qemu and not linux" $(pytest_files)
 }
 
-run_kvm_part() {
-	local t expr="kvm or qemu or linux"
+kvm_items() {  # the kvm part, one item per line: C tests, then pytest files
+	local t
 	for t in "$build"/tests/test_kvm_*; do
-		[ -x "$t" ] && run_one "$(basename "$t")" "$t"
+		[ -x "$t" ] || continue
+		[ -n "$filter" ] && [[ "$(basename "$t")" != *"$filter"* ]] && continue
+		echo "$t"
 	done
+	pytest_files
+}
+
+# Runs the kvm part here.  With KMIG_PROGRESS set, each finished item adds
+# "ITEM PASSED FAILED SKIPPED" to that file, and items already there are left
+# out: a run that stopped (a frozen emulated machine) goes on where it was.
+run_kvm_part() {
+	local item expr="kvm or qemu or linux" p0 f0 s0
 	if [ "${KMIG_TEST_EMULATED:-}" = 1 ] && [ "${KMIG_TEST_ALL:-}" != 1 ]; then
 		expr="($expr) and not slow"
 		echo "# under emulation: tests marked slow are left out (KMIG_TEST_ALL=1 runs them)"
 	fi
-	run_pytest "$expr"
+	for item in $(kvm_items); do
+		if [ -n "${KMIG_PROGRESS:-}" ] && grep -q "^$item " "$KMIG_PROGRESS" 2>/dev/null; then
+			continue
+		fi
+		p0=$passed f0=$failed s0=$skipped
+		case "$item" in
+		*.py) run_pytest "$expr" "$item" ;;
+		*) run_one "$(basename "$item")" "$item" ;;
+		esac
+		[ -n "${KMIG_PROGRESS:-}" ] && echo "$item $((passed - p0)) $((failed - f0))" \
+			"$((skipped - s0))" >> "$KMIG_PROGRESS"
+	done
 }
 
+# The kvm part inside scripts/kvm-vm.  When the emulated machine freezes
+# (status 126), a new VM goes on from the item that was running, once.
 run_kvm_part_in_vm() {
 	echo "== kvm part inside scripts/kvm-vm (no usable /dev/kvm here)"
-	local t0=$SECONDS
-	scripts/kvm-vm --timeout "${KMIG_VM_TIMEOUT:-2400}" --env KMIG_TEST_ALL \
-		--env KMIG_TEST_KEEP -- tests/run.sh --part kvm "$build" "$filter" 2>&1 | tee "$log"
-	local rc=${PIPESTATUS[0]}
-	echo "# kvm part inside scripts/kvm-vm: $((SECONDS - t0)) s, status $rc"
-	if ! grep -q '^platform: kvm' "$log"; then
-		local msg="not ok kvm-vm: no VM with a usable KVM could be started (status $rc), so"
-		msg+=" the tests that need KVM did not run; see scripts/kvm-vm's messages above"
-		echo "$msg"
-		echo "$msg" >> "$log"
+	local t0=$SECONDS budget=${KMIG_VM_TIMEOUT:-2400} rc attempt=1 progress all
+	progress=$(mktemp -p "$build" kvm-progress.XXXXXX)
+	export KMIG_PROGRESS=$PWD/$progress
+	: > "$log.vm"
+	while :; do
+		scripts/kvm-vm --timeout $((budget - (SECONDS - t0))) --env KMIG_TEST_ALL \
+			--env KMIG_TEST_KEEP --env KMIG_PROGRESS -- \
+			tests/run.sh --part kvm "$build" "$filter" 2>&1 | tee -a "$log.vm"
+		rc=${PIPESTATUS[0]}
+		[ "$rc" = 126 ] && [ "$attempt" -lt 2 ] && [ $((SECONDS - t0)) -lt "$budget" ] ||
+			break
+		attempt=$((attempt + 1))
+		echo "# the emulated machine froze; a new VM goes on from where it stopped"
+	done
+	echo "# kvm part inside scripts/kvm-vm: $((SECONDS - t0)) s, status $rc, VMs $attempt"
+	if ! grep -q '^platform: kvm' "$log.vm"; then
+		echo "not ok kvm-vm: no VM with a usable KVM could be started (status $rc), so" \
+			"the tests that need KVM did not run; see scripts/kvm-vm's messages above"
+		failed=$((failed + 1))
 	fi
-	count "$rc" "kvm-vm"
+	# the counts are the finished items'; an item cut short is a failure
+	while read -r _ p f s; do
+		passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+	done < "$progress"
+	all=$(kvm_items | wc -l)
+	if [ "$(wc -l < "$progress")" -lt "$all" ] || { [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; }; then
+		echo "not ok kvm-vm: status $rc; $(wc -l < "$progress") of $all items finished"
+		failed=$((failed + 1))
+	fi
+	rm -f "$progress" "$log.vm"
 }
 
 t_start=$SECONDS
