@@ -42,7 +42,7 @@ static int open_console(const char *spec, int *fd)
 	} else if (!strcmp(spec, "none")) {
 		*fd = -1;
 	} else if (!strncmp(spec, "file:", 5) && spec[5]) {
-		*fd = open(spec + 5, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0644);
+		*fd = open(spec + 5, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0600);
 		if (*fd < 0)
 			die("--console %s: %s", spec, strerror(errno));
 	} else {

@@ -1,5 +1,6 @@
 /* QMP errors and typed access to command arguments, with QEMU's messages. */
 #include "ctl/qmp.h"
+#include "base/utf8.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -18,6 +19,7 @@ void qmp_error__set(struct qmp_error *err, enum qmp_error_class cls,
 	va_start(ap, fmt);
 	vsnprintf(err->desc, sizeof(err->desc), fmt, ap);
 	va_end(ap);
+	utf8__sanitize(err->desc);
 }
 
 const char *qmp_error__class_name(enum qmp_error_class cls)

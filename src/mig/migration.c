@@ -1,4 +1,5 @@
 #include "mig/migration.h"
+#include "base/utf8.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -87,6 +88,7 @@ void migration__set_error(struct migration *m, const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(m->error, sizeof(m->error), fmt, ap);
 		va_end(ap);
+		utf8__sanitize(m->error);
 	}
 	pthread_mutex_unlock(&m->lock);
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "base/utf8.h"
 #include "mig/multifd.h"
 
 void multifd_recv__init(struct multifd_recv *mf, const struct proto_ram *ram,
@@ -27,6 +28,7 @@ static void multifd_recv__fail(struct multifd_recv *mf, struct multifd_recv_chan
 	if (!mf->failed && !mf->done) {
 		mf->failed = true;
 		snprintf(mf->error, sizeof(mf->error), "%.250s", why);
+		utf8__sanitize(mf->error);
 		if (mf->main)
 			shutdown(mf->main->fd, SHUT_RD);
 		mig_stream__shutdown(&c->stream);

@@ -1,5 +1,6 @@
 /* Migration receiver state machine; see recv.h. */
 #include "mig/recv.h"
+#include "base/utf8.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -63,6 +64,7 @@ static int recv__vfail(struct mig_recv *r, int err, const char *fmt, va_list ap)
 	r->err = err < 0 ? err : -EINVAL;
 	r->state = MIG_RECV_FAILED;
 	vsnprintf(r->errmsg, sizeof(r->errmsg), fmt, ap);
+	utf8__sanitize(r->errmsg);
 	return r->err;
 }
 

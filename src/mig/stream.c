@@ -1,5 +1,6 @@
 /* Migration stream: buffered blocking I/O with a sticky error; see stream.h. */
 #include "mig/stream.h"
+#include "base/utf8.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -71,6 +72,7 @@ static int stream__vfail(struct mig_stream *s, int err, const char *fmt, va_list
 	pthread_mutex_lock(&s->err_lock);
 	if (!atomic_load_explicit(&s->err, memory_order_relaxed)) {
 		vsnprintf(s->errmsg, sizeof(s->errmsg), fmt, ap);
+		utf8__sanitize(s->errmsg);
 		atomic_store_explicit(&s->err, err, memory_order_release);
 	}
 	pthread_mutex_unlock(&s->err_lock);

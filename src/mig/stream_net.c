@@ -1,5 +1,6 @@
 /* Migration URIs, connect, listen and accept; see stream.h. */
 #include "mig/stream.h"
+#include "base/utf8.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -23,6 +24,7 @@ static int net__err(char *err, size_t errlen, int ret, const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(err, errlen, fmt, ap);
 		va_end(ap);
+		utf8__sanitize(err);
 	}
 	return ret;
 }
@@ -222,8 +224,12 @@ static int net__listen_unix(struct mig_listener *l, const struct mig_uri *u, cha
 	if (fd < 0)
 		return net__err(err, errlen, -errno, "socket: %s", strerror(errno));
 	int e = net__bind_unix(fd, u);
-	if (!e && listen(fd, 1) < 0)
+	/* 0600 before listen(): until then a connect is refused, so nobody but
+	 * the owner ever reaches the socket, whatever the umask */
+	if (!e && (chmod(u->path, 0600) < 0 || listen(fd, 1) < 0)) {
 		e = -errno;
+		unlink(u->path);
+	}
 	if (e) {
 		close(fd);
 		return net__err(err, errlen, e, "listen on unix:%s: %s", u->path, strerror(-e));

@@ -1,5 +1,6 @@
 /* QMP server: protocol shape, negotiation, arguments, framing, garbage,
  * events from other threads, several clients, socket mode, fuzzing. */
+#include "base/utf8.h"
 #include "ctl/qmp.h"
 #include "ctl/qmp_internal.h"
 #include "harness.h"
@@ -891,6 +892,66 @@ static void t_arg_helpers(struct t *t)
 	json_decref(a);
 }
 
+/* Error messages quote the client's text cut to a fixed length; a cut
+ * inside a UTF-8 character must not cost the client its reply. */
+static void t_utf8_cut(struct t *t)
+{
+	struct qmp_dispatch d;
+	bool neg = true;
+	char name[80], text[200];
+
+	T_CHECK_EQ(t, qmp_dispatch__init(&d, NULL), 0);
+	/* 63 ASCII bytes then "é" (0xc3 0xa9): %.64s keeps only 0xc3 */
+	memset(name, 'a', 63);
+	memcpy(name + 63, "\xc3\xa9", 3);
+	snprintf(text, sizeof(text), "{\"execute\": \"%s\", \"id\": 7}", name);
+	json_t *r = qmp_dispatch__text(&d, text, strlen(text), &neg);
+	T_CHECK(t, r && json_integer_value(json_object_get(r, "id")) == 7);
+	T_CHECK(t, is_error(r, "CommandNotFound", "aaaa?"));
+	/* the same cut in an unexpected member's name */
+	snprintf(text, sizeof(text),
+		 "{\"execute\": \"query-version\", \"%s\": 1}", name);
+	T_CHECK(t, is_error(qmp_dispatch__text(&d, text, strlen(text), &neg),
+			    "GenericError", "is unexpected"));
+	qmp_dispatch__fini(&d);
+
+	struct qmp_error err = { 0 };
+	qmp_error__set(&err, QMP_ERROR_GENERIC, "x%sy", "\xff\xc3\xa9\xe2\x82");
+	T_CHECK(t, !strcmp(err.desc, "x?\xc3\xa9??y"));
+}
+
+static void t_utf8(struct t *t)
+{
+	static const struct { const char *s; const char *want; } cases[] = {
+		{ "plain", "plain" },
+		{ "\xc3\xa9t\xc3\xa9", "\xc3\xa9t\xc3\xa9" },            /* été */
+		{ "\xe2\x82\xac", "\xe2\x82\xac" },                      /* € */
+		{ "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80" },              /* U+1F600 */
+		{ "a\xc3", "a?" },                                   /* cut */
+		{ "a\xe2\x82", "a??" },                              /* cut */
+		{ "\x80x", "?x" },                                   /* stray continuation */
+		{ "\xc0\xaf", "??" },                                /* overlong '/' */
+		{ "\xe0\x80\xaf", "???" },                           /* overlong */
+		{ "\xed\xa0\x80", "???" },                           /* surrogate */
+		{ "\xf4\x90\x80\x80", "????" },                      /* > U+10FFFF */
+		{ "\xff\xfe", "??" },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char buf[32];
+		snprintf(buf, sizeof(buf), "%s", cases[i].s);
+		utf8__sanitize(buf);
+		if (strcmp(buf, cases[i].want))
+			printf("#   case %zu: got \"%s\"\n", i, buf);
+		T_CHECK(t, !strcmp(buf, cases[i].want));
+		T_CHECK(t, utf8__valid(buf, strlen(buf)));
+		T_CHECK(t, utf8__valid(cases[i].s, strlen(cases[i].s)) ==
+			   !strcmp(cases[i].s, cases[i].want));
+		json_t *js = json_string(buf);
+		T_CHECK(t, js != NULL);
+		json_decref(js);
+	}
+}
+
 int main(void)
 {
 	struct t t = { 0 };
@@ -908,6 +969,8 @@ int main(void)
 	T_RUN(&t, t_socket_file);
 	T_RUN(&t, t_loop_and_flush);
 	T_RUN(&t, t_fuzz);
+	T_RUN(&t, t_utf8);
+	T_RUN(&t, t_utf8_cut);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);
 }

@@ -1,0 +1,59 @@
+/* UTF-8 validity; see utf8.h. */
+#include "base/utf8.h"
+
+#include <string.h>
+
+size_t utf8__seq_len(const unsigned char *s, size_t n)
+{
+	unsigned c = s[0], len, min;
+	unsigned long cp;
+
+	if (n == 0)
+		return 0;
+	if (c < 0x80)
+		return 1;
+	if (c >= 0xc2 && c <= 0xdf)
+		len = 2, min = 0x80, cp = c & 0x1f;
+	else if (c >= 0xe0 && c <= 0xef)
+		len = 3, min = 0x800, cp = c & 0x0f;
+	else if (c >= 0xf0 && c <= 0xf4)
+		len = 4, min = 0x10000, cp = c & 0x07;
+	else
+		return 0;       /* continuation byte, 0xc0/0xc1, 0xf5..0xff */
+	if (n < len)
+		return 0;
+	for (unsigned i = 1; i < len; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[i] & 0x3f);
+	}
+	if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return len;
+}
+
+bool utf8__valid(const char *s, size_t n)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	for (size_t i = 0; i < n;) {
+		size_t l = utf8__seq_len(p + i, n - i);
+		if (!l)
+			return false;
+		i += l;
+	}
+	return true;
+}
+
+void utf8__sanitize(char *s)
+{
+	unsigned char *p = (unsigned char *)s;
+	size_t n = strlen(s);
+	for (size_t i = 0; i < n;) {
+		size_t l = utf8__seq_len(p + i, n - i);
+		if (!l) {
+			p[i++] = '?';
+			continue;
+		}
+		i += l;
+	}
+}
