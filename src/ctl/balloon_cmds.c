@@ -1,5 +1,6 @@
 #include "ctl/balloon_cmds.h"
 
+#include "base/timeutil.h"
 #include "ctl/control.h"
 #include "dev/balloon.h"
 
@@ -36,9 +37,16 @@ static json_t *cmd_query_balloon(void *ctx, json_t *args, struct qmp_error *err)
 	return json_pack("{s:I}", "actual", (json_int_t)balloon__actual_bytes(b));
 }
 
+/* The guest writes `actual` as often as it likes: one event a second at
+ * most, the last value always delivered (ctl/evthrottle.h). */
 static void balloon_cmds__on_change(void *ctx, uint64_t actual)
 {
-	control__event(ctx, "BALLOON_CHANGE", json_pack("{s:I}", "actual", (json_int_t)actual));
+	struct control *c = ctx;
+	json_t *now = ev_throttle__offer(&c->balloon_change, time__now_ms(),
+					 json_pack("{s:I}", "actual", (json_int_t)actual));
+	if (now)
+		control__event(c, "BALLOON_CHANGE", now);
+	/* else held: the control loop emits it when the second is over */
 }
 
 int control__register_balloon(struct control *c)

@@ -19,8 +19,7 @@ static json_t *cmd_stop(void *ctx, json_t *args, struct qmp_error *err)
 	struct control *c = ctx;
 	if (qmp_arg__check_known(args, NULL, err))
 		return NULL;
-	if (vm__status(c->vm) == VM_STATUS_RUNNING)
-		control__stop_vm(c, VM_STATUS_PAUSED);
+	control__stop_vm(c);
 	return NULL;
 }
 
@@ -29,11 +28,9 @@ static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
 	struct control *c = ctx;
 	if (qmp_arg__check_known(args, NULL, err))
 		return NULL;
-	switch (vm__status(c->vm)) {
-	case VM_STATUS_PAUSED:
-	case VM_STATUS_POSTMIGRATE:
-		control__cont_vm(c);
+	if (control__cont_vm(c))
 		return NULL;
+	switch (vm__status(c->vm)) {
 	case VM_STATUS_RUNNING:
 		return NULL;
 	case VM_STATUS_INMIGRATE:

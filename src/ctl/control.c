@@ -81,6 +81,7 @@ int control__init(struct control *c, struct vm *vm, const char *qmp_path,
 {
 	memset(c, 0, sizeof(*c));
 	c->vm = vm;
+	ev_throttle__init(&c->balloon_change, CONTROL_BALLOON_CHANGE_MS);
 	if (pipe2(c->wake_pipe, O_NONBLOCK | O_CLOEXEC) < 0 ||
 	    pipe2(c->sig_pipe, O_NONBLOCK | O_CLOEXEC) < 0)
 		return -errno;
@@ -149,6 +150,9 @@ int control__run(struct control *c)
 	uint64_t halt_check_ms = time__now_ms();
 	while (!control__done(c)) {
 		control__check_halt(c, &halt_check_ms);
+		json_t *held = ev_throttle__due(&c->balloon_change, time__now_ms());
+		if (held)
+			control__event(c, "BALLOON_CHANGE", held);
 		if (c->qmp) {
 			int rc = qmp__poll(c->qmp, 200);
 			if (rc < 0 && rc != -EINTR)
@@ -172,22 +176,26 @@ void control__destroy(struct control *c)
 {
 	control__signal_fd = -1;
 	qmp__destroy(c->qmp);
+	ev_throttle__destroy(&c->balloon_change);
 	for (int i = 0; i < 2; i++) {
 		close(c->wake_pipe[i]);
 		close(c->sig_pipe[i]);
 	}
 }
 
-void control__stop_vm(struct control *c, enum vm_status status)
+void control__stop_vm(struct control *c)
 {
-	vm__pause_vcpus(c->vm);
-	vm__set_status(c->vm, status);
-	control__event(c, "STOP", NULL);
+	bool done;
+	vm__pause_into(c->vm, VM_STATUS_BIT(VM_STATUS_RUNNING), VM_STATUS_PAUSED, &done);
+	if (done)
+		control__event(c, "STOP", NULL);
 }
 
-void control__cont_vm(struct control *c)
+bool control__cont_vm(struct control *c)
 {
-	vm__set_status(c->vm, VM_STATUS_RUNNING);
-	vm__resume_vcpus(c->vm);
+	unsigned from = VM_STATUS_BIT(VM_STATUS_PAUSED) | VM_STATUS_BIT(VM_STATUS_POSTMIGRATE);
+	if (!vm__resume_from(c->vm, from, VM_STATUS_RUNNING))
+		return false;
 	control__event(c, "RESUME", NULL);
+	return true;
 }

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 
 #include "base/log.h"
+#include "ctl/evthrottle.h"
 #include "ctl/qmp.h"
 #include "kvm/vm.h"
 
@@ -24,7 +25,10 @@ struct control {
 	atomic_bool failed_seen;     /* a guest failure parked the VM */
 	atomic_bool incoming_failed; /* the incoming migration failed: exit non-zero */
 	bool exit_on_failure;        /* without QMP nobody can inspect a failed VM */
+	struct ev_throttle balloon_change; /* BALLOON_CHANGE: one per second, as QEMU */
 };
+
+#define CONTROL_BALLOON_CHANGE_MS 1000
 
 /* Sets up the loop; qmp_path NULL = no control socket. */
 int control__init(struct control *c, struct vm *vm, const char *qmp_path,
@@ -36,9 +40,12 @@ void control__destroy(struct control *c);
 void control__event(struct control *c, const char *name, json_t *data);
 /* Wakes the loop (any thread). */
 void control__wake(struct control *c);
-/* Pauses the VM for the user (QMP stop) / resumes it (cont); loop thread. */
-void control__stop_vm(struct control *c, enum vm_status status);
-void control__cont_vm(struct control *c);
+/* QMP stop: a running VM is paused, in one step with the status check
+ * (vm__pause_into); any other status is left alone. */
+void control__stop_vm(struct control *c);
+/* QMP cont: a paused or post-migrate VM runs again; false for any other
+ * status.  Loop thread. */
+bool control__cont_vm(struct control *c);
 
 /* Registers the VM commands (ctl/commands.c). */
 int control__register_commands(struct control *c) KMIG_MUST_CHECK;

@@ -233,6 +233,38 @@ void vm__pause_vcpus(struct vm *vm)
 	pthread_mutex_unlock(&vm->lock);
 }
 
+enum vm_status vm__pause_into(struct vm *vm, unsigned from, enum vm_status to, bool *done)
+{
+	pthread_mutex_lock(&vm->lock);
+	enum vm_status prev = vm->status;
+	*done = (from & VM_STATUS_BIT(prev)) != 0;
+	if (*done) {
+		vm->status = to;
+		vm->pause_depth++;
+		pthread_cond_broadcast(&vm->cond);
+		for (unsigned i = 0; i < vm->nr_vcpus; i++)
+			vcpu__signal(&vm->vcpus[i]);
+		while (!vm__all_parked(vm))
+			pthread_cond_wait(&vm->cond, &vm->lock);
+	}
+	pthread_mutex_unlock(&vm->lock);
+	return prev;
+}
+
+bool vm__resume_from(struct vm *vm, unsigned from, enum vm_status to)
+{
+	pthread_mutex_lock(&vm->lock);
+	bool ok = (from & VM_STATUS_BIT(vm->status)) != 0;
+	if (ok) {
+		vm->status = to;
+		if (vm->pause_depth)
+			vm->pause_depth--;
+		pthread_cond_broadcast(&vm->cond);
+	}
+	pthread_mutex_unlock(&vm->lock);
+	return ok;
+}
+
 void vm__resume_vcpus(struct vm *vm)
 {
 	pthread_mutex_lock(&vm->lock);

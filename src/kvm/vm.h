@@ -120,6 +120,16 @@ void vm__kick_all(struct vm *vm);
 
 enum vm_status vm__status(struct vm *vm);
 void vm__set_status(struct vm *vm, enum vm_status s);
+#define VM_STATUS_BIT(s) (1u << (s))
+/* In one step under the lock: when the status is in `from` (a mask of
+ * VM_STATUS_BIT), pauses the vCPUs (one level, as vm__pause_vcpus), sets
+ * the status to `to` and sets *done; else changes nothing.  Returns the
+ * status before.  So a `stop` and the switchover cannot interleave between
+ * reading the status and pausing. */
+enum vm_status vm__pause_into(struct vm *vm, unsigned from, enum vm_status to, bool *done);
+/* In one step: when the status is in `from`, sets it to `to` and resumes
+ * one pause level; returns whether it did. */
+bool vm__resume_from(struct vm *vm, unsigned from, enum vm_status to);
 /* True when no vCPU has exited to kmig since the previous call and a probe
  * finds every vCPU halted with interrupts off (or never started): nothing
  * can wake the guest again.  Control loop, about once a second. */

@@ -25,8 +25,10 @@ struct incoming {
 	struct mig_listener listener; /* open until the multifd channels are in */
 	bool listening;
 	struct proto_ram pr;
-	unsigned sections;
-	uint64_t seen[INCOMING_MAX_SECTIONS]; /* (id, instance) of each section loaded */
+	unsigned sections;           /* loaded so far */
+	int nexpected;               /* the slots state__save produces for this VM */
+	uint64_t expected[INCOMING_MAX_SECTIONS];
+	bool loaded[INCOMING_MAX_SECTIONS];  /* per expected slot */
 	struct bitmap written;       /* pages a PAGES record has filled */
 	struct multifd_recv mf;      /* parallel channels, when announced */
 	bool multifd;
@@ -44,6 +46,7 @@ static void incoming__cancel(void *ctx)
 		mig_listener__shutdown(&in->listener);
 	if (in->connected)
 		mig_stream__shutdown(&in->stream);
+	multifd_recv__cancel(&in->mf);
 }
 
 #define INCOMING_CHANNEL_WAIT_MS 10000
@@ -110,19 +113,24 @@ static int incoming__on_state(void *ctx, uint32_t id, uint32_t ver, uint32_t ins
 {
 	struct incoming *in = ctx;
 	char why[256] = "";
-	/* each (section, instance) once: with the count checked at END, every
-	 * expected section has then arrived */
-	uint64_t key = (uint64_t)id << 32 | inst;
-	for (unsigned i = 0; i < in->sections && i < INCOMING_MAX_SECTIONS; i++)
-		if (in->seen[i] == key)
-			return mig_recv__fail(&in->recv, -EPROTO, "state section %u for instance %u twice",
-					      id, inst);
-	if (in->sections >= INCOMING_MAX_SECTIONS)
-		return mig_recv__fail(&in->recv, -EPROTO, "too many state sections");
+	/* each section this VM has, once: with the count checked at END, every
+	 * one has then arrived */
+	uint64_t slot = state__slot(id, inst);
+	int k = 0;
+	while (k < in->nexpected && in->expected[k] != slot)
+		k++;
+	if (k == in->nexpected) {
+		state__why_unexpected(in->m->vm, id, inst, why, sizeof(why));
+		return mig_recv__fail(&in->recv, -EPROTO, "%s", why);
+	}
+	if (in->loaded[k])
+		return mig_recv__fail(&in->recv, -EPROTO, "state section %s (%u) for instance %u twice",
+				      state__name(id), id, inst);
 	int rc = state__load(in->m->vm, id, ver, inst, data, len, why, sizeof(why));
 	if (rc)
 		return mig_recv__fail(&in->recv, rc, "%s", why);
-	in->seen[in->sections++] = key;
+	in->loaded[k] = true;
+	in->sections++;
 	return 0;
 }
 
@@ -136,10 +144,14 @@ static int incoming__load(struct incoming *in)
 	}
 	if (rc)
 		return rc;
-	unsigned want = state__expected_sections(in->m->vm);
-	if (in->sections != want)
-		return mig_recv__fail(&in->recv, -EPROTO, "stream carried %u state sections, expected %u",
-				      in->sections, want);
+	for (int k = 0; k < in->nexpected; k++)
+		if (!in->loaded[k])
+			return mig_recv__fail(&in->recv, -EPROTO,
+					      "state section %s (%u) instance %u missing (%u of %d arrived)",
+					      state__name((uint32_t)(in->expected[k] >> 32)),
+					      (unsigned)(in->expected[k] >> 32),
+					      (unsigned)(in->expected[k] & 0xffffffffu), in->sections,
+					      in->nexpected);
 	if (mig_recv__checksum_present(&in->recv) && !mig_recv__checksum_ok(&in->recv))
 		return mig_recv__fail(&in->recv, -EIO, "guest RAM checksum mismatch (x-verify)");
 	return 0;
@@ -193,9 +205,10 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 	struct migration *m = in->m;
 	struct vm *vm = m->vm;
 	if (!rc && vm->run_after_migration) {
-		vm__set_status(vm, VM_STATUS_RUNNING);
-		vm__resume_vcpus(vm);
-		control__event(m->ctl, "RESUME", NULL);
+		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING))
+			log_warn("incoming migration: the VM left inmigrate before it could run");
+		else
+			control__event(m->ctl, "RESUME", NULL);
 	} else if (!rc) {
 		vm__set_status(vm, VM_STATUS_PAUSED); /* the source was stopped: `cont` runs it */
 	}
@@ -243,16 +256,23 @@ void *migration__incoming_thread(void *arg)
 	if (!in)
 		return NULL;
 	in->m = m;
-	pthread_mutex_lock(&m->lock);
-	m->in_cancel = incoming__cancel;
-	m->in_ctx = in;
-	pthread_mutex_unlock(&m->lock);
 	sender__proto_ram(&m->vm->ram, &in->pr);
 	struct mig_recv_ops ops = { .on_state = incoming__on_state, .on_zero = incoming__on_zero,
 				    .on_page_written = incoming__on_page, .on_sync = incoming__on_sync,
 				    .on_channels = incoming__on_channels, .ctx = in };
 	multifd_recv__init(&in->mf, &in->pr, &ops, &in->stream);
+	pthread_mutex_lock(&m->lock);
+	m->in_cancel = incoming__cancel;
+	m->in_ctx = in;
+	in->cancelled = m->in_cancelled;  /* a cancel that came before the thread ran */
+	pthread_mutex_unlock(&m->lock);
 	int rc = bitmap__init(&in->written, m->vm->ram.npages);
+	in->nexpected = state__expected_slots(m->vm, in->expected, INCOMING_MAX_SECTIONS);
+	if (!rc && in->nexpected < 0) {
+		migration__set_error(m, "this VM has more state sections than %d",
+				     INCOMING_MAX_SECTIONS);
+		rc = in->nexpected;
+	}
 	if (!rc)
 		rc = incoming__accept(in, m->in_uri);
 	bool connected = rc == 0;
@@ -299,6 +319,9 @@ int migration__incoming(struct migration *m, const char *uri, char *err, size_t 
 	if (mig_uri__parse(uri, &u, err, errlen))
 		return -EINVAL;
 	snprintf(m->in_uri, sizeof(m->in_uri), "%s", uri);
+	pthread_mutex_lock(&m->lock);
+	m->in_cancelled = false;
+	pthread_mutex_unlock(&m->lock);
 	migration__set_status(m, MIG_SETUP);
 	int rc = pthread_create(&m->in_thread, NULL, migration__incoming_thread, m);
 	if (rc) {

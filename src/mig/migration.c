@@ -152,11 +152,12 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 void migration__cancel(struct migration *m)
 {
 	/* check and change the status at once: the migration thread may be
-	 * finishing; after END has gone out the destination may already run
-	 * the guest, so a cancel is too late and is ignored */
+	 * finishing.  After END has gone out the destination may already run
+	 * the guest: a cancel then stops waiting for its confirmation and the
+	 * guest stays paused here (see sender__cleanup) */
 	pthread_mutex_lock(&m->lock);
 	bool busy = m->thread_running && (m->status == MIG_SETUP || m->status == MIG_ACTIVE ||
-					  m->status == MIG_DEVICE) && !m->end_sent;
+					  m->status == MIG_DEVICE);
 	if (busy) {
 		atomic_store(&m->cancel, true);
 		m->status = MIG_CANCELLING;
@@ -174,6 +175,7 @@ void migration__cancel(struct migration *m)
 void migration__cancel_incoming(struct migration *m)
 {
 	pthread_mutex_lock(&m->lock);
+	m->in_cancelled = true;       /* seen by a thread that registers later */
 	if (m->in_cancel)
 		m->in_cancel(m->in_ctx);
 	pthread_mutex_unlock(&m->lock);
@@ -229,7 +231,8 @@ json_t *migration__query(struct migration *m)
 					    json_integer((json_int_t)st.limit_ring_full_us));
 		}
 	}
-	if (s == MIG_FAILED && m->error[0])
+	/* a cancel after END also says why the guest stays paused */
+	if ((s == MIG_FAILED || s == MIG_CANCELLED) && m->error[0])
 		json_object_set_new(r, "error-desc", json_string(m->error));
 	pthread_mutex_unlock(&m->lock);
 	return r;

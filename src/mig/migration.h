@@ -87,7 +87,8 @@ struct migration {
 	bool in_running;
 	void (*in_cancel)(void *ctx); /* under lock: unblocks the incoming thread */
 	void *in_ctx;
-	bool end_sent;               /* under lock: END is out, cancel is too late */
+	bool in_cancelled;            /* under lock: a cancel came, maybe before in_cancel */
+	bool end_sent;               /* under lock: END is out, the destination may run */
 	char in_uri[256];
 	char out_uri[256];
 	bool incoming_expected;      /* --incoming given: the VM waits for a stream */

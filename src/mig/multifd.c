@@ -87,7 +87,7 @@ static int chan__open(struct multifd_send *mf, unsigned i, unsigned n, const cha
 	c->rec = malloc(MULTIFD_REC_CAP);
 	if (!c->jobs || !c->rec)
 		return -ENOMEM;
-	int rc = mig_stream__connect(&c->stream, uri, err, errlen);
+	int rc = mig_stream__connect(&c->stream, uri, &mf->stop, err, errlen);
 	if (rc)
 		return rc;
 	c->open = true;
@@ -217,6 +217,7 @@ uint64_t multifd_send__bytes(struct multifd_send *mf)
 void multifd_send__shutdown(struct multifd_send *mf)
 {
 	int zero = 0;
+	atomic_store(&mf->stop, true);   /* a channel still connecting gives up */
 	atomic_compare_exchange_strong(&mf->err, &zero, -ECANCELED);
 	for (unsigned i = 0; i < mf->n; i++) {
 		struct multifd_send_chan *c = &mf->chan[i];

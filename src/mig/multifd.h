@@ -57,6 +57,7 @@ struct multifd_send {
 	enum proto_comp comp;
 	const struct proto_ram *ram;
 	atomic_int err;              /* first worker error */
+	atomic_bool stop;            /* shutdown: connects in progress give up */
 	struct multifd_send_chan chan[PROTO_MAX_CHANNELS];
 };
 
@@ -99,6 +100,7 @@ struct multifd_recv {
 	uint64_t arrived[PROTO_MAX_CHANNELS + 1]; /* per stream: rounds reached */
 	uint64_t released;           /* rounds every stream has passed */
 	unsigned accepted;           /* connections taken so far */
+	struct mig_stream *pending;  /* under lock: accepted, handshake not read yet */
 	bool failed, done;
 	char error[256];
 	struct multifd_recv_chan chan[PROTO_MAX_CHANNELS];
@@ -111,12 +113,17 @@ void multifd_recv__init(struct multifd_recv *mf, const struct proto_ram *ram,
  * PROTO_MAX_CHANNELS are taken). */
 struct mig_stream *multifd_recv__next_stream(struct multifd_recv *mf);
 /* Takes the connection just accepted into next_stream: reads its CHANNEL
- * record and starts its thread.  err gets a reason on failure. */
+ * record (within MULTIFD_HANDSHAKE_MS, and cancellable) and starts its
+ * thread.  err gets a reason on failure. */
+#define MULTIFD_HANDSHAKE_MS 10000
 int multifd_recv__add(struct multifd_recv *mf, unsigned expected, char *err,
 		      size_t errlen) KMIG_MUST_CHECK;
 /* The main stream reached SYNC(round): waits until every channel has.
  * 0, or -EPROTO if a channel failed. */
 int multifd_recv__main_sync(struct multifd_recv *mf, uint64_t round) KMIG_MUST_CHECK;
+/* From any thread: fails the channels ("cancelled"), wakes a barrier and
+ * unblocks every read, the handshake's too. */
+void multifd_recv__cancel(struct multifd_recv *mf);
 /* Ends the channels (after END, or on failure) and joins their threads;
  * returns -EPROTO if a channel failed (reason in mf->error). */
 int multifd_recv__finish(struct multifd_recv *mf) KMIG_MUST_CHECK;

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include "base/utf8.h"
 #include "mig/multifd.h"
@@ -117,6 +118,42 @@ static bool multifd_recv__index_taken(struct multifd_recv *mf, uint32_t index)
 	return false;
 }
 
+void multifd_recv__cancel(struct multifd_recv *mf)
+{
+	pthread_mutex_lock(&mf->lock);
+	if (!mf->failed && !mf->done) {
+		mf->failed = true;
+		snprintf(mf->error, sizeof(mf->error), "cancelled");
+	}
+	for (unsigned i = 0; i < mf->accepted; i++)
+		mig_stream__shutdown(&mf->chan[i].stream);
+	if (mf->pending)
+		mig_stream__shutdown(mf->pending);
+	pthread_cond_broadcast(&mf->cond);
+	pthread_mutex_unlock(&mf->lock);
+}
+
+/* The CHANNEL record, read with a deadline (SO_RCVTIMEO) and while
+ * multifd_recv__cancel can shut the stream down. */
+static int multifd_recv__handshake(struct multifd_recv *mf, struct mig_stream *s,
+				   struct proto_hdr *h, uint8_t *buf, size_t cap)
+{
+	struct timeval tv = { .tv_sec = MULTIFD_HANDSHAKE_MS / 1000 }, none = { 0 };
+	pthread_mutex_lock(&mf->lock);
+	bool failed = mf->failed;
+	mf->pending = s;
+	pthread_mutex_unlock(&mf->lock);
+	if (failed)
+		mig_stream__shutdown(s);
+	(void)setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	int rc = mig_stream__get_record(s, h, buf, cap);
+	(void)setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+	pthread_mutex_lock(&mf->lock);
+	mf->pending = NULL;
+	pthread_mutex_unlock(&mf->lock);
+	return rc;
+}
+
 int multifd_recv__add(struct multifd_recv *mf, unsigned expected, char *err, size_t errlen)
 {
 	struct multifd_recv_chan *c = &mf->chan[mf->accepted];
@@ -124,10 +161,11 @@ int multifd_recv__add(struct multifd_recv *mf, unsigned expected, char *err, siz
 	struct proto_hdr h;
 	uint32_t index, count;
 	const char *why = "not a CHANNEL record of this migration";
-	int rc = mig_stream__get_record(&c->stream, &h, buf, sizeof(buf));
+	int rc = multifd_recv__handshake(mf, &c->stream, &h, buf, sizeof(buf));
 	if (rc || h.type != PROTO_CHANNEL || proto__decode_channel(buf, h.length, &index, &count, &why) ||
 	    count != expected || index < 1 || index > expected || multifd_recv__index_taken(mf, index)) {
 		snprintf(err, errlen, "bad multifd channel handshake: %s",
+			 rc == -EAGAIN || rc == -EWOULDBLOCK ? "no CHANNEL record in time" :
 			 rc ? mig_stream__strerror(&c->stream) : why);
 		mig_stream__close(&c->stream);
 		return -EPROTO;

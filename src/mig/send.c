@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,11 +191,16 @@ static int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst
 	return mig_stream__write(s->stream, s->rec, (size_t)n);
 }
 
-/* Reads the destination's answer on the return path. */
+/* Reads the destination's answer on the return path, for at most
+ * SENDER_CONFIRM_S seconds (SO_RCVTIMEO; migrate_cancel ends it sooner). */
 static int sender__await_destination(struct sender *s)
 {
 	struct proto_hdr hdr;
+	struct timeval tv = { .tv_sec = SENDER_CONFIRM_S };
+	(void)setsockopt(s->stream->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	int rc = mig_stream__get_record(s->stream, &hdr, s->rec, s->rec_cap);
+	if (rc == -EAGAIN || rc == -EWOULDBLOCK)
+		return -ETIMEDOUT;
 	if (rc)
 		return rc;
 	if (hdr.type == PROTO_RP_OK)
@@ -237,14 +243,14 @@ int sender__switchover(struct sender *s)
 	uint64_t t0 = time__now_ms();
 	uint64_t bytes0 = sender__bytes(s);
 	migration__set_status(s->m, MIG_DEVICE);
-	s->prev_status = vm__status(vm);
-	vm->run_after_migration = s->prev_status == VM_STATUS_RUNNING;
 	/* from here on every flush must leave at once: no Nagle delays */
 	if (mig_stream__set_nodelay(s->stream, true))
 		log_debug("switchover: TCP_NODELAY not set");
-	vm__pause_vcpus(vm);
+	/* the status read and the pause in one step: a `stop` cannot slip in */
+	bool done;
+	s->prev_status = vm__pause_into(vm, ~0u, VM_STATUS_FINISH_MIGRATE, &done);
+	vm->run_after_migration = s->prev_status == VM_STATUS_RUNNING;
 	s->paused = true;
-	vm__set_status(vm, VM_STATUS_FINISH_MIGRATE);
 	control__event(s->m->ctl, "STOP", NULL);
 	throttle__set(&vm->throttle, 0);
 	int64_t got = dirty__sync(vm->dirty, &s->m->todo, false);

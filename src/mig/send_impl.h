@@ -13,6 +13,11 @@
 
 #define SENDER_BATCH_PAGES 256
 #define SENDER_BATCH_ZERO 4096
+/* How long the source waits for the destination's answer after END (the
+ * destination loads the device state and, with x-verify, hashes all RAM).
+ * Without an answer by then the migration fails and the guest stays paused
+ * here: the destination may be running it. */
+#define SENDER_CONFIRM_S 60
 
 struct sender {
 	struct migration *m;

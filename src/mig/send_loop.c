@@ -75,7 +75,7 @@ static int sender__setup(struct sender *s, const char *uri)
 {
 	struct migration *m = s->m;
 	char err[256];
-	int rc = mig_stream__connect(s->stream, uri, err, sizeof(err));
+	int rc = mig_stream__connect(s->stream, uri, &m->cancel, err, sizeof(err));
 	if (rc) {
 		migration__set_error(m, "%s", err);
 		return rc;
@@ -238,12 +238,16 @@ static void sender__cleanup(struct sender *s, int rc)
 		 * paused (our pause is kept); `cont` runs it if the destination
 		 * is known not to. */
 		vm__set_status(vm, VM_STATUS_PAUSED);
+		if (rc == -ETIMEDOUT)
+			migration__set_error(m, "the destination did not confirm within %d s after "
+					     "the last state was sent; the guest stays paused here",
+					     SENDER_CONFIRM_S);
 		migration__set_error(m, "the destination did not confirm after the last state was sent; "
 				     "the guest stays paused here");
 	} else if (s->paused) {
 		/* a VM the user had stopped stays stopped (its own pause remains) */
-		vm__set_status(vm, s->prev_status);
-		vm__resume_vcpus(vm);
+		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_FINISH_MIGRATE), s->prev_status))
+			vm__resume_vcpus(vm);   /* the status moved on (a guest failure) */
 		if (s->prev_status == VM_STATUS_RUNNING)
 			control__event(m->ctl, "RESUME", NULL);
 	}

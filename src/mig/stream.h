@@ -113,9 +113,12 @@ struct mig_uri {
 /* 0 or -EINVAL (malformed: bad port, unknown scheme, empty path, ...). */
 int mig_uri__parse(const char *uri, struct mig_uri *u, char *err, size_t errlen) KMIG_MUST_CHECK;
 
-/* Connects and initialises s.  Blocks (no timeout beyond the kernel's). */
-int mig_stream__connect(struct mig_stream *s, const char *uri, char *err,
-			size_t errlen) KMIG_MUST_CHECK;
+/* Connects and initialises s.  Blocks until connected, at most
+ * MIG_CONNECT_TIMEOUT_MS (-ETIMEDOUT), and returns -ECANCELED within ~50 ms
+ * of *cancel becoming true (cancel may be NULL). */
+#define MIG_CONNECT_TIMEOUT_MS 30000
+int mig_stream__connect(struct mig_stream *s, const char *uri, const atomic_bool *cancel,
+			char *err, size_t errlen) KMIG_MUST_CHECK;
 
 struct mig_listener {
 	int fd;

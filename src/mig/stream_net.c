@@ -1,10 +1,13 @@
 /* Migration URIs, connect, listen and accept; see stream.h. */
 #include "mig/stream.h"
+#include "base/timeutil.h"
 #include "base/utf8.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -135,7 +138,47 @@ static int net__resolve(const struct mig_uri *u, bool passive, struct addrinfo *
 	return 0;
 }
 
-static int net__connect_tcp(const struct mig_uri *u, char *err, size_t errlen)
+/* connect() on fd that gives up with -ECANCELED as soon as *cancel (may be
+ * NULL) is set, checked every NET_CONNECT_SLICE_MS, and with -ETIMEDOUT
+ * after MIG_CONNECT_TIMEOUT_MS: a TCP peer that never answers, or a unix
+ * listener whose backlog stays full, holds no one for ever. */
+#define NET_CONNECT_SLICE_MS 50
+static int net__connect_fd(int fd, const struct sockaddr *sa, socklen_t len,
+			   const atomic_bool *cancel)
+{
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return -errno;
+	uint64_t deadline = time__now_ms() + MIG_CONNECT_TIMEOUT_MS;
+	int e = connect(fd, sa, len) == 0 ? 0 : -errno;
+	while (e == -EINPROGRESS || e == -EALREADY || e == -EINTR || e == -EAGAIN) {
+		if (cancel && atomic_load(cancel)) {
+			e = -ECANCELED;
+			break;
+		}
+		if (time__now_ms() >= deadline) {
+			e = -ETIMEDOUT;
+			break;
+		}
+		if (e == -EAGAIN) {     /* unix: the listener's backlog is full */
+			(void)poll(NULL, 0, NET_CONNECT_SLICE_MS);
+			e = connect(fd, sa, len) == 0 ? 0 : -errno;
+			continue;
+		}
+		struct pollfd p = { .fd = fd, .events = POLLOUT };
+		if (poll(&p, 1, NET_CONNECT_SLICE_MS) > 0) {
+			int so = 0;
+			socklen_t sl = sizeof(so);
+			e = getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) < 0 ? -errno : -so;
+		}
+	}
+	if (!e && fcntl(fd, F_SETFL, fl) < 0)
+		e = -errno;
+	return e;
+}
+
+static int net__connect_tcp(const struct mig_uri *u, const atomic_bool *cancel, char *err,
+			    size_t errlen)
 {
 	struct addrinfo *res, *ai;
 	int fd = -1, e = -ECONNREFUSED;
@@ -151,11 +194,13 @@ static int net__connect_tcp(const struct mig_uri *u, char *err, size_t errlen)
 			continue;
 		}
 		net__tune(fd, false);
-		if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
+		e = net__connect_fd(fd, ai->ai_addr, ai->ai_addrlen, cancel);
+		if (!e)
 			break;
-		e = -errno;
 		close(fd);
 		fd = -1;
+		if (e == -ECANCELED)
+			break;
 	}
 	freeaddrinfo(res);
 	if (fd < 0)
@@ -164,7 +209,8 @@ static int net__connect_tcp(const struct mig_uri *u, char *err, size_t errlen)
 	return fd;
 }
 
-static int net__connect_unix(const struct mig_uri *u, char *err, size_t errlen)
+static int net__connect_unix(const struct mig_uri *u, const atomic_bool *cancel, char *err,
+			     size_t errlen)
 {
 	struct sockaddr_un sa;
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -172,22 +218,23 @@ static int net__connect_unix(const struct mig_uri *u, char *err, size_t errlen)
 		return net__err(err, errlen, -errno, "socket: %s", strerror(errno));
 	net__tune(fd, true);
 	net__unix_addr(u, &sa);
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		int e = -errno;
+	int e = net__connect_fd(fd, (struct sockaddr *)&sa, sizeof(sa), cancel);
+	if (e) {
 		close(fd);
 		return net__err(err, errlen, e, "connect to unix:%s: %s", u->path, strerror(-e));
 	}
 	return fd;
 }
 
-int mig_stream__connect(struct mig_stream *s, const char *uri, char *err, size_t errlen)
+int mig_stream__connect(struct mig_stream *s, const char *uri, const atomic_bool *cancel,
+			char *err, size_t errlen)
 {
 	struct mig_uri u;
 	int fd = mig_uri__parse(uri, &u, err, errlen);
 	if (fd)
 		return fd;
-	fd = u.kind == MIG_URI_TCP ? net__connect_tcp(&u, err, errlen)
-				   : net__connect_unix(&u, err, errlen);
+	fd = u.kind == MIG_URI_TCP ? net__connect_tcp(&u, cancel, err, errlen)
+				   : net__connect_unix(&u, cancel, err, errlen);
 	if (fd < 0)
 		return fd;
 	int e = mig_stream__init(s, fd);

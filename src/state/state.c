@@ -102,3 +102,69 @@ unsigned state__expected_sections(struct vm *vm)
 	unsigned per_vcpu = 7 + state__has(vm, KVM_CAP_XCRS) + state__has(vm, KVM_CAP_DEBUGREGS);
 	return 6 + (vm->balloon != NULL) + per_vcpu * vm->nr_vcpus;
 }
+
+uint64_t state__slot(uint32_t id, uint32_t instance)
+{
+	if (id == STATE_VCPU_FPU)
+		id = STATE_VCPU_XSAVE;
+	return (uint64_t)id << 32 | instance;
+}
+
+int state__expected_slots(struct vm *vm, uint64_t *slots, unsigned cap)
+{
+	static const uint32_t vm_ids[] = { STATE_VM_TSC, STATE_VM_IRQCHIP, STATE_VM_PIT,
+					   STATE_DEV_SERIAL, STATE_VM_CLOCK, STATE_VM_RUNSTATE };
+	static const uint32_t vcpu_ids[] = { STATE_VCPU_SREGS, STATE_VCPU_REGS, STATE_VCPU_XSAVE,
+					     STATE_VCPU_MSRS, STATE_VCPU_LAPIC, STATE_VCPU_MP_STATE,
+					     STATE_VCPU_EVENTS, STATE_VCPU_XCRS,
+					     STATE_VCPU_DEBUGREGS };
+	unsigned n = 0;
+	if (state__expected_sections(vm) > cap)
+		return -ENOSPC;
+	for (unsigned k = 0; k < sizeof(vm_ids) / sizeof(vm_ids[0]); k++)
+		slots[n++] = state__slot(vm_ids[k], 0);
+	if (vm->balloon)
+		slots[n++] = state__slot(STATE_DEV_VIRTIO, 0);
+	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
+		for (unsigned k = 0; k < sizeof(vcpu_ids) / sizeof(vcpu_ids[0]); k++) {
+			uint32_t id = vcpu_ids[k];
+			if ((id == STATE_VCPU_XCRS && !state__has(vm, KVM_CAP_XCRS)) ||
+			    (id == STATE_VCPU_DEBUGREGS && !state__has(vm, KVM_CAP_DEBUGREGS)))
+				continue;
+			slots[n++] = state__slot(id, i);
+		}
+	}
+	return (int)n;
+}
+
+const char *state__name(uint32_t id)
+{
+	static const struct { uint32_t id; const char *name; } names[] = {
+		{ STATE_VCPU_SREGS, "sregs" }, { STATE_VCPU_REGS, "regs" },
+		{ STATE_VCPU_XSAVE, "xsave" }, { STATE_VCPU_FPU, "fpu" },
+		{ STATE_VCPU_XCRS, "xcrs" }, { STATE_VCPU_MSRS, "msrs" },
+		{ STATE_VCPU_LAPIC, "lapic" }, { STATE_VCPU_MP_STATE, "mp_state" },
+		{ STATE_VCPU_EVENTS, "events" }, { STATE_VCPU_DEBUGREGS, "debugregs" },
+		{ STATE_VM_IRQCHIP, "irqchip" }, { STATE_VM_PIT, "pit" },
+		{ STATE_VM_CLOCK, "clock" }, { STATE_VM_RUNSTATE, "runstate" },
+		{ STATE_VM_TSC, "tsc" }, { STATE_DEV_SERIAL, "serial" },
+		{ STATE_DEV_VIRTIO, "virtio-balloon" },
+	};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (names[i].id == id)
+			return names[i].name;
+	return "unknown";
+}
+
+void state__why_unexpected(struct vm *vm, uint32_t id, uint32_t instance, char *why,
+			   size_t whylen)
+{
+	if (id >= STATE_VCPU_SREGS && id <= STATE_VCPU_DEBUGREGS && instance >= vm->nr_vcpus)
+		snprintf(why, whylen, "state section %s (%u) for vCPU %u, but this VM has %u",
+			 state__name(id), id, instance, vm->nr_vcpus);
+	else if (id == STATE_DEV_VIRTIO && !vm->balloon)
+		snprintf(why, whylen, "virtio-balloon state, but this VM has no --balloon");
+	else
+		snprintf(why, whylen, "unexpected state section %s (%u) instance %u",
+			 state__name(id), id, instance);
+}

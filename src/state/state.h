@@ -51,5 +51,17 @@ int state__load(struct vm *vm, uint32_t id, uint32_t version, uint32_t instance,
 		const void *data, size_t len, char *why, size_t whylen) KMIG_MUST_CHECK;
 /* Number of sections state__save produces for this VM (receiver check). */
 unsigned state__expected_sections(struct vm *vm);
+/* A section's slot: (id << 32 | instance), with FPU and XSAVE one slot
+ * (a vCPU's FPU state comes as either, by what the source's KVM has). */
+uint64_t state__slot(uint32_t id, uint32_t instance);
+/* Fills slots[0..n) with the slot of every section state__save produces
+ * for this VM and returns n (state__expected_sections), or -ENOSPC when
+ * more than cap. */
+int state__expected_slots(struct vm *vm, uint64_t *slots, unsigned cap);
+/* A section's name ("lapic", "virtio-balloon", ...; "unknown"). */
+const char *state__name(uint32_t id);
+/* Why a section that is not among the expected slots cannot be loaded. */
+void state__why_unexpected(struct vm *vm, uint32_t id, uint32_t instance, char *why,
+			   size_t whylen);
 
 #endif

@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "base/timeutil.h"
@@ -287,7 +289,7 @@ static void t_uri(struct t *t)
 	memset(longp + 5, 'p', 150);
 	T_CHECK_EQ(t, mig_uri__parse(longp, &u, err, sizeof(err)), -EINVAL);
 	struct mig_stream s;
-	T_CHECK_EQ(t, mig_stream__connect(&s, "tcp::80", err, sizeof(err)), -EINVAL);
+	T_CHECK_EQ(t, mig_stream__connect(&s, "tcp::80", NULL, err, sizeof(err)), -EINVAL);
 }
 
 struct conn {
@@ -300,7 +302,7 @@ struct conn {
 static void *connect_thread(void *arg)
 {
 	struct conn *c = arg;
-	c->ret = mig_stream__connect(&c->s, c->uri, c->err, sizeof(c->err));
+	c->ret = mig_stream__connect(&c->s, c->uri, NULL, c->err, sizeof(c->err));
 	if (!c->ret) {
 		c->ret = mig_stream__put_record(&c->s, PROTO_RP_PING, 0, "12345678", 8);
 		if (!c->ret)
@@ -361,7 +363,7 @@ static void t_listen_connect(struct t *t)
 	check_listen(t, uri, uri);
 	/* connecting to nothing fails cleanly */
 	struct mig_stream s;
-	T_CHECK(t, mig_stream__connect(&s, uri, err, sizeof(err)) < 0);
+	T_CHECK(t, mig_stream__connect(&s, uri, NULL, err, sizeof(err)) < 0);
 	T_CHECK(t, strstr(err, path) != NULL);
 	/* shutdown releases a blocked accept */
 	T_CHECK_EQ(t, mig_listener__open(&l, "tcp:127.0.0.1:0", err, sizeof(err)), 0);
@@ -370,6 +372,66 @@ static void t_listen_connect(struct t *t)
 	T_CHECK_EQ(t, mig_listener__accept(&l, &s, err, sizeof(err)), -ECANCELED);
 	pthread_join(th, NULL);
 	mig_listener__close(&l);
+}
+
+struct cancel_conn {
+	char uri[160];
+	atomic_bool cancel;
+	int ret;
+	uint64_t ms;
+	char err[128];
+};
+
+static void *cancel_connect_thread(void *arg)
+{
+	struct cancel_conn *c = arg;
+	struct mig_stream s;
+	uint64_t t0 = time__now_ms();
+	c->ret = mig_stream__connect(&s, c->uri, &c->cancel, c->err, sizeof(c->err));
+	c->ms = time__now_ms() - t0;
+	if (!c->ret)
+		mig_stream__close(&s);
+	return NULL;
+}
+
+/* A unix listener whose backlog is full and that never accepts: the connect
+ * waits, and a cancel ends the wait at once. */
+static void t_connect_cancel(struct t *t)
+{
+	struct cancel_conn c = { .ret = 1 };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fill[64], nfill = 0;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "/tmp/kmig-test-full-%d.sock", (int)getpid());
+	unlink(sa.sun_path);
+	int l = socket(AF_UNIX, SOCK_STREAM, 0);
+	T_CHECK(t, l >= 0 && !bind(l, (struct sockaddr *)&sa, sizeof(sa)) && !listen(l, 0));
+	while (nfill < 64) {            /* fill the backlog */
+		int f = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		if (connect(f, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+			close(f);
+			break;
+		}
+		fill[nfill++] = f;
+	}
+	T_CHECK(t, nfill >= 1 && nfill < 64);
+	snprintf(c.uri, sizeof(c.uri), "unix:%s", sa.sun_path);
+	atomic_init(&c.cancel, false);
+	pthread_t th;
+	pthread_create(&th, NULL, cancel_connect_thread, &c);
+	time__sleep_ns(300000000ull);
+	atomic_store(&c.cancel, true);
+	uint64_t t0 = time__now_ms();
+	pthread_join(th, NULL);
+	uint64_t after = time__now_ms() - t0;
+	T_CHECK_EQ(t, c.ret, -ECANCELED);
+	T_CHECK(t, c.ms >= 300);         /* it did wait for the listener */
+	if (after > 1000)
+		printf("#   the connect ended %llu ms after the cancel\n", (unsigned long long)after);
+	T_CHECK(t, after <= 1000);
+	for (int i = 0; i < nfill; i++)
+		close(fill[i]);
+	close(l);
+	unlink(sa.sun_path);
 }
 
 int main(void)
@@ -383,6 +445,7 @@ int main(void)
 	T_RUN(&t, t_shutdown);
 	T_RUN(&t, t_uri);
 	T_RUN(&t, t_listen_connect);
+	T_RUN(&t, t_connect_cancel);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);
 }

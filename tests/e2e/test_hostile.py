@@ -1,0 +1,466 @@
+"""Hostile and stuck peers: every wait of a migration ends on a cancel or
+quit, and what kmig creates is private.
+
+  socket_modes        under umask 000 the incoming unix socket, the QMP
+                      socket and the console file are 0600
+  cancel_races_start  migrate-incoming and quit in one write: the
+                      destination ends (the cancel used to be lost when it
+                      came before the incoming thread registered)
+  multifd_silent_channel  a peer announces a channel, connects it and sends
+                      nothing: quit ends the destination
+  multifd_sync_without_data  a peer's channel never reaches the main
+                      stream's SYNC: quit ends the destination
+  silent_after_end    a destination that reads everything and never
+                      confirms: migrate_cancel after END ends the wait, the
+                      guest stays paused here (the destination may run it),
+                      quit works
+  connect_full_backlog  a unix listener that never accepts: migrate_cancel
+                      ends the connect, of the main stream and of a multifd
+                      channel, and the guest runs on
+  silent_after_end_timeout  (slow) without a cancel, the source gives up
+                      after 60 s and keeps the guest paused
+  section_swapped     a proxy replaces vCPU 0's LAPIC section with a second
+                      FPU section: the destination refuses the stream (it
+                      used to count sections only, and ran without the LAPIC)
+  stop_races_switchover  stop/cont from a second client during switchovers
+                      of failing migrations: afterwards `cont` runs the guest
+
+Each fake peer is a Python socket in this process.
+"""
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+
+import pytest
+
+import kmigtest as kt
+
+pytestmark = pytest.mark.kvm
+
+MIB = 1 << 20
+CMD = "workload=idle report_ms=200"
+QUIT_WITHIN = 5.0      # s: quit or cancel must end a migration this soon
+
+
+def dump(vm, n=12):
+    return kt.dump(vm, n)
+
+
+def record(rtype, payload=b"", flags=0):
+    """One stream record: header (type, flags, length) and payload."""
+    return struct.pack("<IIQ", rtype, flags, len(payload)) + payload
+
+
+def start_record(blocks=((0, 256 * MIB),)):
+    payload = b"KMIGSTRM" + struct.pack("<III", 1, 4096, len(blocks))
+    for gpa, size in blocks:
+        payload += struct.pack("<QQ", gpa, size)
+    return record(1, payload)
+
+
+def channel_record(index, count):
+    return record(8, struct.pack("<II", index, count))
+
+
+def sync_record(rnd):
+    return record(5, struct.pack("<Q", rnd))
+
+
+def dest(d, vms, uri, name="dst"):
+    vm = kt.kmig_vm(d, name, CMD, memory="256M", extra=["--incoming", uri])
+    vms.append(vm)
+    return vm
+
+
+def source(d, vms, name="src"):
+    vm = kt.kmig_vm(d, name, CMD, memory="256M")
+    vms.append(vm)
+    return vm
+
+
+def booted(check, vm):
+    return check("boot", vm.console.wait(r"^heartbeat", kt.slow(30), proc=vm.proc) is not None,
+                 dump(vm))
+
+
+def quit_ends(check, name, vm):
+    """Sends quit and checks that the process ends within QUIT_WITHIN s."""
+    t0 = time.time()
+    try:
+        vm.qmp().send_raw(b'{"execute": "quit"}\n')
+    except OSError:
+        pass
+    rc = vm.wait_exit(kt.slow(QUIT_WITHIN))
+    took = time.time() - t0
+    print("# %s: quit took %.2f s, exit %r" % (name, took, rc))
+    return check(name, rc is not None, "still running %.1f s after quit; %s" % (took, dump(vm)))
+
+
+def status(vm):
+    return vm.qmp().cmd("query-status").get("status")
+
+
+# ------------------------------------------------------------- files
+
+def test_socket_modes(d, vms, check):
+    sock = os.path.join(d, "in.sock")
+    old = os.umask(0)
+    try:
+        dst = dest(d, vms, "unix:" + sock)
+    finally:
+        os.umask(old)
+    if not check("listening", kt.wait_incoming(dst, kt.slow(30)), dump(dst)):
+        return
+    for what, path in (("incoming", sock), ("qmp", dst.qmp_path),
+                       ("console", dst.console.path)):
+        st = os.stat(path)
+        check(what + "_0600", stat.S_IMODE(st.st_mode) == 0o600,
+              "%s is %o" % (path, stat.S_IMODE(st.st_mode)))
+
+
+# ------------------------------------------------------------- destination
+
+def test_cancel_races_start(d, vms, check):
+    for i in range(3):
+        dst = dest(d, vms, "defer", name="dst%d" % i)
+        q = dst.qmp()
+        uri = "tcp:127.0.0.1:%d" % kt.free_port()
+        q.send_raw(('{"execute": "migrate-incoming", "arguments": {"uri": "%s"}}\n'
+                    '{"execute": "quit"}\n' % uri).encode())
+        rc = dst.wait_exit(kt.slow(QUIT_WITHIN))
+        if not check("quit_%d" % i, rc is not None, "still running after quit; " + dump(dst)):
+            return
+
+
+def fake_source(port):
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(start_record() + channel_record(0, 1))
+    return s
+
+
+def test_multifd_silent_channel(d, vms, check):
+    port = kt.free_port()
+    dst = dest(d, vms, "tcp:127.0.0.1:%d" % port)
+    if not check("listening", kt.wait_incoming(dst, kt.slow(30)), dump(dst)):
+        return
+    main = fake_source(port)
+    chan = socket.create_connection(("127.0.0.1", port), timeout=10)   # and nothing
+    try:
+        time.sleep(1)
+        check("dst_waits", dst.proc.poll() is None, dump(dst))
+        quit_ends(check, "quit", dst)
+    finally:
+        chan.close()
+        main.close()
+
+
+def test_multifd_sync_without_data(d, vms, check):
+    port = kt.free_port()
+    dst = dest(d, vms, "tcp:127.0.0.1:%d" % port)
+    if not check("listening", kt.wait_incoming(dst, kt.slow(30)), dump(dst)):
+        return
+    main = fake_source(port)
+    chan = socket.create_connection(("127.0.0.1", port), timeout=10)
+    chan.sendall(channel_record(1, 1))            # and never its SYNC
+    main.sendall(sync_record(1))
+    try:
+        if not check("channels_up", kt.wait_output(dst, r"1 multifd channels", kt.slow(20)),
+                     dump(dst)):
+            return
+        time.sleep(1)
+        check("dst_waits", dst.proc.poll() is None, dump(dst))
+        quit_ends(check, "quit", dst)
+    finally:
+        chan.close()
+        main.close()
+
+
+# ------------------------------------------------------------- source
+
+class SilentDestination:
+    """Accepts one connection, reads every record, answers nothing."""
+
+    def __init__(self, d):
+        self.path = os.path.join(d, "silent.sock")
+        self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.lsock.bind(self.path)
+        self.lsock.listen(1)
+        self.end_seen = threading.Event()
+        self.conn = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _read(self, n):
+        buf = b""
+        while len(buf) < n:
+            got = self.conn.recv(min(n - len(buf), 1 << 20))
+            if not got:
+                raise EOFError
+            buf += got
+        return buf
+
+    def _run(self):
+        try:
+            self.conn, _ = self.lsock.accept()
+            while True:
+                rtype, _, length = struct.unpack("<IIQ", self._read(16))
+                while length:
+                    length -= len(self._read(min(length, 1 << 20)))
+                if rtype == 6:
+                    self.end_seen.set()
+        except (OSError, EOFError, struct.error):
+            pass
+
+    def close(self):
+        for s in (self.conn, self.lsock):
+            if s is not None:
+                s.close()
+
+
+def silent_migration(d, vms, check):
+    src = source(d, vms)
+    if not booted(check, src):
+        return None, None
+    fake = SilentDestination(d)
+    q = src.qmp()
+    q.cmd("migrate", uri="unix:" + fake.path)
+    if not check("end_sent", fake.end_seen.wait(kt.slow(30)), dump(src)):
+        fake.close()
+        return None, None
+    time.sleep(0.5)
+    r = q.cmd("query-migrate")
+    check("waits_in_device", r.get("status") == "device", repr(r))
+    return src, fake
+
+
+PAUSED_HERE = "the guest stays paused here"
+
+
+def test_silent_after_end(d, vms, check):
+    src, fake = silent_migration(d, vms, check)
+    if src is None:
+        return
+    try:
+        q = src.qmp()
+        t0 = time.time()
+        q.cmd("migrate_cancel")
+        r = kt.wait_migration(q, kt.slow(QUIT_WITHIN))
+        print("# silent_after_end: %s after %.2f s: %r" % (r.get("status"), time.time() - t0,
+                                                            r.get("error-desc")))
+        check("cancelled", r.get("status") == "cancelled", repr(r))
+        check("says_why", PAUSED_HERE in (r.get("error-desc") or ""), repr(r))
+        check("stays_paused", status(src) == "paused", dump(src))
+        quit_ends(check, "quit", src)
+    finally:
+        fake.close()
+
+
+@pytest.mark.slow
+def test_silent_after_end_timeout(d, vms, check):
+    src, fake = silent_migration(d, vms, check)
+    if src is None:
+        return
+    try:
+        q = src.qmp()
+        r = kt.wait_migration(q, 60 + kt.slow(15))
+        check("failed", r.get("status") == "failed", repr(r))
+        check("says_why", "within 60 s" in (r.get("error-desc") or "")
+              and PAUSED_HERE in r.get("error-desc"), repr(r))
+        check("stays_paused", status(src) == "paused", dump(src))
+    finally:
+        fake.close()
+
+
+class FullListener:
+    """A unix listener with a backlog of one that never accepts: the first
+    connection waits in the backlog, every later one cannot get in.  With
+    prefill, a connection of ours takes the one place first."""
+
+    def __init__(self, d, prefill):
+        self.path = os.path.join(d, "full.sock")
+        self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.lsock.bind(self.path)
+        self.lsock.listen(0)
+        self.fill = []
+        for _ in range(prefill):
+            f = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            f.connect(self.path)
+            self.fill.append(f)
+
+    def close(self):
+        for s in self.fill + [self.lsock]:
+            s.close()
+
+
+@pytest.mark.parametrize("multifd", [False, True], ids=["main", "multifd"])
+def test_connect_full_backlog(d, vms, check, multifd):
+    src = source(d, vms)
+    if not booted(check, src):
+        return
+    # main: ours fills the backlog, the main stream cannot connect;
+    # multifd: the main stream takes the place, its channel cannot connect
+    full = FullListener(d, prefill=0 if multifd else 1)
+    try:
+        q = src.qmp()
+        if multifd:
+            kt.set_caps(q, multifd=True)
+            kt.set_params(q, **{"multifd-channels": 2})
+        q.cmd("migrate", uri="unix:" + full.path)
+        time.sleep(1)
+        r = q.cmd("query-migrate")
+        check("connecting", r.get("status") == "setup", repr(r))
+        t0 = time.time()
+        q.cmd("migrate_cancel")
+        r = kt.wait_migration(q, kt.slow(QUIT_WITHIN))
+        print("# connect_full_backlog: %s after %.2f s" % (r.get("status"), time.time() - t0))
+        check("cancelled", r.get("status") == "cancelled", repr(r))
+        check("src_running", status(src) == "running", dump(src))
+        n = src.console.count(r"^heartbeat")
+        check("guest_goes_on", src.console.wait(r"^heartbeat", kt.slow(5),
+                                                start=len(src.console.lines)) is not None
+              and src.console.count(r"^heartbeat") > n, dump(src))
+    finally:
+        full.close()
+
+
+# ------------------------------------------------------------- stream rewriting
+
+class RewritingProxy:
+    """Relays one migration from the source (connecting to self.port) to the
+    destination at dst_port, record by record forward (rewrite(type, flags,
+    payload) returns the records to send instead) and bytes as they come on
+    the return path."""
+
+    def __init__(self, dst_port, rewrite):
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(1)
+        self.port = self.lsock.getsockname()[1]
+        self.dst_port, self.rewrite = dst_port, rewrite
+        self.socks = [self.lsock]
+        threading.Thread(target=self._run, daemon=True).start()
+
+    @staticmethod
+    def _read(sock, n):
+        buf = b""
+        while len(buf) < n:
+            got = sock.recv(n - len(buf))
+            if not got:
+                raise EOFError
+            buf += got
+        return buf
+
+    def _back(self, src, dst):
+        try:
+            while True:
+                got = dst.recv(65536)
+                if not got:
+                    break
+                src.sendall(got)
+        except OSError:
+            pass
+
+    def _run(self):
+        try:
+            src, _ = self.lsock.accept()
+            dst = socket.create_connection(("127.0.0.1", self.dst_port), timeout=30)
+            dst.settimeout(None)
+            self.socks += [src, dst]
+            threading.Thread(target=self._back, args=(src, dst), daemon=True).start()
+            while True:
+                rtype, flags, length = struct.unpack("<IIQ", self._read(src, 16))
+                payload = self._read(src, length)
+                dst.sendall(b"".join(self.rewrite(rtype, flags, payload)))
+        except (OSError, EOFError, struct.error):
+            pass
+
+    def close(self):
+        for s in self.socks:
+            s.close()
+
+
+FPU_SIZE = 416          # struct kvm_fpu
+
+
+def fpu_for_lapic(rtype, flags, payload):
+    """The STATE record of vCPU 0's LAPIC (section 7) replaced by an FPU
+    section (4): as many sections as before, one of them the wrong one."""
+    if rtype == 4:
+        sid, ver, inst = struct.unpack("<III", payload[:12])
+        if sid == 7 and inst == 0:
+            return [record(4, struct.pack("<III", 4, ver, 0) + bytes(FPU_SIZE), flags)]
+    return [record(rtype, payload, flags)]
+
+
+def test_section_swapped(d, vms, check):
+    src = source(d, vms)
+    if not booted(check, src):
+        return
+    dst_port = kt.free_port()
+    dst = dest(d, vms, "tcp:127.0.0.1:%d" % dst_port)
+    if not check("listening", kt.wait_incoming(dst, kt.slow(30)), dump(dst)):
+        return
+    proxy = RewritingProxy(dst_port, fpu_for_lapic)
+    try:
+        q = src.qmp()
+        q.cmd("migrate", uri="tcp:127.0.0.1:%d" % proxy.port)
+        r = kt.wait_migration(q, kt.slow(30))
+        want = "state section fpu (4) for instance 0 twice"
+        print("# section_swapped: %s: %r" % (r.get("status"), r.get("error-desc")))
+        check("failed", r.get("status") == "failed"
+              and r.get("error-desc") == "destination failed: " + want, repr(r))
+        check("src_running", status(src) == "running", dump(src))
+        rc = dst.wait_exit(kt.slow(20))
+        check("dst_exits_nonzero", rc == 1, "exit %r; %s" % (rc, dump(dst)))
+        check("dst_never_ran", dst.console.count(r"^heartbeat") == 0, dump(dst))
+    finally:
+        proxy.close()
+
+
+# ------------------------------------------------------------- stop vs switchover
+
+def test_stop_races_switchover(d, vms, check):
+    """A second client sends stop and cont as fast as it can while
+    migrations that fail at END (the destination has a second vCPU) go
+    through their switchover.  Afterwards `cont` must leave a running
+    guest whose status says so (the pause of a `stop` that slipped in
+    between the switchover's status read and its pause used to be kept
+    while the status said running, and `cont` did nothing)."""
+    src = source(d, vms)
+    if not booted(check, src):
+        return
+    q = src.qmp()
+    for i in range(4):
+        uri = "tcp:127.0.0.1:%d" % kt.free_port()
+        dst = kt.kmig_vm(d, "dst%d" % i, CMD, memory="256M", cpus=2, extra=["--incoming", uri])
+        vms.append(dst)
+        if not check("listening_%d" % i, kt.wait_incoming(dst, kt.slow(30)), dump(dst)):
+            return
+        spam = kt.QMP(src.qmp_path)
+        stop = threading.Event()
+
+        def hammer():
+            n = 0
+            while not stop.is_set():
+                spam.cmd_full("stop" if n % 2 == 0 else "cont")
+                n += 1
+
+        t = threading.Thread(target=hammer, daemon=True)
+        t.start()
+        q.cmd("migrate", uri=uri)
+        r = kt.wait_migration(q, kt.slow(30))
+        stop.set()
+        t.join(10)
+        spam.close()
+        check("failed_%d" % i, r.get("status") == "failed", repr(r))
+        dst.wait_exit(kt.slow(10))
+        q.cmd_full("cont")
+        check("running_%d" % i, status(src) == "running", dump(src))
+        n = src.console.count(r"^heartbeat")
+        if not check("guest_goes_on_%d" % i,
+                     src.console.wait(r"^heartbeat", kt.slow(5), start=len(src.console.lines))
+                     is not None and src.console.count(r"^heartbeat") > n, dump(src)):
+            return
