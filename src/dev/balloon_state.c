@@ -1,7 +1,11 @@
 /* STATE_DEV_VIRTIO for the balloon: layout (little-endian)
  *   u32 magic "BLN1", u32 transport length, transport (virtio_pci__save),
  *   u32 num_pages, actual, cmd_id, poison_val, next_cmd_id,
- *   u64 RAM pages, u32 ranges, ranges x (u32 first page, u32 pages).
+ *   u64 RAM pages, then the ballooned frames, whichever form is smaller:
+ *   u32 ranges, ranges x (u32 first page, u32 pages); or
+ *   u32 BALLOON_STATE_BITMAP, ceil(RAM pages / 64) x u64 bitmap words.
+ * So the section never exceeds RAM pages / 8 bytes plus a few hundred,
+ * however fragmented the guest's balloon (a 64 GiB guest: 2 MiB).
  * The hinted bitmap is not carried: the source sets DONE before it stops. */
 #include <errno.h>
 #include <stdio.h>
@@ -11,7 +15,7 @@
 #include "dev/balloon_impl.h"
 
 #define BALLOON_STATE_MAGIC 0x314e4c42u /* "BLN1" */
-#define BALLOON_STATE_MAX (192u << 10)
+#define BALLOON_STATE_BITMAP 0xffffffffu
 #define BALLOON_STATE_FIXED (8 + 20 + 8 + 4)
 
 static size_t balloon__next_clear(const struct bitmap *m, size_t i)
@@ -21,34 +25,54 @@ static size_t balloon__next_clear(const struct bitmap *m, size_t i)
 	return i;
 }
 
-static size_t balloon__put_ranges(const struct balloon *b, uint8_t *p, size_t cap, bool *full)
+static size_t balloon__count_ranges(const struct bitmap *m)
 {
 	size_t n = 0;
+	for (size_t i = bitmap__next_set(m, 0); i < m->nbits;
+	     i = bitmap__next_set(m, balloon__next_clear(m, i)))
+		n++;
+	return n;
+}
+
+/* The ballooned frames at p (room checked by the caller): a range list or
+ * the bitmap; returns the bytes written. */
+static size_t balloon__put_frames(const struct balloon *b, uint8_t *p, bool bitmap)
+{
 	const struct bitmap *m = &b->ballooned;
+	uint32_t n = 0;
+	if (bitmap) {
+		uint32_t mark = BALLOON_STATE_BITMAP;
+		size_t bytes = (m->nbits + 63) / 64 * 8;
+		memcpy(p, &mark, 4);
+		memcpy(p + 4, m->words, bytes);
+		return 4 + bytes;
+	}
 	for (size_t i = bitmap__next_set(m, 0); i < m->nbits; i = bitmap__next_set(m, i)) {
 		size_t end = balloon__next_clear(m, i);
-		if ((n + 1) * 8 > cap) {
-			*full = true;
-			return n;
-		}
 		uint32_t r[2] = { (uint32_t)i, (uint32_t)(end - i) };
-		memcpy(p + n * 8, r, 8);
+		memcpy(p + 4 + (size_t)n * 8, r, 8);
 		n++;
 		i = end;
 	}
-	return n;
+	memcpy(p, &n, 4);
+	return 4 + (size_t)n * 8;
 }
 
 int balloon__save(struct balloon *b, state_put_fn put, void *ctx)
 {
-	uint8_t *buf = malloc(BALLOON_STATE_MAX);
-	if (!buf)
-		return -ENOMEM;
 	pthread_mutex_lock(&b->vp.lock);
+	size_t ranges = balloon__count_ranges(&b->ballooned);
+	size_t bitmap_bytes = (b->ballooned.nbits + 63) / 64 * 8;
+	bool bitmap = ranges * 8 > bitmap_bytes;
+	size_t cap = BALLOON_STATE_FIXED + VIRTIO_PCI_STATE_MAX + (bitmap ? bitmap_bytes : ranges * 8);
+	uint8_t *buf = malloc(cap);
+	if (!buf) {
+		pthread_mutex_unlock(&b->vp.lock);
+		return -ENOMEM;
+	}
 	long tl = virtio_pci__save(&b->vp, buf + 8, VIRTIO_PCI_STATE_MAX);
 	int rc = tl < 0 ? (int)tl : 0;
 	size_t pos = 8 + (size_t)(tl > 0 ? tl : 0);
-	bool full = false;
 	if (!rc) {
 		uint32_t head[2] = { BALLOON_STATE_MAGIC, (uint32_t)tl };
 		uint32_t cfg[5] = { b->num_pages, b->actual, b->cmd_id, b->poison_val, b->next_cmd_id };
@@ -57,24 +81,36 @@ int balloon__save(struct balloon *b, state_put_fn put, void *ctx)
 		memcpy(buf + pos, cfg, 20);
 		memcpy(buf + pos + 20, &npages, 8);
 		pos += 28;
-		uint32_t n = (uint32_t)balloon__put_ranges(b, buf + pos + 4, BALLOON_STATE_MAX - pos - 4, &full);
-		memcpy(buf + pos, &n, 4);
-		pos += 4 + (size_t)n * 8;
+		pos += balloon__put_frames(b, buf + pos, bitmap);
 	}
 	pthread_mutex_unlock(&b->vp.lock);
-	if (full) {
-		log_err("balloon: too many ballooned ranges to migrate");
-		rc = -E2BIG;
-	}
 	if (!rc)
 		rc = put(ctx, STATE_DEV_VIRTIO, STATE_VERSION, 0, buf, pos);
 	free(buf);
 	return rc;
 }
 
+static int balloon__load_bitmap(struct balloon *b, const uint8_t *p, size_t len, char *why,
+				size_t whylen)
+{
+	struct bitmap *m = &b->ballooned;
+	size_t bytes = (m->nbits + 63) / 64 * 8;
+	if (len != bytes) {
+		snprintf(why, whylen, "balloon state: bitmap of %zu bytes, expected %zu", len, bytes);
+		return -EINVAL;
+	}
+	memcpy(m->words, p, bytes);
+	if (m->nbits % 64)             /* no frame beyond guest RAM */
+		m->words[m->nbits / 64] &= (1ull << (m->nbits % 64)) - 1;
+	b->stats.ballooned = bitmap__count(m);
+	return 0;
+}
+
 static int balloon__load_ranges(struct balloon *b, const uint8_t *p, size_t len, char *why, size_t whylen)
 {
 	uint32_t n;
+	if (len >= 4 && (memcpy(&n, p, 4), n == BALLOON_STATE_BITMAP))
+		return balloon__load_bitmap(b, p + 4, len - 4, why, whylen);
 	if (len < 4 || (memcpy(&n, p, 4), (len - 4) / 8 != n || (len - 4) % 8)) {
 		snprintf(why, whylen, "balloon state: bad range list");
 		return -EINVAL;

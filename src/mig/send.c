@@ -183,8 +183,15 @@ static int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst
 {
 	struct sender *s = ctx;
 	size_t need = PROTO_HDR_SIZE + 12 + len;
-	if (need > s->rec_cap)
+	if (need > PROTO_HDR_SIZE + PROTO_MAX_PAYLOAD)
 		return -E2BIG;
+	if (need > s->rec_cap) {        /* a large section (the balloon's bitmap) */
+		uint8_t *bigger = realloc(s->rec, need);
+		if (!bigger)
+			return -ENOMEM;
+		s->rec = bigger;
+		s->rec_cap = need;
+	}
 	ssize_t n = proto__encode_state(s->rec, s->rec_cap, id, ver, inst, data, len);
 	if (n < 0)
 		return (int)n;
