@@ -846,11 +846,35 @@ static void report_step(u64 t)
 
 /* ---------------- the driver loop ---------------- */
 
+/* balloon_test=flood: one second after binding, write `actual` FLOOD_WRITES
+ * times (1, 2, ... FLOOD_WRITES), as fast as MMIO goes: a guest trying to
+ * flood the host's QMP clients with BALLOON_CHANGE events. */
+#define FLOOD_WRITES 20000
+static u64 flood_at;
+
+static void flood_step(u64 t)
+{
+	if (!flood_at) {
+		flood_at = t + MS(1000);
+		return;
+	}
+	if (t < flood_at || flood_at == ~0ull)
+		return;
+	flood_at = ~0ull;
+	for (u32 i = 1; i <= FLOOD_WRITES; i++)
+		mw32(devcfg + D_ACTUAL, i);
+	kprintf("balloon flood writes=%u last=%u\n", FLOOD_WRITES, FLOOD_WRITES);
+}
+
 void balloon_poll(void)
 {
 	if (!balloon_on)
 		return;
 	u64 t0 = rdtsc(), t = t0;
+	if (cfg.balloon_test == BT_FLOOD) {
+		flood_step(t);
+		return;           /* the flood's `actual` stays: no inflate/deflate */
+	}
 	if (t >= next_cfg_poll) {
 		read_config(t);
 		next_cfg_poll = t + MS(CFG_POLL_MS);

@@ -86,6 +86,7 @@ static void parse_option(char *key)
 	if (streq(key, "balloon_test")) {
 		if (streq(val, "nokick")) cfg.balloon_test = BT_NOKICK;
 		else if (streq(val, "rebar")) cfg.balloon_test = BT_REBAR;
+		else if (streq(val, "flood")) cfg.balloon_test = BT_FLOOD;
 		else kprintf("kmig-guest warning: unknown balloon_test \"%s\", ignored\n", val);
 		return;
 	}

@@ -24,6 +24,9 @@ quit, and what kmig creates is private.
                       used to count sections only, and ran without the LAPIC)
   stop_races_switchover  stop/cont from a second client during switchovers
                       of failing migrations: afterwards `cont` runs the guest
+  balloon_change_flood  the guest writes `actual` 20,000 times: at most one
+                      BALLOON_CHANGE a second reaches a client, the last value
+                      among them
 
 Each fake peer is a Python socket in this process.
 """
@@ -464,3 +467,34 @@ def test_stop_races_switchover(d, vms, check):
                      src.console.wait(r"^heartbeat", kt.slow(5), start=len(src.console.lines))
                      is not None and src.console.count(r"^heartbeat") > n, dump(src)):
             return
+
+
+# ------------------------------------------------------------- guest floods
+
+def test_balloon_change_flood(d, vms, check):
+    """The guest writes the balloon's `actual` 20,000 times in a burst: a
+    client gets at most one BALLOON_CHANGE a second (QEMU's limit), the
+    last one with the final value, and stays connected."""
+    vm = kt.kmig_vm(d, "flood", "workload=idle report_ms=200 balloon=1 balloon_test=flood",
+                    memory="256M", extra=["--balloon"])
+    vms.append(vm)
+    q = vm.qmp()                  # connected before the guest's flood (1 s after binding)
+    t0 = time.time()
+    done = vm.console.wait(r"^balloon flood writes=(\d+) last=(\d+)", kt.slow(30), proc=vm.proc)
+    if not check("flood", done is not None, dump(vm)):
+        return
+    last = 256 * MIB - int(done.group(2)) * 4096     # as QEMU: the memory the guest keeps
+    time.sleep(2.5)               # past the end of the period the burst fell in
+    seen = []
+    while True:
+        e = q.wait_event("BALLOON_CHANGE", 0.2)
+        if e is None:
+            break
+        seen.append(e)
+    took = time.time() - t0
+    print("# balloon_change_flood: %d events in %.1f s, last actual %r"
+          % (len(seen), took, seen[-1]["data"]["actual"] if seen else None))
+    check("events", 1 <= len(seen) <= took + 1, "%d events in %.1f s" % (len(seen), took))
+    check("last_value", seen and seen[-1]["data"]["actual"] == last,
+          "last event %r, want actual %d" % (seen[-1] if seen else None, last))
+    check("client_kept", q.cmd("query-balloon").get("actual") == last, "")
