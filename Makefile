@@ -10,6 +10,16 @@ BUILD   := build-san
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
 LDFLAGS += -fsanitize=address,undefined
 endif
+# `make fuzz` builds the libFuzzer harnesses (tests/fuzz/) with clang,
+# ASan and UBSan into build-fuzz/ and runs each (scripts/fuzz.sh)
+ifeq ($(FUZZ),1)
+CC      := clang
+BUILD   := build-fuzz
+CFLAGS  += -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -O1 \
+           -Wno-gnu-variable-sized-type-not-at-end
+LDFLAGS += -fsanitize=fuzzer,address,undefined
+endif
+FUZZ_SECONDS ?= 60
 
 SRCS      := $(sort $(wildcard src/*/*.c))
 LIB_SRCS  := $(filter-out src/main.c,$(SRCS))
@@ -18,8 +28,9 @@ LIB_OBJS  := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
 UNIT_SRCS := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 KVM_TEST_BINS := $(patsubst tests/kvm/%.c,$(BUILD)/tests/test_kvm_%,$(wildcard tests/kvm/*.c))
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all guest test unit deps demo bench clean
+.PHONY: all guest test unit deps demo bench clean fuzz fuzz-bins
 all: $(BUILD)/kmig
 
 $(BUILD)/kmig: $(OBJS)
@@ -39,11 +50,22 @@ $(BUILD)/tests/test_kvm_%: tests/kvm/%.c $(LIB_OBJS) tests/unit/harness.h
 
 unit: $(UNIT_BINS) $(KVM_TEST_BINS)
 
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
+
+fuzz-bins: $(FUZZ_BINS)
+
+fuzz: deps
+	$(MAKE) FUZZ=1 fuzz-bins
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
 deps:
 	@scripts/setup-deps.sh
 
 test: deps
 	$(MAKE) all guest unit
+	$(MAKE) FUZZ=1 fuzz-bins
 	tests/run.sh $(BUILD)
 
 demo: deps
@@ -51,7 +73,7 @@ demo: deps
 	scripts/demo.sh
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-fuzz
 
 -include guest/guest.mk
 -include $(OBJS:.o=.d)

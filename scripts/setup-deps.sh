@@ -4,6 +4,7 @@
 set -euo pipefail
 pkgs=(
   gcc                  # the compiler
+  clang                # libFuzzer harnesses (make fuzz; tests/fuzz), with ASan/UBSan
   make                 # the build
   libjansson-dev       # JSON for the QMP control socket
   libzstd-dev          # zstd compression of migration pages

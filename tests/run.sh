@@ -5,7 +5,8 @@
 #   tests/run.sh [BUILD_DIR] [FILTER]     FILTER: a substring of test file names
 #
 # Two parts:
-#   host  C unit tests and the Python tests that need no KVM
+#   host  C unit tests, the Python tests that need no KVM, and each fuzz
+#         harness for 15 s (KMIG_FUZZ_SECONDS)
 #   kvm   C KVM tests (build/tests/test_kvm_*) and the pytest tests marked
 #         kvm, qemu or linux
 # Where /dev/kvm is usable both run here.  Where it is not, the kvm part runs
@@ -78,6 +79,13 @@ run_host_part() {
 	done
 	# shellcheck disable=SC2046
 	run_pytest "not kvm and not qemu and not linux" $(pytest_files)
+	# each libFuzzer harness briefly (`make fuzz` runs them for longer)
+	if ls build-fuzz/fuzz/fuzz_* > /dev/null 2>&1; then
+		run_one "fuzz" scripts/fuzz.sh "${KMIG_FUZZ_SECONDS:-15}"
+	elif [ -z "$filter" ]; then
+		echo "skip fuzz: the harnesses are not built (make FUZZ=1 fuzz-bins; make test does)"
+		skipped=$((skipped + 1))
+	fi
 }
 
 kvm_items() {  # the kvm part, one item per line: C tests, then pytest files
