@@ -121,7 +121,11 @@ static bool multifd_recv__index_taken(struct multifd_recv *mf, uint32_t index)
 void multifd_recv__cancel(struct multifd_recv *mf)
 {
 	pthread_mutex_lock(&mf->lock);
-	if (!mf->failed && !mf->done) {
+	if (mf->done) {                 /* finish closes the streams: leave them */
+		pthread_mutex_unlock(&mf->lock);
+		return;
+	}
+	if (!mf->failed) {
 		mf->failed = true;
 		snprintf(mf->error, sizeof(mf->error), "cancelled");
 	}
