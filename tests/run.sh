@@ -5,8 +5,9 @@
 #   tests/run.sh [BUILD_DIR] [FILTER]     FILTER: a substring of test file names
 #
 # Two parts:
-#   host  C unit tests, the Python tests that need no KVM, and each fuzz
-#         harness for 15 s (KMIG_FUZZ_SECONDS)
+#   host  C unit tests (also built with ASan + UBSan when build-san/ has
+#         them: make SAN=1 unit), the Python tests that need no KVM, and
+#         each fuzz harness for 15 s (KMIG_FUZZ_SECONDS)
 #   kvm   C KVM tests (build/tests/test_kvm_*) and the pytest tests marked
 #         kvm, qemu or linux
 # Where /dev/kvm is usable both run here.  Where it is not, the kvm part runs
@@ -76,6 +77,13 @@ run_host_part() {
 	for t in "$build"/tests/test_*; do
 		[[ "$(basename "$t")" == test_kvm_* ]] && continue
 		[ -x "$t" ] && run_one "$(basename "$t")" "$t"
+	done
+	# the same unit tests built with ASan + UBSan (make SAN=1 unit): any
+	# report ends the test with a non-zero status
+	for t in build-san/tests/test_*; do
+		[[ "$(basename "$t")" == test_kvm_* ]] && continue
+		[ -x "$t" ] && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+			run_one "san:$(basename "$t")" "$t"
 	done
 	# shellcheck disable=SC2046
 	run_pytest "not kvm and not qemu and not linux" $(pytest_files)
