@@ -700,15 +700,8 @@ int main(int argc, char **argv)
 	RUN_CASE(&t, t_bitmap_verify, f);
 	RUN_CASE(&t, t_ring4096_adaptive_verify, f);
 	RUN_CASE(&t, t_ring4096_fixed_verify, f);
-	if (emulated() && (!f || strstr("t_ring_small_verify t_ring_small_smp_verify", f))) {
-		/* known: about one run in three never ends on kvm_amd under
-		 * scripts/kvm-vm (docs/testing.md); natively they run */
-		printf("skip t_ring_small_verify: hangs intermittently under emulation (known)\n");
-		printf("skip t_ring_small_smp_verify: hangs intermittently under emulation (known)\n");
-	} else if (!emulated()) {
-		RUN_CASE(&t, t_ring_small_verify, f);
-		RUN_CASE(&t, t_ring_small_smp_verify, f);
-	}
+	RUN_CASE(&t, t_ring_small_verify, f);
+	RUN_CASE(&t, t_ring_small_smp_verify, f);
 	RUN_CASE(&t, t_bitmap_stress_smp, f);
 	RUN_CASE(&t, t_ring4096_stress, f);
 	RUN_CASE(&t, t_mark, f);
