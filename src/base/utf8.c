@@ -5,11 +5,12 @@
 
 size_t utf8__seq_len(const unsigned char *s, size_t n)
 {
-	unsigned c = s[0], len, min;
+	unsigned c, len, min;
 	unsigned long cp;
 
 	if (n == 0)
 		return 0;
+	c = s[0];
 	if (c < 0x80)
 		return 1;
 	if (c >= 0xc2 && c <= 0xdf)

@@ -205,10 +205,10 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 	struct migration *m = in->m;
 	struct vm *vm = m->vm;
 	if (!rc && vm->run_after_migration) {
-		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING))
-			log_warn("incoming migration: the VM left inmigrate before it could run");
-		else
+		if (vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING))
 			control__event(m->ctl, "RESUME", NULL);
+		else            /* RP_OK only once the guest runs here */
+			rc = mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it could run");
 	} else if (!rc) {
 		vm__set_status(vm, VM_STATUS_PAUSED); /* the source was stopped: `cont` runs it */
 	}

@@ -130,7 +130,7 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 	m->stats.start_ms = time__now_ms();
 	m->stats.total = m->vm->ram.size;
 	m->error[0] = 0;
-	m->end_sent = false;
+	m->confirmed = false;
 	pthread_mutex_unlock(&m->lock);
 	atomic_store(&m->cancel, false);
 	migration__set_status(m, MIG_SETUP);
@@ -157,7 +157,7 @@ void migration__cancel(struct migration *m)
 	 * guest stays paused here (see sender__cleanup) */
 	pthread_mutex_lock(&m->lock);
 	bool busy = m->thread_running && (m->status == MIG_SETUP || m->status == MIG_ACTIVE ||
-					  m->status == MIG_DEVICE);
+					  m->status == MIG_DEVICE) && !m->confirmed;
 	if (busy) {
 		atomic_store(&m->cancel, true);
 		m->status = MIG_CANCELLING;

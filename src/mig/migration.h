@@ -88,7 +88,7 @@ struct migration {
 	void (*in_cancel)(void *ctx); /* under lock: unblocks the incoming thread */
 	void *in_ctx;
 	bool in_cancelled;            /* under lock: a cancel came, maybe before in_cancel */
-	bool end_sent;               /* under lock: END is out, the destination may run */
+	bool confirmed;              /* under lock: RP_OK arrived, a cancel is too late */
 	char in_uri[256];
 	char out_uri[256];
 	bool incoming_expected;      /* --incoming given: the VM waits for a stream */
@@ -102,8 +102,9 @@ void migration__destroy(struct migration *m);
 
 /* Starts an outgoing migration to uri in the background. */
 int migration__start(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
-/* Requests cancellation (setup, active, or device before END went out);
- * the thread cleans up. */
+/* Requests cancellation (setup, active or device, until the destination's
+ * RP_OK has arrived); the thread cleans up.  After END the guest then stays
+ * paused here (the destination may run it). */
 void migration__cancel(struct migration *m);
 /* Unblocks an incoming migration (listening or loading): it fails. */
 void migration__cancel_incoming(struct migration *m);

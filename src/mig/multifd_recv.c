@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 
+#include "base/timeutil.h"
 #include "base/utf8.h"
 #include "mig/multifd.h"
 
@@ -137,24 +137,20 @@ void multifd_recv__cancel(struct multifd_recv *mf)
 	pthread_mutex_unlock(&mf->lock);
 }
 
-/* The CHANNEL record, read with a deadline (SO_RCVTIMEO) and while
+/* The CHANNEL record, read before a deadline and while
  * multifd_recv__cancel can shut the stream down. */
 static int multifd_recv__handshake(struct multifd_recv *mf, struct mig_stream *s,
 				   struct proto_hdr *h, uint8_t *buf, size_t cap)
 {
-	struct timeval tv = { .tv_sec = MULTIFD_HANDSHAKE_MS / 1000 }, none = { 0 };
 	pthread_mutex_lock(&mf->lock);
 	bool failed = mf->failed;
 	mf->pending = s;
 	pthread_mutex_unlock(&mf->lock);
 	if (failed)
 		mig_stream__shutdown(s);
-	(void)setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	mig_stream__set_read_deadline(s, time__now_ms() + MULTIFD_HANDSHAKE_MS);
 	int rc = mig_stream__get_record(s, h, buf, cap);
-	(void)setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
-	pthread_mutex_lock(&mf->lock);
-	mf->pending = NULL;
-	pthread_mutex_unlock(&mf->lock);
+	mig_stream__set_read_deadline(s, 0);
 	return rc;
 }
 
@@ -168,21 +164,27 @@ int multifd_recv__add(struct multifd_recv *mf, unsigned expected, char *err, siz
 	int rc = multifd_recv__handshake(mf, &c->stream, &h, buf, sizeof(buf));
 	if (rc || h.type != PROTO_CHANNEL || proto__decode_channel(buf, h.length, &index, &count, &why) ||
 	    count != expected || index < 1 || index > expected || multifd_recv__index_taken(mf, index)) {
+		pthread_mutex_lock(&mf->lock);
+		mf->pending = NULL;
+		pthread_mutex_unlock(&mf->lock);
 		snprintf(err, errlen, "bad multifd channel handshake: %s",
-			 rc == -EAGAIN || rc == -EWOULDBLOCK ? "no CHANNEL record in time" :
+			 rc == -ETIMEDOUT ? "no CHANNEL record in time" :
 			 rc ? mig_stream__strerror(&c->stream) : why);
 		mig_stream__close(&c->stream);
 		return -EPROTO;
 	}
 	c->mf = mf;
 	c->index = index;
+	pthread_mutex_lock(&mf->lock);       /* cancel sees it from now on */
+	mf->pending = NULL;
+	mf->n = expected;
+	mf->accepted++;
+	pthread_mutex_unlock(&mf->lock);
 	struct mig_recv_ops ops = { .on_sync = chan__on_sync, .ctx = c };
 	if (mf->ops.on_zero)
 		ops.on_zero = chan__on_zero;
 	if (mf->ops.on_page_written)
 		ops.on_page_written = chan__on_page;
-	mf->n = expected;
-	mf->accepted++;
 	rc = mig_recv__init_channel(&c->recv, mf->ram, &ops);
 	if (!rc)
 		rc = pthread_create(&c->thread, NULL, chan__thread, c) ? -EAGAIN : 0;

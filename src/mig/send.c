@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,20 +197,23 @@ static int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst
 	return mig_stream__write(s->stream, s->rec, (size_t)n);
 }
 
-/* Reads the destination's answer on the return path, for at most
- * SENDER_CONFIRM_S seconds (SO_RCVTIMEO; migrate_cancel ends it sooner). */
+/* Reads the destination's answer on the return path: at most
+ * SENDER_CONFIRM_S seconds in all (migrate_cancel ends it sooner), and at
+ * most an RP_FAIL's worth of bytes. */
 static int sender__await_destination(struct sender *s)
 {
 	struct proto_hdr hdr;
-	struct timeval tv = { .tv_sec = SENDER_CONFIRM_S };
-	(void)setsockopt(s->stream->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	int rc = mig_stream__get_record(s->stream, &hdr, s->rec, s->rec_cap);
-	if (rc == -EAGAIN || rc == -EWOULDBLOCK)
-		return -ETIMEDOUT;
+	size_t cap = PROTO_HDR_SIZE + 4 + PROTO_MAX_MSG;
+	mig_stream__set_read_deadline(s->stream, time__now_ms() + SENDER_CONFIRM_S * 1000ull);
+	int rc = mig_stream__get_record(s->stream, &hdr, s->rec, cap < s->rec_cap ? cap : s->rec_cap);
 	if (rc)
 		return rc;
-	if (hdr.type == PROTO_RP_OK)
+	if (hdr.type == PROTO_RP_OK) {
+		pthread_mutex_lock(&s->m->lock);
+		s->m->confirmed = true;     /* a cancel from now on is too late */
+		pthread_mutex_unlock(&s->m->lock);
 		return 0;
+	}
 	if (hdr.type == PROTO_RP_FAIL) {
 		struct proto_error e;
 		s->dest_refused = true;
@@ -274,11 +276,8 @@ int sender__switchover(struct sender *s)
 		  (unsigned long long)(time__now_ms() - t0));
 	if (!rc)
 		rc = sender__end(s);
-	if (!rc) {
-		pthread_mutex_lock(&s->m->lock);
-		s->m->end_sent = s->end_sent = true;
-		pthread_mutex_unlock(&s->m->lock);
-	}
+	if (!rc)
+		s->end_sent = true;
 	log_debug("switchover: END sent after %llu ms", (unsigned long long)(time__now_ms() - t0));
 	if (!rc)
 		rc = sender__await_destination(s);

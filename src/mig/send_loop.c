@@ -227,6 +227,10 @@ static void sender__cleanup(struct sender *s, int rc)
 		sender__update_stats(s);
 	if (!rc) {
 		vm__set_status(vm, VM_STATUS_POSTMIGRATE);
+		/* one pause level is enough for `cont` to undo: a VM the user had
+		 * stopped keeps the user's, ours goes */
+		if (s->paused && s->prev_status != VM_STATUS_RUNNING)
+			vm__resume_vcpus(vm);
 		migration__set_status(m, MIG_COMPLETED);
 		return;
 	}
@@ -248,7 +252,7 @@ static void sender__cleanup(struct sender *s, int rc)
 		/* a VM the user had stopped stays stopped (its own pause remains) */
 		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_FINISH_MIGRATE), s->prev_status))
 			vm__resume_vcpus(vm);   /* the status moved on (a guest failure) */
-		if (s->prev_status == VM_STATUS_RUNNING)
+		else if (s->prev_status == VM_STATUS_RUNNING)
 			control__event(m->ctl, "RESUME", NULL);
 	}
 	if (atomic_load(&m->cancel)) {

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,6 +120,11 @@ uint64_t mig_stream__bytes_in(struct mig_stream *s)
 	return atomic_load_explicit(&s->bytes_in, memory_order_relaxed);
 }
 
+void mig_stream__set_read_deadline(struct mig_stream *s, uint64_t deadline_ms)
+{
+	atomic_store(&s->read_deadline_ms, deadline_ms);
+}
+
 void mig_stream__shutdown(struct mig_stream *s)
 {
 	atomic_store(&s->shut, true);
@@ -213,10 +219,34 @@ int mig_stream__write(struct mig_stream *s, const void *buf, size_t len)
 	return 0;
 }
 
+/* Waits until the fd is readable or the read deadline passes. */
+static int stream__wait_readable(struct mig_stream *s)
+{
+	uint64_t deadline = atomic_load(&s->read_deadline_ms);
+	for (;;) {
+		if (!deadline)
+			return 0;
+		uint64_t now = time__now_ms();
+		if (now >= deadline)
+			return stream__io_fail(s, -ETIMEDOUT, "read");
+		struct pollfd p = { .fd = s->fd, .events = POLLIN };
+		int r = poll(&p, 1, (int)(deadline - now < 1000 ? deadline - now : 1000));
+		if (r > 0)
+			return 0;
+		if (r < 0 && errno != EINTR)
+			return stream__io_fail(s, -errno, "poll");
+		if (atomic_load(&s->shut))
+			return 0;               /* the read then reports the shutdown */
+	}
+}
+
 /* One read(2) into p; 0 on success with *got > 0, or the sticky error. */
 static int stream__read_some(struct mig_stream *s, uint8_t *p, size_t cap, size_t *got)
 {
 	for (;;) {
+		int e = stream__wait_readable(s);
+		if (e)
+			return e;
 		ssize_t r = read(s->fd, p, cap);
 		if (r > 0) {
 			atomic_fetch_add_explicit(&s->bytes_in, (uint64_t)r, memory_order_relaxed);

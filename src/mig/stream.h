@@ -49,6 +49,7 @@ struct mig_stream {
 	uint8_t *rbuf;
 	size_t rpos, rlen;
 	_Atomic uint64_t bytes_out, bytes_in;
+	_Atomic uint64_t read_deadline_ms; /* time__now_ms() limit of reads, 0 = none */
 };
 
 /* Takes ownership of fd (closed by mig_stream__close, also when init
@@ -90,6 +91,11 @@ uint64_t mig_stream__rate(struct mig_stream *s);
  * non-socket fd (pipe, file) only the error is set: a call blocked in the
  * kernel is not woken. */
 void mig_stream__shutdown(struct mig_stream *s);
+/* Reads fail with -ETIMEDOUT (sticky) once time__now_ms() reaches
+ * deadline_ms, however the bytes trickle in; 0 removes the deadline.  For
+ * the short waits with a stated bound (a channel's handshake, the answer
+ * after END). */
+void mig_stream__set_read_deadline(struct mig_stream *s, uint64_t deadline_ms);
 /* TCP_NODELAY (off by default: bulk transfer, we buffer ourselves).
  * No-op (0) on non-TCP descriptors. */
 int mig_stream__set_nodelay(struct mig_stream *s, bool on) KMIG_MUST_CHECK;
@@ -114,7 +120,8 @@ struct mig_uri {
 int mig_uri__parse(const char *uri, struct mig_uri *u, char *err, size_t errlen) KMIG_MUST_CHECK;
 
 /* Connects and initialises s.  Blocks until connected, at most
- * MIG_CONNECT_TIMEOUT_MS (-ETIMEDOUT), and returns -ECANCELED within ~50 ms
+ * MIG_CONNECT_TIMEOUT_MS over all the host's addresses (-ETIMEDOUT; the
+ * name lookup before is not bounded), and returns -ECANCELED within ~50 ms
  * of *cancel becoming true (cancel may be NULL). */
 #define MIG_CONNECT_TIMEOUT_MS 30000
 int mig_stream__connect(struct mig_stream *s, const char *uri, const atomic_bool *cancel,

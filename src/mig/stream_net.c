@@ -140,16 +140,15 @@ static int net__resolve(const struct mig_uri *u, bool passive, struct addrinfo *
 
 /* connect() on fd that gives up with -ECANCELED as soon as *cancel (may be
  * NULL) is set, checked every NET_CONNECT_SLICE_MS, and with -ETIMEDOUT
- * after MIG_CONNECT_TIMEOUT_MS: a TCP peer that never answers, or a unix
+ * at deadline (time__now_ms()): a TCP peer that never answers, or a unix
  * listener whose backlog stays full, holds no one for ever. */
 #define NET_CONNECT_SLICE_MS 50
 static int net__connect_fd(int fd, const struct sockaddr *sa, socklen_t len,
-			   const atomic_bool *cancel)
+			   const atomic_bool *cancel, uint64_t deadline)
 {
 	int fl = fcntl(fd, F_GETFL);
 	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
 		return -errno;
-	uint64_t deadline = time__now_ms() + MIG_CONNECT_TIMEOUT_MS;
 	int e = connect(fd, sa, len) == 0 ? 0 : -errno;
 	while (e == -EINPROGRESS || e == -EALREADY || e == -EINTR || e == -EAGAIN) {
 		if (cancel && atomic_load(cancel)) {
@@ -187,6 +186,7 @@ static int net__connect_tcp(const struct mig_uri *u, const atomic_bool *cancel, 
 	e = net__resolve(u, false, &res, err, errlen);
 	if (e)
 		return e;
+	uint64_t deadline = time__now_ms() + MIG_CONNECT_TIMEOUT_MS; /* for all addresses */
 	for (ai = res; ai; ai = ai->ai_next) {
 		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
 		if (fd < 0) {
@@ -194,12 +194,12 @@ static int net__connect_tcp(const struct mig_uri *u, const atomic_bool *cancel, 
 			continue;
 		}
 		net__tune(fd, false);
-		e = net__connect_fd(fd, ai->ai_addr, ai->ai_addrlen, cancel);
+		e = net__connect_fd(fd, ai->ai_addr, ai->ai_addrlen, cancel, deadline);
 		if (!e)
 			break;
 		close(fd);
 		fd = -1;
-		if (e == -ECANCELED)
+		if (e == -ECANCELED || e == -ETIMEDOUT)
 			break;
 	}
 	freeaddrinfo(res);
@@ -218,7 +218,8 @@ static int net__connect_unix(const struct mig_uri *u, const atomic_bool *cancel,
 		return net__err(err, errlen, -errno, "socket: %s", strerror(errno));
 	net__tune(fd, true);
 	net__unix_addr(u, &sa);
-	int e = net__connect_fd(fd, (struct sockaddr *)&sa, sizeof(sa), cancel);
+	int e = net__connect_fd(fd, (struct sockaddr *)&sa, sizeof(sa), cancel,
+				time__now_ms() + MIG_CONNECT_TIMEOUT_MS);
 	if (e) {
 		close(fd);
 		return net__err(err, errlen, e, "connect to unix:%s: %s", u->path, strerror(-e));
