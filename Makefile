@@ -65,7 +65,7 @@ deps:
 
 test: deps
 	$(MAKE) all guest unit
-	$(MAKE) SAN=1 unit
+	$(MAKE) SAN=1 all unit
 	$(MAKE) FUZZ=1 fuzz-bins
 	tests/run.sh $(BUILD)
 

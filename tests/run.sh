@@ -9,7 +9,8 @@
 #         them: make SAN=1 unit), the Python tests that need no KVM, and
 #         each fuzz harness for 15 s (KMIG_FUZZ_SECONDS)
 #   kvm   C KVM tests (build/tests/test_kvm_*) and the pytest tests marked
-#         kvm, qemu or linux
+#         kvm, qemu or linux; then the migration tests again with kmig
+#         built with ASan + UBSan (build-san/kmig, when built)
 # Where /dev/kvm is usable both run here.  Where it is not, the kvm part runs
 # inside scripts/kvm-vm (a Linux VM under emulation with a real x86 KVM):
 # under emulation the tests marked slow are left out unless KMIG_TEST_ALL=1.
@@ -96,7 +97,12 @@ run_host_part() {
 	fi
 }
 
-kvm_items() {  # the kvm part, one item per line: C tests, then pytest files
+# The migration, multifd, failure and hostile-peer tests again with kmig
+# built with ASan + UBSan (make SAN=1 all): a sanitizer report fails the test.
+SAN_E2E="tests/e2e/test_migrate.py tests/e2e/test_multifd.py tests/e2e/test_migrate_fail.py
+	tests/e2e/test_hostile.py"
+
+kvm_items() {  # the kvm part, one item per line: C tests, pytest files, san:e2e
 	local t
 	for t in "$build"/tests/test_kvm_*; do
 		[ -x "$t" ] || continue
@@ -104,6 +110,9 @@ kvm_items() {  # the kvm part, one item per line: C tests, then pytest files
 		echo "$t"
 	done
 	pytest_files
+	if [ -x build-san/kmig ] && { [ -z "$filter" ] || [[ "san:e2e" == *"$filter"* ]]; }; then
+		echo "san:e2e"
+	fi
 }
 
 # Runs the kvm part here.  With KMIG_PROGRESS set, each finished item adds
@@ -122,6 +131,8 @@ run_kvm_part() {
 		p0=$passed f0=$failed s0=$skipped
 		case "$item" in
 		*.py) run_pytest "$expr" "$item" ;;
+		# shellcheck disable=SC2086
+		san:e2e) KMIG_BUILD=build-san run_pytest "$expr" $SAN_E2E ;;
 		*) run_one "$(basename "$item")" "$item" ;;
 		esac
 		[ -n "${KMIG_PROGRESS:-}" ] && echo "$item $((passed - p0)) $((failed - f0))" \
