@@ -97,17 +97,20 @@ int state__save(struct vm *vm, state_put_fn put, void *ctx)
 	return rc;
 }
 
-unsigned state__expected_sections(struct vm *vm)
-{
-	unsigned per_vcpu = 7 + state__has(vm, KVM_CAP_XCRS) + state__has(vm, KVM_CAP_DEBUGREGS);
-	return 6 + (vm->balloon != NULL) + per_vcpu * vm->nr_vcpus;
-}
-
 uint64_t state__slot(uint32_t id, uint32_t instance)
 {
 	if (id == STATE_VCPU_FPU)
 		id = STATE_VCPU_XSAVE;
 	return (uint64_t)id << 32 | instance;
+}
+
+static int state__put_slot(uint64_t *slots, unsigned *n, unsigned cap, uint32_t id,
+			   uint32_t instance)
+{
+	if (*n >= cap)
+		return -ENOSPC;
+	slots[(*n)++] = state__slot(id, instance);
+	return 0;
 }
 
 int state__expected_slots(struct vm *vm, uint64_t *slots, unsigned cap)
@@ -119,22 +122,21 @@ int state__expected_slots(struct vm *vm, uint64_t *slots, unsigned cap)
 					     STATE_VCPU_EVENTS, STATE_VCPU_XCRS,
 					     STATE_VCPU_DEBUGREGS };
 	unsigned n = 0;
-	if (state__expected_sections(vm) > cap)
-		return -ENOSPC;
-	for (unsigned k = 0; k < sizeof(vm_ids) / sizeof(vm_ids[0]); k++)
-		slots[n++] = state__slot(vm_ids[k], 0);
-	if (vm->balloon)
-		slots[n++] = state__slot(STATE_DEV_VIRTIO, 0);
-	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
-		for (unsigned k = 0; k < sizeof(vcpu_ids) / sizeof(vcpu_ids[0]); k++) {
+	int rc = 0;
+	for (unsigned k = 0; !rc && k < sizeof(vm_ids) / sizeof(vm_ids[0]); k++)
+		rc = state__put_slot(slots, &n, cap, vm_ids[k], 0);
+	if (!rc && vm->balloon)
+		rc = state__put_slot(slots, &n, cap, STATE_DEV_VIRTIO, 0);
+	for (unsigned i = 0; !rc && i < vm->nr_vcpus; i++) {
+		for (unsigned k = 0; !rc && k < sizeof(vcpu_ids) / sizeof(vcpu_ids[0]); k++) {
 			uint32_t id = vcpu_ids[k];
 			if ((id == STATE_VCPU_XCRS && !state__has(vm, KVM_CAP_XCRS)) ||
 			    (id == STATE_VCPU_DEBUGREGS && !state__has(vm, KVM_CAP_DEBUGREGS)))
 				continue;
-			slots[n++] = state__slot(id, i);
+			rc = state__put_slot(slots, &n, cap, id, i);
 		}
 	}
-	return (int)n;
+	return rc ? rc : (int)n;
 }
 
 const char *state__name(uint32_t id)

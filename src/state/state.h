@@ -49,14 +49,11 @@ int state__save(struct vm *vm, state_put_fn put, void *ctx) KMIG_MUST_CHECK;
  * an instance out of range, -errno if KVM refuses it.  why gets a reason. */
 int state__load(struct vm *vm, uint32_t id, uint32_t version, uint32_t instance,
 		const void *data, size_t len, char *why, size_t whylen) KMIG_MUST_CHECK;
-/* Number of sections state__save produces for this VM (receiver check). */
-unsigned state__expected_sections(struct vm *vm);
 /* A section's slot: (id << 32 | instance), with FPU and XSAVE one slot
  * (a vCPU's FPU state comes as either, by what the source's KVM has). */
 uint64_t state__slot(uint32_t id, uint32_t instance);
 /* Fills slots[0..n) with the slot of every section state__save produces
- * for this VM and returns n (state__expected_sections), or -ENOSPC when
- * more than cap. */
+ * for this VM and returns n, or -ENOSPC when more than cap. */
 int state__expected_slots(struct vm *vm, uint64_t *slots, unsigned cap);
 /* A section's name ("lapic", "virtio-balloon", ...; "unknown"). */
 const char *state__name(uint32_t id);

@@ -144,10 +144,19 @@ def fake_source(port):
     return s
 
 
-def test_multifd_silent_channel(d, vms, check):
+def listening_dest(d, vms, check):
+    """A destination listening on a fresh TCP port: (vm, port), vm None if
+    it did not come up."""
     port = kt.free_port()
     dst = dest(d, vms, "tcp:127.0.0.1:%d" % port)
     if not check("listening", kt.wait_incoming(dst, kt.slow(30)), dump(dst)):
+        return None, port
+    return dst, port
+
+
+def test_multifd_silent_channel(d, vms, check):
+    dst, port = listening_dest(d, vms, check)
+    if dst is None:
         return
     main = fake_source(port)
     chan = socket.create_connection(("127.0.0.1", port), timeout=10)   # and nothing
@@ -161,9 +170,8 @@ def test_multifd_silent_channel(d, vms, check):
 
 
 def test_multifd_sync_without_data(d, vms, check):
-    port = kt.free_port()
-    dst = dest(d, vms, "tcp:127.0.0.1:%d" % port)
-    if not check("listening", kt.wait_incoming(dst, kt.slow(30)), dump(dst)):
+    dst, port = listening_dest(d, vms, check)
+    if dst is None:
         return
     main = fake_source(port)
     chan = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -402,9 +410,8 @@ def test_section_swapped(d, vms, check):
     src = source(d, vms)
     if not booted(check, src):
         return
-    dst_port = kt.free_port()
-    dst = dest(d, vms, "tcp:127.0.0.1:%d" % dst_port)
-    if not check("listening", kt.wait_incoming(dst, kt.slow(30)), dump(dst)):
+    dst, dst_port = listening_dest(d, vms, check)
+    if dst is None:
         return
     proxy = RewritingProxy(dst_port, fpu_for_lapic)
     try:
