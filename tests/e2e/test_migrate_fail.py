@@ -52,10 +52,21 @@ def dest(d, vms, cmdline, uri, memory="256M", name="dst"):
     return vm
 
 
-def dst_error(vm):
-    """The reason of the destination's "incoming migration failed: ..." line, or None."""
-    m = re.search(r"incoming migration failed: (.*)", vm.output())
-    return m.group(1).rstrip() if m else None
+def dst_error(vm, timeout=None):
+    """The reason of the destination's "incoming migration failed: ..."
+    line, or None if it has not written one by the time it exits or
+    timeout (default kt.slow(10)) passes.  The source learns of the failure
+    (RP_FAIL) before the destination has written its line, so a test that
+    reads it right after the source's status must wait for it."""
+    deadline = time.monotonic() + (kt.slow(10) if timeout is None else timeout)
+    while True:
+        exited = vm.proc.poll() is not None
+        m = re.search(r"incoming migration failed: (.*)", vm.output())
+        if m:
+            return m.group(1).rstrip()
+        if exited or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 def check_dst_error(check, name, vm, want, regex=False):
@@ -253,11 +264,12 @@ def test_cpus_mismatch(d, vms, check):
     # the VM and P per vCPU, it got N = V + P and wanted M = V + 2P, so
     # N < M < 2N
     rx = r"state section sregs \(1\) instance 1 missing \((\d+) of (\d+) arrived\)"
-    m = re.fullmatch(rx, dst_error(dst) or "")
+    got = dst_error(dst)
+    m = re.fullmatch(rx, got or "")
     check("dst_says_why", m is not None
           and int(m.group(1)) < int(m.group(2)) < 2 * int(m.group(1)),
           "want /%s/ with one vCPU's sections missing, destination said %r; %s"
-          % (rx, dst_error(dst), dump(dst)))
+          % (rx, got, dump(dst)))
     check_failed(check, "failed", r, "destination failed: " + (m.group(0) if m else rx),
                  regex=m is None)
     check("src_running", status(src) == "running", dump(src))
