@@ -732,9 +732,31 @@ static void hint_end_round(void)
 	kprintf("balloon hint done id=%u blocks=%lu mb=%lu\n", hint_id, round_blocks, round_bytes >> 20);
 }
 
+/* fill_check=1: every page of the blocks the driver held for hints must
+ * still hold fill-free's fill (the host only reads hinted pages). */
+static void hint_check_fill(void)
+{
+	u64 pages = 0, bad = 0;
+	for (u64 i = 0; i < nheld; i++) {
+		for (u64 a = held[i].base; a < held[i].end; a += PAGE_SIZE, pages++) {
+			u64 word, got;
+			if (fill_free_intact(a, &word, &got))
+				continue;
+			if (bad++ < 8)
+				kprintf("fill-check BAD page=0x%lx word=%lu got=0x%lx\n", a, word, got);
+		}
+	}
+	if (bad)
+		kprintf("fill-check bad_pages=%lu pages=%lu\n", bad, pages);
+	else
+		kprintf("fill-check ok pages=%lu\n", pages);
+}
+
 static void hint_return_all(void)
 {
 	u64 bytes = 0;
+	if (cfg.fill_check && nheld)
+		hint_check_fill();
 	for (u64 i = 0; i < nheld; i++) {
 		palloc_free_range(held[i].base, held[i].end - held[i].base);
 		bytes += held[i].end - held[i].base;

@@ -69,6 +69,7 @@ struct cfg {
 	u64 refill_mb;		/* fill-free: MiB per refill generation */
 	u64 refill_keep;	/* fill-free: generations held (and re-checked), 1..8 */
 	u64 corrupt_refill;	/* fill-free: skip one page's write in this generation */
+	u64 fill_check;		/* fill-free: fill all free memory; hinted pages must come back untouched */
 };
 extern struct cfg cfg;
 
@@ -139,7 +140,8 @@ u64 palloc_take_unreported_chunk(void);	/* a free 2 MiB chunk, 2 MiB aligned */
 void palloc_free_reported_chunk(u64 base);
 u64 palloc_free_pages(void);
 void palloc_mark_hinted(u64 base, u64 len);	/* the balloon hinted this block */
-int palloc_was_hinted(u64 addr);	/* addr's 2 MiB chunk was wholly hinted since boot */
+int palloc_was_hinted(u64 addr);
+int fill_free_intact(u64 page, u64 *word, u64 *got);	/* page still holds fill-free's fill */	/* addr's 2 MiB chunk was wholly hinted since boot */
 int palloc_extents(struct range *out, int max);
 
 /* virtio-balloon driver (balloon=1), run from cpu 0's loops */

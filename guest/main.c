@@ -103,6 +103,7 @@ static void parse_option(char *key)
 	else if (streq(key, "refill_mb")) num = &cfg.refill_mb;
 	else if (streq(key, "refill_keep")) num = &cfg.refill_keep;
 	else if (streq(key, "corrupt_refill")) num = &cfg.corrupt_refill;
+	else if (streq(key, "fill_check")) num = &cfg.fill_check;
 	if (!num) {
 		kprintf("kmig-guest warning: unknown option \"%s\", ignored\n", key);
 		return;

@@ -100,15 +100,35 @@ void idle_run(int cpu)
 	}
 }
 
-/* cpu 0 allocates mb MiB page by page from the allocator, fills each page
- * with non-zero bytes (its first word links to the previous page), frees
- * them all and then sends heartbeats. */
+static inline u64 fill_word(u64 pg, u64 i)
+{
+	return 0xa5a5a5a5a5a5a5a5ULL ^ pg ^ i;
+}
+
+/* Words 1..511 of a page fill-free filled (word 0 links the chain). */
+int fill_free_intact(u64 pg, u64 *word, u64 *got)
+{
+	const volatile u64 *w = (const volatile u64 *)pg;
+	for (u64 i = 1; i < 512; i++) {
+		if (w[i] != fill_word(pg, i)) {
+			*word = i;
+			*got = w[i];
+			return 0;
+		}
+	}
+	return 1;
+}
+
+/* cpu 0 allocates mb MiB (with fill_check: all free memory) page by page
+ * from the allocator, fills each page with non-zero bytes (its first word
+ * links to the previous page), frees them all and then sends heartbeats. */
 void fill_free_run(int cpu)
 {
 	if (cpu != 0)
 		halt_cpu();
 	palloc_init();
-	u64 want = cfg.mb * PAGES_PER_MIB, got = 0, chain = 0;
+	/* fill_check needs every free page filled */
+	u64 want = cfg.fill_check ? ~0ULL : cfg.mb * PAGES_PER_MIB, got = 0, chain = 0;
 	for (; got < want; got++) {
 		u64 pg = palloc_alloc();
 		if (!pg)
@@ -116,7 +136,7 @@ void fill_free_run(int cpu)
 		u64 *w = (u64 *)pg;
 		w[0] = chain;
 		for (int i = 1; i < 512; i++)
-			w[i] = 0xa5a5a5a5a5a5a5a5ULL ^ pg ^ (u64)i;
+			w[i] = fill_word(pg, (u64)i);
 		if (!chain)
 			w[0] = 0xa5a5a5a5a5a5a5a5ULL;	/* keep the page non-zero */
 		chain = pg;

@@ -96,6 +96,16 @@ size_t bitmap__or(struct bitmap *dst, const struct bitmap *src)
 	return bitmap__or_words(dst, 0, src->words, n);
 }
 
+void bitmap__andnot(struct bitmap *dst, const struct bitmap *src)
+{
+	size_t n = dst->nbits < src->nbits ? dst->nbits : src->nbits;
+	size_t words = n / 64;
+	for (size_t i = 0; i < words; i++)
+		dst->words[i] &= ~src->words[i];
+	if (n % 64)
+		dst->words[words] &= ~(src->words[words] & ((1ULL << (n % 64)) - 1));
+}
+
 size_t bitmap__or_words(struct bitmap *dst, size_t dst_start,
 			const uint64_t *src, size_t nbits)
 {

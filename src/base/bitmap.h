@@ -50,6 +50,8 @@ size_t bitmap__count(const struct bitmap *b);
 size_t bitmap__next_set(const struct bitmap *b, size_t i);
 /* dst |= src over the first min(nbits) bits; returns bits newly set in dst. */
 size_t bitmap__or(struct bitmap *dst, const struct bitmap *src);
+/* dst &= ~src over the first min(nbits) bits. */
+void bitmap__andnot(struct bitmap *dst, const struct bitmap *src);
 /* dst |= the raw words src (nbits bits, little-endian bit order as KVM
  * returns them), placed at bit offset dst_start (a multiple of 64);
  * returns the number of bits that were newly set in dst. */

@@ -113,10 +113,9 @@ void balloon__get_stats(struct balloon *b, struct balloon_stats *out);
 /* Whether the driver runs with free page hinting negotiated and its
  * queue enabled. */
 bool balloon__hint_ready(struct balloon *b);
-/* Publishes a new command id; with discard, hinted pages are also dropped
- * from the host (so source and destination both read them as zero) and
- * marked written.  -ENOTSUP unless balloon__hint_ready. */
-int balloon__hint_start(struct balloon *b, bool discard) KMIG_MUST_CHECK;
+/* Publishes a new command id.  Hinted pages keep their content (nothing
+ * is dropped or marked).  -ENOTSUP unless balloon__hint_ready. */
+int balloon__hint_start(struct balloon *b) KMIG_MUST_CHECK;
 /* Waits until the driver finished the current id (sent STOP), or echoed
  * it and then sent nothing for quiet_ms, or did not echo it within
  * ack_ms, or max_ms passed.  Returns the pages hinted for this id. */

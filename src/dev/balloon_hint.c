@@ -45,8 +45,6 @@ static void balloon__hint_range(struct balloon *b, const struct virtq_buf *buf)
 		return;
 	uint64_t n = (hi - lo) >> RAM_PAGE_SHIFT;
 	bitmap__set_range(&b->hinted, (size_t)first, (size_t)n);
-	if (b->hint_discard)
-		balloon__discard(b, lo, hi - lo);
 	b->stats.hint_bufs++;
 	b->stats.hinted_pages += n;
 	b->hint_round_pages += n;
@@ -98,7 +96,7 @@ static void balloon__set_cmd_id(struct balloon *b, uint32_t id)
 	pthread_cond_broadcast(&b->hint_cond);
 }
 
-int balloon__hint_start(struct balloon *b, bool discard)
+int balloon__hint_start(struct balloon *b)
 {
 	pthread_mutex_lock(&b->vp.lock);
 	int rc = 0;
@@ -107,7 +105,6 @@ int balloon__hint_start(struct balloon *b, bool discard)
 	} else {
 		bitmap__clear_all(&b->hinted);
 		b->hint_round_pages = 0;
-		b->hint_discard = discard;
 		uint32_t id = b->next_cmd_id;
 		b->next_cmd_id = id == UINT32_MAX ? BALLOON_CMD_ID_MIN : id + 1;
 		balloon__set_cmd_id(b, id);

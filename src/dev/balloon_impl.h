@@ -17,7 +17,6 @@ struct balloon {
 	uint32_t next_cmd_id;
 	bool hint_acked;               /* the driver echoed cmd_id */
 	bool hint_stopped;             /* ... and then sent STOP */
-	bool hint_discard;
 	uint64_t hint_last_ns;         /* time of the last accepted hint buffer */
 	uint64_t hint_round_pages;     /* pages hinted for cmd_id */
 	pthread_cond_t hint_cond;      /* hint progress (with vp.lock) */

@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "base/bitmap.h"
 #include "base/log.h"
 
 #define PROTO_MAGIC          "KMIGSTRM"     /* 8 bytes, no NUL on the wire */
@@ -210,6 +211,13 @@ const char *proto__layout_mismatch(const struct proto_start *st, const struct pr
 /* The kmig RAM hash (docs/protocol.md "Checksum") over all blocks in
  * order.  Reads the memory; the caller keeps it stable meanwhile. */
 void proto__ram_hash(const struct proto_ram *ram, uint8_t out[PROTO_HASH_LEN]);
+/* The same hash, with each page whose bit is set in zero (VM-wide page
+ * numbering: the blocks' pages in order) counted as a zero page whatever
+ * it holds: the hash of a copy of RAM in which those pages were never
+ * written.  zero may be NULL or shorter than RAM (pages past it count as
+ * they are). */
+void proto__ram_hash_as_zero(const struct proto_ram *ram, const struct bitmap *zero,
+			     uint8_t out[PROTO_HASH_LEN]);
 /* The same hash over one buffer, as if it were a single block. */
 void proto__hash_buf(const void *buf, size_t len, uint8_t out[PROTO_HASH_LEN]);
 

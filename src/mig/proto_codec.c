@@ -205,11 +205,43 @@ static void proto_hash__final(const struct proto_hash *h, uint8_t out[PROTO_HASH
 
 void proto__ram_hash(const struct proto_ram *ram, uint8_t out[PROTO_HASH_LEN])
 {
+	proto__ram_hash_as_zero(ram, NULL, out);
+}
+
+/* One block, pages [first, first + block pages) of the VM-wide numbering;
+ * runs of pages set in zero are hashed as zero pages. */
+static void proto_hash__block(struct proto_hash *h, const struct proto_ram_block *b,
+			      const struct bitmap *zero, size_t first)
+{
+	static const uint8_t zpage[PROTO_PAGE_SIZE];
+	size_t npages = b->size / PROTO_PAGE_SIZE, p = 0;
+	while (p < npages) {
+		size_t i = first + p;
+		size_t next = zero && i < zero->nbits ? bitmap__next_set(zero, i) : SIZE_MAX;
+		size_t plain = next - first > npages ? npages - p : next - first - p;
+		if (plain) {
+			proto_hash__update(h, b->host + p * PROTO_PAGE_SIZE, plain * PROTO_PAGE_SIZE);
+			p += plain;
+			continue;
+		}
+		proto_hash__update(h, zpage, PROTO_PAGE_SIZE);
+		p++;
+	}
+	if (b->size % PROTO_PAGE_SIZE)
+		proto_hash__update(h, b->host + npages * PROTO_PAGE_SIZE, b->size % PROTO_PAGE_SIZE);
+}
+
+void proto__ram_hash_as_zero(const struct proto_ram *ram, const struct bitmap *zero,
+			     uint8_t out[PROTO_HASH_LEN])
+{
 	struct proto_hash h;
 	proto_hash__init(&h);
 	unsigned n = ram->nr_blocks <= PROTO_MAX_BLOCKS ? ram->nr_blocks : PROTO_MAX_BLOCKS;
-	for (unsigned i = 0; i < n; i++)
-		proto_hash__update(&h, ram->blocks[i].host, ram->blocks[i].size);
+	size_t first = 0;
+	for (unsigned i = 0; i < n; i++) {
+		proto_hash__block(&h, &ram->blocks[i], zero, first);
+		first += ram->blocks[i].size / PROTO_PAGE_SIZE;
+	}
 	proto_hash__final(&h, out);
 }
 

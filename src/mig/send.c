@@ -159,8 +159,11 @@ int sender__pass(struct sender *s)
 	uint64_t n = 0;
 	for (size_t p = bitmap__next_set(todo, 0); p < todo->nbits; p = bitmap__next_set(todo, p + 1)) {
 		bitmap__clear_bit(todo, p);
-		if (!s->bulk_done && s->m->vm->balloon && sender__skip(s, p))
+		if (!s->bulk_done && s->m->vm->balloon && sender__skip(s, p)) {
+			if (s->unsent.words)
+				bitmap__set(&s->unsent, p);
 			continue;
+		}
 		int rc = sender__page(s, p);
 		if (rc)
 			return rc;
@@ -229,6 +232,12 @@ static int sender__await_destination(struct sender *s)
 	return -EPROTO;
 }
 
+void sender__synced(struct sender *s)
+{
+	if (s->unsent.words)
+		bitmap__andnot(&s->unsent, &s->m->todo);
+}
+
 static int sender__end(struct sender *s)
 {
 	uint8_t hash[PROTO_HASH_LEN];
@@ -236,7 +245,10 @@ static int sender__end(struct sender *s)
 	if (verify) {
 		struct proto_ram pr;
 		sender__proto_ram(s->ram, &pr);
-		proto__ram_hash(&pr, hash);
+		proto__ram_hash_as_zero(&pr, s->unsent.words ? &s->unsent : NULL, hash);
+		if (s->unsent.words)
+			log_info("x-verify: %zu pages hinted free or ballooned and never written since "
+				 "count as zero", bitmap__count(&s->unsent));
 	}
 	ssize_t n = proto__encode_end(s->rec, s->rec_cap, verify ? hash : NULL);
 	if (n < 0)
@@ -264,6 +276,7 @@ int sender__switchover(struct sender *s)
 	throttle__set(&vm->throttle, 0);
 	int64_t got = dirty__sync(vm->dirty, &s->m->todo, false);
 	int rc = got < 0 ? (int)got : 0;
+	sender__synced(s);
 	log_debug("switchover: vCPUs stopped and synced after %llu ms",
 		  (unsigned long long)(time__now_ms() - t0));
 	if (!rc) {

@@ -47,9 +47,17 @@ struct sender {
 	uint64_t bandwidth_bps;      /* last measured */
 	bool bulk_done;              /* the first pass is over: nothing is skipped any more */
 	uint64_t free_skipped, balloon_skipped; /* pages the bulk pass did not send */
+	/* x-verify with a balloon: pages the bulk pass skipped (hinted free
+	 * or ballooned) that no sync has reported written since.  The
+	 * destination never received them (they read as zero there), so the
+	 * END hash counts them as zero pages, leaving the source's memory as
+	 * it is; a page the guest wrote after its hint is sent and hashed. */
+	struct bitmap unsent;
 };
 
 int sender__pass(struct sender *s);
+/* After each dirty__sync into m->todo: pages about to be sent leave unsent. */
+void sender__synced(struct sender *s);
 int sender__flush(struct sender *s);
 int sender__switchover(struct sender *s);
 int sender__check_return_path(struct sender *s, int timeout_ms);

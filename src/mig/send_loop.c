@@ -113,7 +113,7 @@ static int sender__setup(struct sender *s, const char *uri)
 	bitmap__set_all(&m->todo);
 	/* tracking is on, so a hinted page the guest reuses will be sent */
 	if (m->vm->balloon && balloon__hint_ready(m->vm->balloon) &&
-	    !balloon__hint_start(m->vm->balloon, m->params.cap_verify))
+	    !balloon__hint_start(m->vm->balloon))
 		log_info("migration: %llu free pages hinted before the bulk pass",
 			 (unsigned long long)balloon__hint_wait(m->vm->balloon, 250, 200, 2000));
 	return 0;
@@ -192,6 +192,7 @@ static int sender__iterate(struct sender *s)
 		int64_t got = dirty__sync(m->vm->dirty, &m->todo, kick);
 		if (got < 0)
 			return (int)got;
+		sender__synced(s);
 		pthread_mutex_lock(&m->lock);
 		uint64_t pass = ++m->stats.dirty_sync_count;
 		m->stats.iteration++;
@@ -282,7 +283,11 @@ void *migration__send_thread(void *arg)
 	s->zero_detect = m->params.cap_zero_detect;
 	s->comp = m->params.compression;
 	policy__state_init(&m->pstate);
-	rc = s->rec ? sender__setup(s, m->out_uri) : -ENOMEM;
+	rc = s->rec ? 0 : -ENOMEM;
+	if (!rc && m->params.cap_verify && m->vm->balloon)
+		rc = bitmap__init(&s->unsent, s->ram->npages);
+	if (!rc)
+		rc = sender__setup(s, m->out_uri);
 	if (!rc) {
 		pthread_mutex_lock(&m->lock);
 		m->stats.setup_ms = time__now_ms() - m->stats.start_ms;
@@ -311,6 +316,7 @@ void *migration__send_thread(void *arg)
 	}
 	pthread_mutex_unlock(&m->lock);
 	free(s->rec);
+	bitmap__free(&s->unsent);
 	proto_codec__free(&s->codec);
 out:
 	free(s);

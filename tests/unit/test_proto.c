@@ -317,6 +317,59 @@ static void t_hash(struct t *t)
 	free(a);
 }
 
+/* Pages marked in the bitmap hash as zero pages: the same hash as a copy
+ * of RAM with those pages zeroed, across two blocks; no bitmap, an empty
+ * one, or one shorter than RAM behave as documented. */
+static void t_hash_as_zero(struct t *t)
+{
+	size_t pages = 64, len = pages * 4096;
+	uint8_t *a = page_block(pages, 3), *z = page_block(pages, 3);
+	struct bitmap bm;
+	T_CHECK_EQ(t, bitmap__init(&bm, pages), 0);
+	if (!a || !z || !bm.words)
+		return;
+	struct proto_ram ra = { .nr_blocks = 2 }, rz = { .nr_blocks = 2 };
+	ra.blocks[0] = (struct proto_ram_block){ 0, len / 4, a };
+	ra.blocks[1] = (struct proto_ram_block){ 1ull << 32, len - len / 4, a + len / 4 };
+	rz.blocks[0] = (struct proto_ram_block){ 0, len / 4, z };
+	rz.blocks[1] = (struct proto_ram_block){ 1ull << 32, len - len / 4, z + len / 4 };
+	uint8_t h1[32], h2[32], h3[32];
+	proto__ram_hash(&ra, h1);
+	proto__ram_hash_as_zero(&ra, NULL, h2);
+	T_CHECK(t, memcmp(h1, h2, 32) == 0);
+	proto__ram_hash_as_zero(&ra, &bm, h2);
+	T_CHECK(t, memcmp(h1, h2, 32) == 0);
+	/* pages 0, 15..17 (across the block boundary at 16) and the last */
+	size_t marked[] = { 0, 15, 16, 17, pages - 1 };
+	for (size_t i = 0; i < sizeof(marked) / sizeof(marked[0]); i++) {
+		bitmap__set(&bm, marked[i]);
+		memset(z + marked[i] * 4096, 0, 4096);
+	}
+	proto__ram_hash_as_zero(&ra, &bm, h2);
+	proto__ram_hash(&rz, h3);
+	T_CHECK(t, memcmp(h2, h3, 32) == 0);
+	T_CHECK(t, memcmp(h1, h2, 32) != 0);
+	/* a marked page's content does not matter; an unmarked one's does */
+	a[16 * 4096 + 5] ^= 1;
+	proto__ram_hash_as_zero(&ra, &bm, h3);
+	T_CHECK(t, memcmp(h2, h3, 32) == 0);
+	a[18 * 4096 + 5] ^= 1;
+	proto__ram_hash_as_zero(&ra, &bm, h3);
+	T_CHECK(t, memcmp(h2, h3, 32) != 0);
+	a[18 * 4096 + 5] ^= 1;
+	/* a bitmap shorter than RAM: pages past it count as they are */
+	struct bitmap shortbm = { bm.words, 16 };
+	memcpy(z, a, len);
+	memset(z, 0, 4096);
+	memset(z + 15 * 4096, 0, 4096);
+	proto__ram_hash_as_zero(&ra, &shortbm, h2);
+	proto__ram_hash(&rz, h3);
+	T_CHECK(t, memcmp(h2, h3, 32) == 0);
+	bitmap__free(&bm);
+	free(a);
+	free(z);
+}
+
 static void t_hash_speed(struct t *t)
 {
 	size_t len = 256u << 20;
@@ -342,6 +395,7 @@ int main(void)
 	T_RUN(&t, t_pages_comp);
 	T_RUN(&t, t_small_records);
 	T_RUN(&t, t_hash);
+	T_RUN(&t, t_hash_as_zero);
 	T_RUN(&t, t_hash_speed);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);

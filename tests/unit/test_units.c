@@ -59,6 +59,18 @@ static void t_bitmap(struct t *t)
 	T_CHECK(t, bitmap__test(&b, 64) && bitmap__test(&b, 66) && bitmap__test(&b, 128));
 	T_CHECK_EQ(t, bitmap__or_words(&b, 192, words, 128), 2); /* clipped at 200 */
 	T_CHECK_EQ(t, bitmap__or_words(&b, 3, words, 64), 0);    /* misaligned: refused */
+	/* andnot: clears what c has, only over the shorter map */
+	bitmap__set_all(&b);
+	bitmap__clear_all(&c);
+	bitmap__set_range(&c, 60, 10);
+	bitmap__set(&c, 199);
+	struct bitmap c_short = { c.words, 190 };
+	bitmap__andnot(&b, &c_short);
+	T_CHECK_EQ(t, bitmap__count(&b), 190);
+	T_CHECK(t, !bitmap__test(&b, 60) && !bitmap__test(&b, 69) && bitmap__test(&b, 70));
+	T_CHECK(t, bitmap__test(&b, 199)); /* past the shorter map: kept */
+	bitmap__andnot(&b, &c);
+	T_CHECK(t, !bitmap__test(&b, 199) && bitmap__count(&b) == 189);
 	bitmap__free(&b);
 	bitmap__free(&c);
 }
