@@ -1,13 +1,14 @@
 # kmig build.  `make` builds build/kmig; `make guest` the test guest;
 # `make test` installs missing packages and runs every test;
-# `make SAN=1` builds with ASan + UBSan.
+# `make SAN=1` builds with ASan + UBSan and the test-only fault hooks
+# (src/mig/fault.h) into build-san/.
 CC      ?= cc
 BUILD   ?= build
 CFLAGS  := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Isrc -pthread
 LDLIBS  := -ljansson -lzstd -llz4 -pthread -lm
 ifeq ($(SAN),1)
 BUILD   := build-san
-CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
+CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -O1 -DKMIG_FAULTS
 LDFLAGS += -fsanitize=address,undefined
 endif
 # `make fuzz` builds the libFuzzer harnesses (tests/fuzz/) with clang,

@@ -71,14 +71,21 @@ void verify_run(int cpu)
 	if (!s->npages)
 		halt_cpu();
 	for (u64 round = 1;; round++) {
-		/* rewrite pages i with (i + round) % 3 != 0 */
+		/* rewrite pages i with (i + round) % 3 != 0, each checked first:
+		 * a page that went wrong is reported before it is overwritten */
 		u64 i = 0;
+		int bad = 0;
 		for (int k = 0; k < s->nseg; k++) {
 			for (u64 p = 0; p < s->seg[k].npages; p++, i++) {
 				if ((i + round) % 3 == 0)
 					continue;
+				u64 a = s->seg[k].base + p * PAGE_SIZE, got, want;
+				int j = check_page(a, s->gen[i], &got, &want);
+				if (j >= 0 && bad++ < MAX_BAD_PER_ROUND)
+					kprintf("verify BAD page=0x%lx cpu=%d round=%lu word=%d got=0x%lx want=0x%lx\n",
+						a, cpu, round, j, got, want);
 				u64 g = s->gen[i] >= GEN_MAX ? 1 : s->gen[i] + 1;
-				write_page(s->seg[k].base + p * PAGE_SIZE, g);
+				write_page(a, g);
 				s->gen[i] = (u32)g;
 				if ((i & 63) == 0 && (g_stop || rdtsc() >= exit_at))
 					poll_exit(cpu);
@@ -90,7 +97,6 @@ void verify_run(int cpu)
 			((volatile u8 *)a)[7 * 8 + 3] ^= 0x5a;
 		}
 		/* re-read every page against the expectation */
-		int bad = 0;
 		i = 0;
 		for (int k = 0; k < s->nseg; k++) {
 			for (u64 p = 0; p < s->seg[k].npages; p++, i++) {

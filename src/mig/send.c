@@ -85,6 +85,7 @@ static int sender__page(struct sender *s, uint64_t page)
 	uint64_t off = (page - s->ram->blocks[b].first_page) * RAM_PAGE_SIZE;
 	const uint8_t *host = s->ram->blocks[b].host + off;
 	int rc = 0;
+	mig_fault__sent(&s->fault, s->paused, page, host);
 	if (s->zero_detect && sender__page_is_zero(host)) {
 		if (s->zn && (s->zblock != b || s->zn == SENDER_BATCH_ZERO))
 			rc = sender__flush_zero(s);
@@ -159,6 +160,8 @@ int sender__pass(struct sender *s)
 	uint64_t n = 0;
 	for (size_t p = bitmap__next_set(todo, 0); p < todo->nbits; p = bitmap__next_set(todo, p + 1)) {
 		bitmap__clear_bit(todo, p);
+		if (s->paused && mig_fault__skip(&s->fault, p))
+			continue;
 		if (!s->bulk_done && s->m->vm->balloon && sender__skip(s, p)) {
 			if (s->unsent.words)
 				bitmap__set(&s->unsent, p);
@@ -184,6 +187,8 @@ static int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst
 			     const void *data, size_t len)
 {
 	struct sender *s = ctx;
+	if (mig_fault__drop_state(&s->fault, id, inst))
+		return 0;
 	size_t need = PROTO_HDR_SIZE + 12 + len;
 	if (need > PROTO_HDR_SIZE + PROTO_MAX_PAYLOAD)
 		return -E2BIG;
@@ -257,6 +262,22 @@ static int sender__end(struct sender *s)
 	return rc ? rc : mig_stream__flush(s->stream);
 }
 
+/* Test builds: the stale or flipped page a fault wants sent again, as one
+ * PAGES record on the main stream after the final pass. */
+static int sender__fault_extra(struct sender *s)
+{
+	uint64_t page;
+	const uint8_t *data;
+	if (!mig_fault__extra(&s->fault, &page, &data))
+		return 0;
+	int b = s->ram->nr_blocks > 1 && page >= s->ram->blocks[1].first_page ? 1 : 0;
+	uint64_t off = (page - s->ram->blocks[b].first_page) * RAM_PAGE_SIZE;
+	ssize_t n = proto__encode_pages_head(s->rec, s->rec_cap, 0, (uint32_t)b, 1, &off,
+					     RAM_PAGE_SIZE);
+	int rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
+	return rc ? rc : mig_stream__write(s->stream, data, RAM_PAGE_SIZE);
+}
+
 /* Stop-and-copy: the last dirty pages, device state, END, the answer. */
 int sender__switchover(struct sender *s)
 {
@@ -284,7 +305,10 @@ int sender__switchover(struct sender *s)
 		rc = sender__pass(s);
 	}
 	if (!rc)
+		rc = sender__fault_extra(s);
+	if (!rc)
 		rc = state__save(vm, sender__put_state, s);
+	mig_fault__report(&s->fault);
 	log_debug("switchover: pages and state queued after %llu ms",
 		  (unsigned long long)(time__now_ms() - t0));
 	if (!rc)

@@ -8,6 +8,7 @@
 #include "kvm/vm.h"
 #include "mem/ram.h"
 #include "mig/migration.h"
+#include "mig/fault.h"
 #include "mig/multifd.h"
 #include "mig/proto.h"
 
@@ -53,6 +54,7 @@ struct sender {
 	 * END hash counts them as zero pages, leaving the source's memory as
 	 * it is; a page the guest wrote after its hint is sent and hashed. */
 	struct bitmap unsent;
+	struct mig_fault fault;     /* test-only fault injection (fault.h) */
 };
 
 int sender__pass(struct sender *s);

@@ -267,6 +267,16 @@ static void sender__cleanup(struct sender *s, int rc)
 	log_err("migration failed: %s", m->error);
 }
 
+/* KMIG_FAULT (test builds only; fault.h). */
+static int sender__init_fault(struct sender *s)
+{
+	char err[256];
+	int rc = mig_fault__init(&s->fault, getenv("KMIG_FAULT"), s->ram, err, sizeof(err));
+	if (rc)
+		migration__set_error(s->m, "%s", err);
+	return rc;
+}
+
 void *migration__send_thread(void *arg)
 {
 	struct migration *m = arg;
@@ -286,6 +296,8 @@ void *migration__send_thread(void *arg)
 	rc = s->rec ? 0 : -ENOMEM;
 	if (!rc && m->params.cap_verify && m->vm->balloon)
 		rc = bitmap__init(&s->unsent, s->ram->npages);
+	if (!rc)
+		rc = sender__init_fault(s);
 	if (!rc)
 		rc = sender__setup(s, m->out_uri);
 	if (!rc) {
@@ -317,6 +329,7 @@ void *migration__send_thread(void *arg)
 	pthread_mutex_unlock(&m->lock);
 	free(s->rec);
 	bitmap__free(&s->unsent);
+	mig_fault__free(&s->fault);
 	proto_codec__free(&s->codec);
 out:
 	free(s);

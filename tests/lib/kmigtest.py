@@ -18,6 +18,8 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.join(ROOT, os.environ.get("KMIG_BUILD", "build"))
 KMIG = os.path.join(BUILD, "kmig")
+# the build with the test-only fault hooks (make SAN=1; src/mig/fault.h)
+KMIG_FAULTS = os.path.join(ROOT, "build-san", "kmig")
 GUEST = os.path.join(ROOT, "build", "guest", "kmig-guest.elf")
 
 
@@ -225,12 +227,13 @@ class QMP:
 class VM:
     """A kmig or QEMU process running the test guest with its console in a file."""
 
-    def __init__(self, args, console, qmp_path=None, stdout=None):
+    def __init__(self, args, console, qmp_path=None, stdout=None, env=None):
         self.console = Console(console)
         self.qmp_path = qmp_path
         self.out = open(stdout or (console + ".out"), "w")
         self.proc = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     env=dict(os.environ, **env) if env else None)
         self._qmp = None
 
     def qmp(self):
@@ -261,14 +264,16 @@ class VM:
         self.out.close()
 
 
-def kmig_vm(d, name, cmdline, memory="1G", cpus=1, extra=()):
-    """Starts `kmig run` on the test guest; console in d/name.log, QMP in d/name.qmp."""
+def kmig_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), kmig=None, env=None):
+    """Starts `kmig run` on the test guest; console in d/name.log, QMP in
+    d/name.qmp.  kmig: another binary (e.g. KMIG_FAULTS); env: variables
+    added to the environment."""
     console = os.path.join(d, name + ".log")
     qmp = os.path.join(d, name + ".qmp")
-    args = [KMIG, "run", "--kernel", GUEST, "--cmdline", cmdline,
+    args = [kmig or KMIG, "run", "--kernel", GUEST, "--cmdline", cmdline,
             "--memory", memory, "--cpus", str(cpus),
             "--console", "file:" + console, "--qmp", "unix:" + qmp] + list(extra)
-    return VM(args, console, qmp)
+    return VM(args, console, qmp, env=env)
 
 
 QBOOT = "/usr/share/qemu/qboot.rom"
