@@ -31,7 +31,7 @@ UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 KVM_TEST_BINS := $(patsubst tests/kvm/%.c,$(BUILD)/tests/test_kvm_%,$(wildcard tests/kvm/*.c))
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all guest test unit deps demo bench clean fuzz fuzz-bins
+.PHONY: all guest test test-full unit deps demo bench clean fuzz fuzz-bins
 all: $(BUILD)/kmig
 
 $(BUILD)/kmig: $(OBJS)
@@ -69,6 +69,11 @@ test: deps
 	$(MAKE) SAN=1 all unit
 	$(MAKE) FUZZ=1 fuzz-bins
 	tests/run.sh $(BUILD)
+
+# every case of the verification matrix (tests/e2e/test_matrix.py) and the
+# tests marked slow, also under emulation
+test-full:
+	KMIG_TEST_FULL=1 KMIG_TEST_ALL=1 $(MAKE) test
 
 demo: deps
 	$(MAKE) all guest

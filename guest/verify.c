@@ -62,11 +62,29 @@ int verify_prepare(void)
 	return 0;
 }
 
+/* Every 64 pages: the largest time between two such points since the
+ * last report (what the guest saw of a pause, e.g. a migration's
+ * switchover), and the exit check. */
+struct progress {
+	u64 last, max_gap;
+};
+
+static void progress_point(int cpu, struct progress *pr)
+{
+	u64 t = rdtsc();
+	if (t - pr->last > pr->max_gap)
+		pr->max_gap = t - pr->last;
+	pr->last = t;
+	if (g_stop || t >= exit_at)
+		poll_exit(cpu);
+}
+
 void verify_run(int cpu)
 {
 	struct share *s = &shares[cpu];
 	const u64 period = cfg.report_ms * tsc_khz;
 	u64 next_report = rdtsc() + period, checked = 0;
+	struct progress pr = { rdtsc(), 0 };
 
 	if (!s->npages)
 		halt_cpu();
@@ -87,8 +105,8 @@ void verify_run(int cpu)
 				u64 g = s->gen[i] >= GEN_MAX ? 1 : s->gen[i] + 1;
 				write_page(a, g);
 				s->gen[i] = (u32)g;
-				if ((i & 63) == 0 && (g_stop || rdtsc() >= exit_at))
-					poll_exit(cpu);
+				if ((i & 63) == 0)
+					progress_point(cpu, &pr);
 			}
 		}
 		if (cpu == 0 && round == cfg.corrupt_round) {
@@ -105,14 +123,16 @@ void verify_run(int cpu)
 				if (j >= 0 && bad++ < MAX_BAD_PER_ROUND)
 					kprintf("verify BAD page=0x%lx cpu=%d round=%lu word=%d got=0x%lx want=0x%lx\n",
 						a, cpu, round, j, got, want);
-				if ((i & 63) == 0 && (g_stop || rdtsc() >= exit_at))
-					poll_exit(cpu);
+				if ((i & 63) == 0)
+					progress_point(cpu, &pr);
 			}
 		}
 		checked += s->npages;
 		u64 t = rdtsc();
 		if (!bad && t >= next_report) {
-			kprintf("verify ok round=%lu cpu=%d pages=%lu\n", round, cpu, checked);
+			kprintf("verify ok round=%lu cpu=%d pages=%lu max_gap_ms=%lu\n", round, cpu,
+				checked, cycles_to_ms(pr.max_gap));
+			pr.max_gap = 0;
 			if (cpu == 0)
 				balloon_poll();
 			checked = 0;

@@ -149,7 +149,7 @@ run_kvm_part_in_vm() {
 	export KMIG_PROGRESS=$PWD/$progress
 	: > "$log.vm"
 	while :; do
-		scripts/kvm-vm --timeout $((budget - (SECONDS - t0))) --env KMIG_TEST_ALL \
+		scripts/kvm-vm --timeout $((budget - (SECONDS - t0))) --env KMIG_TEST_ALL --env KMIG_TEST_FULL \
 			--env KMIG_TEST_KEEP --env KMIG_PROGRESS -- \
 			tests/run.sh --part kvm "$build" "$filter" 2>&1 | tee -a "$log.vm"
 		rc=${PIPESTATUS[0]}

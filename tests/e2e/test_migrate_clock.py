@@ -53,6 +53,14 @@ def test_guest_clock_continuous(d, vms, check, age_s):
           "wall %.0f ms from migrate to that line; downtime %s ms"
           % (s_t, d_t, d_gap, wall_ms, r.get("downtime")))
     check("not_backwards", d_t >= s_t, "guest clock went back from %d to %d ms" % (s_t, d_t))
+    # the guest's view of the downtime: the gap before its first heartbeat
+    # on the destination is the switchover plus at most one period; it
+    # cannot be much shorter than the pause the source reports (the guest's
+    # clock runs on across it) nor longer beyond scheduling slack
+    down = r.get("downtime", -1)
+    check("guest_sees_the_downtime", down >= 0
+          and down / 2 - 50 <= d_gap <= down + REPORT_MS + kt.slow(250),
+          "first heartbeat on the destination after a %d ms gap; downtime %d ms" % (d_gap, down))
     # between the two lines no more guest time may pass than wall time did
     # (plus one heartbeat period and scheduling slack)
     check("not_ahead_of_wall_clock", d_t - s_t <= wall_ms + REPORT_MS + 300,
