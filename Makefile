@@ -31,7 +31,7 @@ UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 KVM_TEST_BINS := $(patsubst tests/kvm/%.c,$(BUILD)/tests/test_kvm_%,$(wildcard tests/kvm/*.c))
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all guest test test-full unit deps demo bench clean fuzz fuzz-bins
+.PHONY: all guest test test-full unit deps demo bench clean fuzz fuzz-bins soak
 all: $(BUILD)/kmig
 
 $(BUILD)/kmig: $(OBJS)
@@ -74,6 +74,14 @@ test: deps
 # tests marked slow, also under emulation
 test-full:
 	KMIG_TEST_FULL=1 KMIG_TEST_ALL=1 $(MAKE) test
+
+# SOAK_N migrations of one verify guest with x-verify (scripts/soak.py);
+# inside scripts/kvm-vm where /dev/kvm is missing
+SOAK_N ?= 500
+soak: deps
+	$(MAKE) all guest
+	if [ -c /dev/kvm ]; then scripts/soak.py -n $(SOAK_N); \
+	else scripts/kvm-vm --timeout 86400 -- scripts/soak.py -n $(SOAK_N); fi
 
 demo: deps
 	$(MAKE) all guest
