@@ -231,6 +231,12 @@ json_t *migration__query(struct migration *m)
 					    json_integer((json_int_t)st.limit_ring_full_us));
 		}
 	}
+	/* what the migration holds on the VM right now (off again after it
+	 * ends, whatever the outcome) */
+	json_object_set_new(r, "x-dirty-tracking",
+			    json_boolean(m->vm->dirty && dirty__active(m->vm->dirty)));
+	json_object_set_new(r, "x-cpu-throttle-now",
+			    json_integer(atomic_load(&m->vm->throttle_pct)));
 	/* a cancel after END also says why the guest stays paused */
 	if ((s == MIG_FAILED || s == MIG_CANCELLED) && m->error[0])
 		json_object_set_new(r, "error-desc", json_string(m->error));

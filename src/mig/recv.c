@@ -372,6 +372,5 @@ int mig_recv__reply(struct mig_recv *r, struct mig_stream *s)
 					  r->errmsg[0] ? r->errmsg : "migration incomplete");
 	if (n < 0)
 		return (int)n;
-	int e = mig_stream__write(s, buf, (size_t)n);
-	return e ? e : mig_stream__flush(s);
+	return mig_stream__reply(s, buf, (size_t)n);
 }

@@ -153,6 +153,18 @@ static int sender__end_pass(struct sender *s)
 	return rc ? rc : mig_stream__flush(s->stream);
 }
 
+/* Every 4096 pages, or every SENDER_POLL_MS on a slow link: a cancel, a
+ * destination that refused the stream (read before it gives up waiting
+ * for us to read its reason and closes), fresh statistics. */
+static bool sender__poll_due(struct sender *s, uint64_t n)
+{
+	uint64_t now = time__now_ms();
+	if (n % 4096 && now - s->last_poll_ms < SENDER_POLL_MS)
+		return false;
+	s->last_poll_ms = now;
+	return true;
+}
+
 /* Sends every page set in todo, clearing it. */
 int sender__pass(struct sender *s)
 {
@@ -170,7 +182,7 @@ int sender__pass(struct sender *s)
 		int rc = sender__page(s, p);
 		if (rc)
 			return rc;
-		if (++n % 4096 == 0) {
+		if (++n % SENDER_POLL_PAGES == 0 && sender__poll_due(s, n)) {
 			if (atomic_load(&s->m->cancel))
 				return -ECANCELED;
 			rc = sender__check_return_path(s, 0);

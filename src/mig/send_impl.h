@@ -14,6 +14,10 @@
 
 #define SENDER_BATCH_PAGES 256
 #define SENDER_BATCH_ZERO 4096
+/* the pass looks at cancel and the return path every 4096 pages and, on a
+ * slow link, at least every SENDER_POLL_MS (checked every 256 pages) */
+#define SENDER_POLL_PAGES 256
+#define SENDER_POLL_MS 100
 /* How long the source waits for the destination's answer after END (the
  * destination loads the device state and, with x-verify, hashes all RAM).
  * Without an answer by then the migration fails and the guest stays paused
@@ -45,6 +49,7 @@ struct sender {
 	/* counters */
 	uint64_t zero_pages, normal_pages;
 	uint64_t active_start_ms;
+	uint64_t last_poll_ms;       /* sender__pass's last look at cancel and the return path */
 	uint64_t bandwidth_bps;      /* last measured */
 	bool bulk_done;              /* the first pass is over: nothing is skipped any more */
 	uint64_t free_skipped, balloon_skipped; /* pages the bulk pass did not send */

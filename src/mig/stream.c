@@ -202,6 +202,16 @@ int mig_stream__flush(struct mig_stream *s)
 	return n ? stream__send_all(s, s->wbuf, n) : 0;
 }
 
+int mig_stream__reply(struct mig_stream *s, const void *buf, size_t len)
+{
+	int e = mig_stream__error(s);
+	if (e && e != -EPROTO && e != -EMSGSIZE)
+		return e;
+	if (!e && s->wlen && (e = mig_stream__flush(s)))
+		return e;
+	return stream__send_all(s, buf, len);
+}
+
 int mig_stream__write(struct mig_stream *s, const void *buf, size_t len)
 {
 	int e = mig_stream__error(s);

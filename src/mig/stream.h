@@ -75,6 +75,12 @@ int mig_stream__read_full(struct mig_stream *s, void *buf, size_t len) KMIG_MUST
 /* Buffered write of a whole record (header + payload).  Does not flush. */
 int mig_stream__put_record(struct mig_stream *s, uint32_t type, uint32_t flags,
 			   const void *payload, size_t len) KMIG_MUST_CHECK;
+/* Writes buf at once (buffered bytes first), also after a framing error
+ * on the read side (-EPROTO, -EMSGSIZE from get_record: the connection
+ * itself is still good), so a receiver that could not parse a record can
+ * still tell its peer why.  Any other sticky error is returned as is. */
+int mig_stream__reply(struct mig_stream *s, const void *buf, size_t len) KMIG_MUST_CHECK;
+
 /* Reads one record: the header into *hdr (checked with
  * proto__header_problem: -EPROTO) and its payload into buf, which must
  * hold hdr->length bytes (else -EMSGSIZE).  Both errors are sticky: the

@@ -146,6 +146,11 @@ static void t_bad_headers(struct t *t)
 	T_CHECK_EQ(t, mig_stream__flush(&a), 0);
 	T_CHECK_EQ(t, mig_stream__get_record(&b, &h, buf, sizeof(buf)), -EPROTO);
 	T_CHECK(t, strstr(mig_stream__strerror(&b), "unknown record type") != NULL);
+	/* the framing is lost for reading, but a reply still goes out */
+	T_CHECK_EQ(t, mig_stream__write(&b, rec, 16), -EPROTO);
+	T_CHECK_EQ(t, mig_stream__reply(&b, "why", 3), 0);
+	T_CHECK_EQ(t, mig_stream__read_full(&a, buf, 3), 0);
+	T_CHECK(t, memcmp(buf, "why", 3) == 0);
 	mig_stream__close(&a);
 	mig_stream__close(&b);
 

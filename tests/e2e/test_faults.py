@@ -1,0 +1,282 @@
+"""The fault matrix: a migration broken once, at each phase, by each fault,
+ends as docs/protocol.md ("Faults and outcomes") says, with never two
+running copies of the guest and never a lost one.
+
+A FaultProxy (tests/lib/faultproxy.py) sits between source and
+destination.  Phases: setup (at the START record), bulk (at the 5th PAGES
+record), dirty (at the first record after the source reports a dirty
+round), switchover (at the 3rd STATE record: device state in flight),
+after-end (END forwarded, before the source has the destination's
+answer).  Faults: the link stalls, is cut, is cut inside a record
+(truncate), repeats a record, carries a record of an unknown type
+(corrupt); the source or the destination is killed (SIGKILL) or stopped
+for a while (SIGSTOP, then SIGCONT).
+
+Outcomes:
+  runs       the migration fails (a stall: is cancelled); the source runs
+             its guest; the destination exits non-zero, or was killed,
+             without ever running it
+  completes  the migration completes with x-verify; the guest goes on
+  paused     END went out, so the source keeps its guest paused and says
+             so (the destination might run it); the destination did not,
+             so `cont` on the source runs it again
+  either     paused or runs, by whether END had left the source when the
+             link broke
+  dst-runs   the destination got END and runs the guest; the source fails
+             (or, a stall, is cancelled) and stays paused
+  dst-fails  the source was killed before END: the destination exits
+             non-zero without running the guest
+  dst-completes  the source was killed after END: the destination runs it
+After a failure with the source alive and the destination not running the
+guest, the source's dirty tracking and throttle are off and a retry to a
+fresh destination completes with x-verify.
+
+CI runs the cells in CI_CELLS; KMIG_TEST_FULL=1 runs all 45.
+"""
+import os
+import re
+import signal
+import time
+
+import pytest
+
+import kmigtest as kt
+from faultproxy import FaultProxy
+
+pytestmark = pytest.mark.kvm
+
+START, PAGES, STATE = 1, 2, 4
+CMD = "workload=verify mb=8 report_ms=200"
+MEMORY = "128M"
+BANDWIDTH = 8000000          # bytes/s: a bulk pass of ~1.5 s, dirty rounds
+OK_RX = r"^verify ok round=(\d+)"
+PHASES = ["setup", "bulk", "dirty", "switchover", "after-end"]
+FAULTS = ["stall", "cut", "truncate", "duplicate", "corrupt",
+          "kill-src", "kill-dst", "stop-src", "stop-dst"]
+LINK = ("stall", "cut", "truncate", "duplicate", "corrupt")
+AT = {"setup": ("record", START, 1), "bulk": ("record", PAGES, 5), "dirty": ("manual",),
+      "switchover": ("record", STATE, 3), "after-end": ("after-end",)}
+
+# the expected outcome of each cell (docs/protocol.md has the same table)
+EXPECT = {}
+for _p in ("setup", "bulk", "dirty"):
+    EXPECT.update({(_p, "stall"): "runs", (_p, "cut"): "runs", (_p, "truncate"): "runs",
+                   (_p, "duplicate"): "completes", (_p, "corrupt"): "runs",
+                   (_p, "kill-src"): "dst-fails", (_p, "kill-dst"): "runs",
+                   (_p, "stop-src"): "completes", (_p, "stop-dst"): "completes"})
+EXPECT[("setup", "duplicate")] = "runs"       # a second START is refused
+EXPECT.update({("switchover", "stall"): "paused", ("switchover", "cut"): "either",
+               ("switchover", "truncate"): "either", ("switchover", "duplicate"): "runs",
+               ("switchover", "corrupt"): "runs", ("switchover", "kill-src"): "dst-fails",
+               ("switchover", "kill-dst"): "either", ("switchover", "stop-src"): "completes",
+               ("switchover", "stop-dst"): "completes"})
+EXPECT.update({("after-end", "stall"): "dst-runs", ("after-end", "cut"): "dst-runs",
+               ("after-end", "truncate"): "dst-runs", ("after-end", "duplicate"): "completes",
+               ("after-end", "corrupt"): "dst-runs", ("after-end", "kill-src"): "dst-completes",
+               ("after-end", "kill-dst"): "paused", ("after-end", "stop-src"): "completes",
+               ("after-end", "stop-dst"): "completes"})
+
+CI_CELLS = {("setup", "cut"), ("setup", "duplicate"), ("bulk", "stall"), ("bulk", "kill-dst"),
+            ("bulk", "stop-src"), ("bulk", "duplicate"), ("dirty", "corrupt"),
+            ("dirty", "truncate"), ("dirty", "stop-dst"), ("switchover", "stall"),
+            ("switchover", "duplicate"), ("switchover", "kill-src"), ("after-end", "cut"),
+            ("after-end", "kill-dst"), ("after-end", "duplicate")}
+FULL = os.environ.get("KMIG_TEST_FULL") == "1"
+STOPPED_S = 2.0              # how long a stopped process stays stopped
+STALL_S = 2.0                # how long a stalled link is watched before the cancel
+
+
+def cells():
+    return [pytest.param(p, f, id="%s-%s" % (p, f)) for p in PHASES for f in FAULTS
+            if FULL or (p, f) in CI_CELLS]
+
+
+def dump(vm, n=12):
+    return kt.dump(vm, n)
+
+
+def status(vm):
+    try:
+        return vm.qmp().cmd("query-status").get("status")
+    except (OSError, EOFError, ValueError):
+        return None
+
+
+def sig(vm, s):
+    try:
+        os.kill(vm.proc.pid, s)
+    except ProcessLookupError:
+        pass
+
+
+def ran(vm):
+    return vm.console.count(OK_RX) > 0
+
+
+def goes_on(vm, timeout=20):
+    """The guest reports a new round on vm."""
+    vm.console.poll()
+    n = len(vm.console.lines)
+    return vm.console.wait(OK_RX, kt.slow(timeout), start=n, proc=vm.proc) is not None
+
+
+def wait_dirty_round(q, timeout):
+    """The source in a dirty round (or already ended)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        r = q.cmd("query-migrate")
+        s = r.get("status")
+        if s not in ("none", "setup", "active") or (
+                s == "active" and r.get("ram", {}).get("dirty-sync-count", 0) >= 2):
+            return r
+        time.sleep(0.05)
+    return None
+
+
+def retry(d, vms, check, src):
+    """A fresh destination, no proxy, x-verify: must complete."""
+    uri = "tcp:127.0.0.1:%d" % kt.free_port()
+    dst = kt.kmig_vm(d, "retry", CMD, memory=MEMORY, extra=["--incoming", uri])
+    vms.append(dst)
+    q = src.qmp()
+    q.cmd("migrate-set-parameters", **{"max-bandwidth": 0, "downtime-limit": 10000})
+    r = kt.migrate(src, dst, uri, caps={"x-verify": True}, timeout=kt.slow(60))
+    check("retry_completes", r.get("status") == "completed", "query-migrate %r; %s; %s"
+          % (r, dump(src), dump(dst)))
+    check("retry_guest_goes_on", goes_on(dst), dump(dst))
+
+
+def src_clean(check, src):
+    r = src.qmp().cmd("query-migrate")
+    check("src_tracking_off", r.get("x-dirty-tracking") is False
+          and r.get("x-cpu-throttle-now") == 0, "query-migrate %r" % r)
+
+
+class Cell:
+    def __init__(self, d, vms, phase, fault):
+        self.phase, self.fault = phase, fault
+        self.dst_uri_port = kt.free_port()
+        self.src = kt.kmig_vm(d, "src", CMD, memory=MEMORY)
+        self.dst = kt.kmig_vm(d, "dst", CMD, memory=MEMORY,
+                              extra=["--incoming", "tcp:127.0.0.1:%d" % self.dst_uri_port])
+        vms += [self.src, self.dst]
+        self.stopped = None
+        # a killed source sends nothing more: what it had written and the
+        # proxy had not yet forwarded is dropped (after END: nothing is left)
+        action = fault if fault in LINK else "none"
+        if fault == "kill-src" and phase != "after-end":
+            action = "cut"
+        self.proxy = FaultProxy(self.dst_uri_port, AT[phase], action, self.on_trigger,
+                                drop_early=fault == "kill-dst")
+
+    def on_trigger(self):
+        who = self.src if self.fault.endswith("-src") else self.dst
+        if self.fault.startswith("kill-"):
+            sig(who, signal.SIGKILL)
+            who.proc.wait()
+        elif self.fault.startswith("stop-"):
+            sig(who, signal.SIGSTOP)
+            self.stopped = who
+
+    def run(self, check):
+        """Starts the migration through the proxy, breaks it, and returns
+        the source's final query-migrate (None if the source was killed)."""
+        src, q = self.src, self.src.qmp()
+        kt.wait_incoming(self.dst, kt.slow(30))
+        # the late phases need a migration that converges; the early ones
+        # one that does not yet (raised after the fault when it must end)
+        converge = self.phase in ("switchover", "after-end")
+        kt.set_caps(q, x_verify=True)
+        q.cmd("migrate-set-parameters", **{"max-bandwidth": BANDWIDTH,
+                                           "downtime-limit": 10000 if converge else 1})
+        q.cmd("migrate", uri="tcp:127.0.0.1:%d" % self.proxy.port)
+        if self.phase == "dirty":
+            r = wait_dirty_round(q, kt.slow(60))
+            check("dirty_round", r is not None and r.get("status") == "active", repr(r))
+            self.proxy.fire()
+        hit = self.proxy.triggered.wait(kt.slow(60))
+        if not check("fault_hit", hit, "proxy counts %r, error %r; %s"
+                     % (self.proxy.counts, self.proxy.error, dump(src))):
+            return None
+        if self.fault == "kill-src":
+            return None
+        if self.stopped is not None:
+            time.sleep(STOPPED_S)
+            sig(self.stopped, signal.SIGCONT)
+        if self.fault == "stall":
+            time.sleep(STALL_S)
+            if self.phase == "after-end":   # the destination runs: then cancel
+                deadline = time.time() + kt.slow(30)
+                while time.time() < deadline and status(self.dst) != "running":
+                    time.sleep(0.1)
+            r = q.cmd("query-migrate")
+            check("stalled", r.get("status") in ("setup", "active", "device"), repr(r))
+            q.cmd("migrate_cancel")
+        elif EXPECT[(self.phase, self.fault)] == "completes" and not converge:
+            q.cmd("migrate-set-parameters", **{"downtime-limit": 10000})
+        return kt.wait_migration(q, kt.slow(90))
+
+
+@pytest.mark.parametrize("phase,fault", cells())
+def test_fault(d, vms, check, phase, fault):
+    want = EXPECT[(phase, fault)]
+    c = Cell(d, vms, phase, fault)
+    src, dst = c.src, c.dst
+    try:
+        if not check("boot", src.console.wait(OK_RX, kt.slow(40), proc=src.proc) is not None,
+                     dump(src)):
+            return
+        r = c.run(check)
+    finally:
+        c.proxy.close()
+    st = r.get("status") if r else None
+    print("# fault %s-%s: want %s; source %r (%s), error-desc %r; vm %s"
+          % (phase, fault, want, st, r and r.get("x-iterations"),
+             r and r.get("error-desc"), status(src) if fault != "kill-src" else "killed"))
+    if want == "dst-fails" or want == "dst-completes":
+        rc = None
+        if want == "dst-fails":
+            rc = dst.wait_exit(kt.slow(30))
+            check("dst_exits_nonzero", rc not in (None, 0), "exit %r; %s" % (rc, dump(dst)))
+            check("dst_never_ran", not ran(dst), dump(dst))
+        else:
+            check("dst_runs", goes_on(dst), dump(dst))
+        return
+    if want == "completes":
+        check("completed", st == "completed", "query-migrate %r; %s; %s"
+              % (r, dump(src), dump(dst)))
+        check("guest_goes_on", goes_on(dst), dump(dst))
+        check("src_postmigrate", status(src) == "postmigrate", dump(src))
+        return
+    if want == "dst-runs":
+        check("src_failed", st in ("failed", "cancelled"), repr(r))
+        check("src_paused", status(src) == "paused"
+              and "stays paused" in (r.get("error-desc") or ""), "%r; %s" % (r, dump(src)))
+        check("dst_runs", goes_on(dst), dump(dst))
+        check("one_copy", status(src) != "running", "both run")
+        return
+    # runs, paused, either: the destination must not have run the guest
+    check("src_failed", st in ("failed", "cancelled"), repr(r))
+    if fault != "kill-dst":
+        rc = dst.wait_exit(kt.slow(30))
+        check("dst_exits_nonzero", rc not in (None, 0), "exit %r; %s" % (rc, dump(dst)))
+    check("dst_never_ran", not ran(dst), dump(dst))
+    if fault in ("corrupt", "duplicate") and want == "runs":
+        # the destination's reason reaches the source, also after a record
+        # it could not even frame
+        check("reason", re.search(r"destination (refused the stream|failed): .*"
+                                  r"(unknown record type|second START|twice)",
+                                  r.get("error-desc") or "") is not None, repr(r))
+    s = status(src)
+    paused = s == "paused" and "stays paused" in (r.get("error-desc") or "")
+    if want == "runs":
+        check("src_runs", s == "running", "%s; %r; %s" % (s, r, dump(src)))
+    elif want == "paused":
+        check("src_paused", paused, "%s; %r; %s" % (s, r, dump(src)))
+    else:
+        check("src_runs_or_paused", s == "running" or paused, "%s; %r" % (s, r))
+    if s == "paused":
+        src.qmp().cmd("cont")   # the destination is known not to run it
+    check("src_guest_goes_on", goes_on(src), dump(src))
+    src_clean(check, src)
+    retry(d, vms, check, src)
