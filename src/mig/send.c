@@ -140,13 +140,19 @@ static bool sender__skip(struct sender *s, uint64_t page)
 
 /* With parallel channels every pass ends with SYNC(round) on each of them
  * and on the main stream: the destination applies round r+1 only after
- * every channel has applied round r. */
+ * every channel has applied round r.  The pass also waits until each
+ * channel has taken its SYNC, i.e. written every batch of the pass: the
+ * round's bandwidth and the policy's remaining bytes are then true, and
+ * no backlog of queued batches (up to MULTIFD_QUEUE per channel) is left
+ * to drain in the downtime. */
 static int sender__end_pass(struct sender *s)
 {
 	if (!s->mf)
 		return 0;
 	s->round++;
 	int rc = multifd_send__sync(s->mf, s->round);
+	if (!rc)
+		rc = multifd_send__drain(s->mf);
 	ssize_t n = rc ? rc : proto__encode_sync(s->rec, s->rec_cap, s->round);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 	/* the channels wait at the destination until the main stream's SYNC arrives */
