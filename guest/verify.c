@@ -64,16 +64,21 @@ int verify_prepare(void)
 
 /* Every 64 pages: the largest time between two such points since the
  * last report (what the guest saw of a pause, e.g. a migration's
- * switchover), and the exit check. */
+ * switchover), the largest step back of this CPU's TSC (never, on a
+ * correct VMM), and the exit check. */
 struct progress {
-	u64 last, max_gap;
+	u64 last, max_gap, max_back;
 };
 
 static void progress_point(int cpu, struct progress *pr)
 {
 	u64 t = rdtsc();
-	if (t - pr->last > pr->max_gap)
+	if (t < pr->last) {
+		if (pr->last - t > pr->max_back)
+			pr->max_back = pr->last - t;
+	} else if (t - pr->last > pr->max_gap) {
 		pr->max_gap = t - pr->last;
+	}
 	pr->last = t;
 	if (g_stop || t >= exit_at)
 		poll_exit(cpu);
@@ -84,7 +89,7 @@ void verify_run(int cpu)
 	struct share *s = &shares[cpu];
 	const u64 period = cfg.report_ms * tsc_khz;
 	u64 next_report = rdtsc() + period, checked = 0;
-	struct progress pr = { rdtsc(), 0 };
+	struct progress pr = { rdtsc(), 0, 0 };
 
 	if (!s->npages)
 		halt_cpu();
@@ -130,9 +135,10 @@ void verify_run(int cpu)
 		checked += s->npages;
 		u64 t = rdtsc();
 		if (!bad && t >= next_report) {
-			kprintf("verify ok round=%lu cpu=%d pages=%lu max_gap_ms=%lu\n", round, cpu,
-				checked, cycles_to_ms(pr.max_gap));
-			pr.max_gap = 0;
+			kprintf("verify ok round=%lu cpu=%d pages=%lu max_gap_ms=%lu tsc_back_us=%lu\n",
+				round, cpu, checked, cycles_to_ms(pr.max_gap),
+				pr.max_back * 1000 / tsc_khz);
+			pr.max_gap = pr.max_back = 0;
 			if (cpu == 0)
 				balloon_poll();
 			checked = 0;

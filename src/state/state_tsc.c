@@ -1,7 +1,8 @@
 /* The guest TSC across a migration.
  *
- * The source sends vCPU 0's TSC together with the CLOCK_REALTIME instant it
- * was read at (STATE_VM_TSC, before any vCPU section).  The destination
+ * The source sends the highest of its vCPUs' TSCs together with the
+ * CLOCK_REALTIME instant it was read at (STATE_VM_TSC, before any vCPU
+ * section).  The destination
  * sets every vCPU's TSC to that value plus the wall-clock time since, so
  * the guest's clock goes on where it was and counts the switchover, as a
  * real clock would (the two hosts' wall clocks are assumed synchronised).
@@ -59,10 +60,18 @@ static int msr_tsc_set(struct vcpu *v, uint64_t tsc)
 int state__save_tsc(struct vm *vm, state_put_fn put, void *ctx)
 {
 	struct state_tsc s = { .khz = vm->tsc_khz };
-	int rc = msr_tsc_get(&vm->vcpus[0], &s.tsc);
-	if (rc) {
-		log_err("state save: cannot read vCPU 0's TSC");
-		return rc;
+	/* the highest vCPU TSC: KVM may have let the vCPUs' TSCs drift apart
+	 * (an unstable host TSC), and every vCPU goes on from this one value,
+	 * so none may be ahead of it or its clock would go back */
+	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
+		uint64_t tsc;
+		int rc = msr_tsc_get(&vm->vcpus[i], &tsc);
+		if (rc) {
+			log_err("state save: cannot read vCPU %u's TSC", i);
+			return rc;
+		}
+		if (tsc > s.tsc)
+			s.tsc = tsc;
 	}
 	s.realtime_ns = realtime_ns();
 	return put(ctx, STATE_VM_TSC, STATE_VERSION, 0, &s, sizeof(s));

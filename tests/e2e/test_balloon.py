@@ -53,6 +53,16 @@ def dump(vm, n=12):
     return kt.dump(vm, n)
 
 
+def balloon_pair(d, vms, cmd, memory, name=""):
+    """A source and a destination (listening) with --balloon; (src, dst, uri)."""
+    uri = tcp_uri()
+    src = kt.kmig_vm(d, name + "src", cmd, memory=memory, extra=BALLOON)
+    vms.append(src)
+    dst = kt.kmig_vm(d, name + "dst", cmd, memory=memory, extra=BALLOON + ["--incoming", uri])
+    vms.append(dst)
+    return src, dst, uri
+
+
 def bound(check, name, vm, timeout=30):
     """The guest's driver bound the device (a failed check if not)."""
     ok = vm.console.wait(r"^balloon bound ", kt.slow(timeout), proc=vm.proc) is not None
@@ -64,11 +74,7 @@ def fill_free_migration(check, d, vms, name, hints):
     returns (the final query-migrate reply or None, src, dst)."""
     cmd = ("workload=fill-free mb=768 report_ms=500 balloon=1 balloon_report=0 balloon_hint=%d"
            % hints)
-    uri = tcp_uri()
-    src = kt.kmig_vm(d, name + "_src", cmd, memory="1G", extra=BALLOON)
-    vms.append(src)
-    dst = kt.kmig_vm(d, name + "_dst", cmd, memory="1G", extra=BALLOON + ["--incoming", uri])
-    vms.append(dst)
+    src, dst, uri = balloon_pair(d, vms, cmd, "1G", name + "_")
     if not bound(check, name + "_", src):
         return None, src, dst
     if not check(name + "_filled", src.console.wait(r"^fill-free done", kt.slow(90),
@@ -125,11 +131,7 @@ def test_hints_leave_memory(d, vms, check):
     them so that both hashes agree fails here with "fill-check BAD")."""
     cmd = ("workload=fill-free mb=1 report_ms=500 balloon=1 balloon_report=0 "
            "balloon_hint=1 fill_check=1")
-    uri = tcp_uri()
-    src = kt.kmig_vm(d, "src", cmd, memory="256M", extra=BALLOON)
-    vms.append(src)
-    dst = kt.kmig_vm(d, "dst", cmd, memory="256M", extra=BALLOON + ["--incoming", uri])
-    vms.append(dst)
+    src, dst, uri = balloon_pair(d, vms, cmd, "256M")
     if not bound(check, "src_", src):
         return
     m = src.console.wait(r"^fill-free done mb=\d+ free_pages=(\d+)", kt.slow(60), proc=src.proc)
@@ -182,11 +184,7 @@ def wait_actual(vm, want, timeout=30):
 
 def test_inflate_deflate(d, vms, check):
     cmd = "workload=idle report_ms=500 balloon=1 balloon_report=0"
-    uri = tcp_uri()
-    src = kt.kmig_vm(d, "src", cmd, memory="1G", extra=BALLOON)
-    vms.append(src)
-    dst = kt.kmig_vm(d, "dst", cmd, memory="1G", extra=BALLOON + ["--incoming", uri])
-    vms.append(dst)
+    src, dst, uri = balloon_pair(d, vms, cmd, "1G")
     if not bound(check, "", src):
         return
     q = src.qmp()
@@ -219,11 +217,7 @@ def test_verify_churn(d, vms, check):
     and deflates the balloon during the migration's rounds."""
     name = "balloon_verify_churn"
     cmd = "workload=verify mb=64 report_ms=300 balloon=1"
-    uri = tcp_uri()
-    src = kt.kmig_vm(d, "src", cmd, memory="512M", extra=BALLOON)
-    vms.append(src)
-    dst = kt.kmig_vm(d, "dst", cmd, memory="512M", extra=BALLOON + ["--incoming", uri])
-    vms.append(dst)
+    src, dst, uri = balloon_pair(d, vms, cmd, "512M")
     if not bound(check, "", src):
         return
     if not check("boot", src.console.wait(r"^verify ok round=", kt.slow(40), proc=src.proc)

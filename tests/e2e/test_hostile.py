@@ -40,6 +40,7 @@ import time
 import pytest
 
 import kmigtest as kt
+from faultproxy import FaultProxy
 
 pytestmark = pytest.mark.kvm
 
@@ -354,15 +355,7 @@ class RewritingProxy:
         self.socks = [self.lsock]
         threading.Thread(target=self._run, daemon=True).start()
 
-    @staticmethod
-    def _read(sock, n):
-        buf = b""
-        while len(buf) < n:
-            got = sock.recv(n - len(buf))
-            if not got:
-                raise EOFError
-            buf += got
-        return buf
+    _read = staticmethod(FaultProxy._read)
 
     def _back(self, src, dst):
         try:

@@ -58,7 +58,7 @@ else:   # the emulated guest writes ~10-20 MB/s: a smaller share, a slower link
     MEMORY, MB_PER_CPU, BANDWIDTH, DIRTY_LIMIT = "128M", 16, 8000000, 2
 DOWNTIME_LIMIT_MS = 300
 THROTTLE_SLEEP_MS = 1000   # a 99 % throttle: 990 ms of sleep per 10 ms slice
-OK_RX = r"^verify ok round=(\d+) cpu=%d pages=\d+ max_gap_ms=(\d+)"
+OK_RX = r"^verify ok round=(\d+) cpu=%d pages=\d+ max_gap_ms=(\d+) tsc_back_us=(\d+)"
 
 
 def case_id(c):
@@ -92,7 +92,8 @@ def migration_settings(policy, multifd):
 
 
 def reports(vm, cpu):
-    return [(int(r), int(g)) for r, g in re.findall(OK_RX % cpu, vm.console.text(), re.M)]
+    return [(int(r), int(g), int(b))
+            for r, g, b in re.findall(OK_RX % cpu, vm.console.text(), re.M)]
 
 
 def dst_reports(dst, cpus, n=2, timeout=30):
@@ -135,6 +136,8 @@ def test_matrix(d, vms, check, backend, policy, multifd, hints, cpus):
     bad = [ln for ln in (src.console.text() + dst.console.text()).splitlines()
            if "verify BAD" in ln or "bad_pages" in ln]
     check("no_bad", not bad, " / ".join(bad[:4]))
+    back = [x[2] for c in range(cpus) for x in reports(dst, c) + reports(src, c)]
+    check("clock_never_back", not any(back), "a vCPU's TSC went back (us): %r" % back)
     if hints:
         check("hints_skipped_pages", r.get("x-free-pages-skipped", 0) > 0, repr(r))
     # the guest's view of the switchover: its longest pause in the first

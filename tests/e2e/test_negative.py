@@ -21,7 +21,6 @@ A build without the hooks refuses KMIG_FAULT (the migration fails with a
 reason and the source runs on).
 """
 import re
-import time
 
 import pytest
 

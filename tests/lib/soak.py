@@ -29,7 +29,8 @@ CONFIGS = [
     ("lz4", {}, {"x-compression": "lz4"}),
     ("computed", {"auto-converge": True}, {"x-cpu-throttle-policy": "computed"}),
 ]
-OK_RX = re.compile(r"^verify ok round=(\d+) cpu=(\d+) pages=(\d+) max_gap_ms=(\d+)", re.M)
+OK_RX = re.compile(r"^verify ok round=(\d+) cpu=(\d+) pages=(\d+) max_gap_ms=(\d+) "
+                   r"tsc_back_us=(\d+)", re.M)
 
 
 def spread(xs):
@@ -63,16 +64,17 @@ class Soak:
         return [tuple(map(int, m)) for m in OK_RX.findall(vm.console.text())]
 
     def goes_on(self, dst, after_round, timeout):
-        """Every vCPU reports a round after after_round on dst; no BAD line."""
+        """Every vCPU reports a round after after_round on dst; no BAD line
+        and no TSC step back."""
         deadline = time.time() + timeout
         while time.time() < deadline and dst.proc.poll() is None:
             text = dst.console.text()
-            if "verify BAD" in text:
-                return False, None
             reps = self.reports(dst)
-            cpus = {c for r, c, _, _ in reps if r > after_round}
+            if "verify BAD" in text or any(b for _, _, _, _, b in reps):
+                return False, None
+            cpus = {c for r, c, _, _, _ in reps if r > after_round}
             if len(cpus) >= self.cpus:
-                gaps = [g for r, c, _, g in reps[:self.cpus * 2]]
+                gaps = [g for _, _, _, g, _ in reps[:self.cpus * 2]]
                 return True, max(gaps) if gaps else None
             time.sleep(0.1)
         return False, None
@@ -84,7 +86,7 @@ class Soak:
         dst = self.start(slot, i + 1, uri)
         caps = dict(caps, **{"x-verify": True})
         # each process is fresh: only this hop's capabilities are on
-        last_round = max([r for r, _, _, _ in self.reports(src)] or [0])
+        last_round = max([r for r, _, _, _, _ in self.reports(src)] or [0])
         r = kt.migrate(src, dst, uri, caps=caps, params=dict(params), timeout=kt.slow(120))
         ok = r.get("status") == "completed"
         alive, gap = self.goes_on(dst, last_round, kt.slow(30)) if ok else (False, None)
@@ -98,7 +100,7 @@ class Soak:
             self.failures.append(rec)
             self.log("# soak hop %d (%s): FAILED %r; src %s; dst %s"
                      % (i + 1, name, rec, kt.dump(src), kt.dump(dst)))
-        self.guest_pages += sum(p for _, _, p, _ in self.reports(src))
+        self.guest_pages += sum(p for _, _, p, _, _ in self.reports(src))
         src.kill()
         return dst if ok else None
 
@@ -115,7 +117,7 @@ class Soak:
             if (i + 1) % 10 == 0:
                 self.log("# soak: %d of %d hops, %d failures" % (i + 1, n, len(self.failures)))
         else:
-            self.guest_pages += sum(p for _, _, p, _ in self.reports(src))
+            self.guest_pages += sum(p for _, _, p, _, _ in self.reports(src))
         return self.summary(n)
 
     def summary(self, n):
