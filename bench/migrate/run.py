@@ -295,6 +295,18 @@ def slowdown(seen, t_start, t_end):
                         for l in lines]}
 
 
+def switchover_gap(src_seen, dst_seen):
+    """The guest's view of the switchover: from cpu 0's last stress report
+    on the source to its first on the destination, in guest ms (its clock
+    runs on across the migration).  The pause itself is at most this and at
+    least this less one report period."""
+    src = [l["t_ms"] for l in stress_lines(src_seen) if l["cpu"] == 0]
+    dst = [l["t_ms"] for l in stress_lines(dst_seen) if l["cpu"] == 0]
+    if not src or not dst or dst[0] < src[-1]:
+        return None
+    return dst[0] - src[-1]
+
+
 # ------------------------------------------------------------ one migration
 
 def one_case(env, d, wl_name, bw_name, cfg_name, rep, a):
@@ -410,6 +422,8 @@ def one_case(env, d, wl_name, bw_name, cfg_name, rep, a):
                     res["dst_resumed"] = True
                     break
                 time.sleep(0.1)
+            if workload == "stress":
+                res["guest_switchover_gap_ms"] = switchover_gap(src.seen, dst.seen)
         return res
     except (OSError, EOFError, RuntimeError) as e:
         res.update(status="error", error=repr(e), src_out=src.output()[-500:],
@@ -447,7 +461,7 @@ def summarize(runs):
              "auto_converge": rs[0]["auto_converge"], "cpus": rs[0]["cpus"]}
         use = conv if conv else rs
         for f in ("total_time_ms", "downtime_ms", "setup_time_ms", "sent_bytes",
-                  "dirty_sync_count", "max_throttle_pct", "wall_s"):
+                  "dirty_sync_count", "max_throttle_pct", "wall_s", "guest_switchover_gap_ms"):
             s["median_" + f] = med(r.get(f) for r in use)
         g = [r.get("guest") or {} for r in use]
         s["worst_max_ms_per_gib"] = max((x["worst_max_ms_per_gib"] for x in g
@@ -481,10 +495,11 @@ def table(summary, info, a):
                  " ".join("%.2f" % x for x in info["loadavg_start"]),
                  " ".join("%.2f" % x for x in info.get("loadavg_end", []))),
              "",
-             "| workload | bandwidth | config | status | total (s) | downtime (ms) | setup (ms) "
+             "| workload | bandwidth | config | status | total (s) | downtime (ms) "
+             "| guest gap (ms) | setup (ms) "
              "| sent (MiB) | syncs | max throttle % | worst max ms/GiB (base) | s below ½ pace "
              "| longest report gap (ms) | total / kmig-bitmap | sent / kmig-bitmap | runs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         if s["completed"] == s["runs"]:
             status = "completed"
@@ -499,11 +514,12 @@ def table(summary, info, a):
         if s["worst_max_ms_per_gib"] is not None:
             guest = "%.0f (%s)" % (s["worst_max_ms_per_gib"],
                                    fmt(s["median_baseline_ms_per_gib"], "%.0f"))
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |" % (
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |" % (
             s["workload"], s["bandwidth"], s["config"], status,
             fmt(s["median_total_time_ms"] / 1000.0 if done and s["median_total_time_ms"] is not None
                 else (s["median_wall_s"] if not done else None), "%.2f" if done else "≥%.0f"),
             fmt(s["median_downtime_ms"] if done else None, "%d"),
+            fmt(s["median_guest_switchover_gap_ms"] if done else None, "%d"),
             fmt(s["median_setup_time_ms"] if done else None, "%d"),
             fmt(s["median_sent_bytes"] / MIB if s["median_sent_bytes"] is not None else None,
                 "%.0f" if done else "≥%.0f"),
@@ -514,7 +530,10 @@ def table(summary, info, a):
             fmt(s["ratio_sent_bytes_vs_kmig_bitmap"], "%.2f×"), s["runs"]))
     lines += ["",
               "total/downtime/setup: query-migrate's total-time, downtime, setup-time; sent: "
-              "ram.transferred; values are medians over the runs.  Guest columns (stress "
+              "ram.transferred; values are medians over the runs.  Guest gap (stress only): "
+              "from cpu 0's last report on the source to its first on the destination, by "
+              "the guest's clock: the downtime the guest saw, plus up to one report period.  "
+              "Guest columns (stress "
               "only): worst max_ms_per_gib reported by the source guest while migrating (its "
               "pre-migration median ms/GiB in brackets) and seconds of reports below half the "
               "pre-migration pace; longest gap between two of the source guest's reports (one every %d ms) that overlaps the migration (a stopped or starved vCPU prints nothing).  Unlimited bandwidth is max-bandwidth 0 for kmig and "
