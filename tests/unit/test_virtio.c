@@ -552,7 +552,7 @@ static void t_hints(struct t *t)
 	send_range(&d, 0x1000000, 0x2000);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x1000), BALLOON_SKIP_FREE);
 	T_CHECK_EQ(t, host(&d, 0x1000000)[0], 0x5a);
-	T_CHECK_EQ(t, d.marks, marks0);
+	T_CHECK(t, d.marks <= marks0 + 2); /* the used ring's entry and index only */
 	/* a range outside RAM breaks the ring */
 	send_range(&d, RAM_SIZE - 0x1000, 0x2000);
 	T_CHECK(t, status(&d) & VIRTIO_STATUS_NEEDS_RESET);
