@@ -69,6 +69,7 @@ struct cfg {
 	u64 refill_mb;		/* fill-free: MiB per refill generation */
 	u64 refill_keep;	/* fill-free: generations held (and re-checked), 1..8 */
 	u64 corrupt_refill;	/* fill-free: skip one page's write in this generation */
+	u64 verify_precheck;	/* verify: check each page before rewriting it (default 1) */
 	u64 fill_check;		/* fill-free: fill all free memory; hinted pages must come back untouched */
 };
 extern struct cfg cfg;

@@ -22,7 +22,7 @@ extern u32 pvh_start_info, ap_boot_cpu;
 extern char __image_end[], tramp_start[], tramp_end[];
 
 struct cfg cfg = { .workload = WL_STRESS, .mb = 64, .cpus = 1, .report_ms = 1000, .balloon_hint = 1,
-		   .refill_mb = 32, .refill_keep = 1 };
+		   .refill_mb = 32, .refill_keep = 1, .verify_precheck = 1 };
 u64 tsc_khz, tsc0;
 struct range ram[MAX_RANGES];
 int nram;
@@ -104,6 +104,7 @@ static void parse_option(char *key)
 	else if (streq(key, "refill_keep")) num = &cfg.refill_keep;
 	else if (streq(key, "corrupt_refill")) num = &cfg.corrupt_refill;
 	else if (streq(key, "fill_check")) num = &cfg.fill_check;
+	else if (streq(key, "verify_precheck")) num = &cfg.verify_precheck;
 	if (!num) {
 		kprintf("kmig-guest warning: unknown option \"%s\", ignored\n", key);
 		return;
