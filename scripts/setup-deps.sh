@@ -18,6 +18,8 @@ pkgs=(
   busybox-static       # scripts/kvm-vm: the initramfs's shell and tools
   socat                # talking QMP by hand
   iproute2             # ip netns / veth / tc for shaped-link tests
+  libgnutls28-dev      # TLS 1.3 for the migration streams (PSK and X.509)
+  gnutls-bin           # certtool and psktool: the tests' certificates and keys
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -19,6 +19,9 @@ struct run_opts {
 	const char *qmp;
 	const char *console;
 	const char *incoming;
+	const char *objects[2 * TLS_MAX_OBJECTS];  /* --object SPEC */
+	unsigned nobjects;
+	const char *tls_creds, *tls_authz, *tls_hostname;
 };
 
 static void usage(FILE *f)
@@ -28,9 +31,14 @@ static void usage(FILE *f)
 		"                [--console stdio|file:PATH|none] [--qmp unix:PATH]\n"
 		"                [--dirty-ring ENTRIES] [--reaper fixed|adaptive] [--balloon]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
+		"                [--object tls-creds-psk,id=ID,dir=DIR[,username=NAME]]\n"
+		"                [--object tls-creds-x509,id=ID,dir=DIR[,verify-peer=on|off]]\n"
+		"                [--object authz-simple,id=ID,identity=NAME]\n"
+		"                [--tls-creds ID] [--tls-authz ID] [--tls-hostname NAME]\n"
 		"       kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS]\n"
 		"                    [--auto-converge step|computed] [--dirty-limit MB/s] [--multifd N]\n"
 		"                    [--compression none|zstd|lz4]\n"
+		"                    [--tls-creds ID] [--tls-hostname NAME]\n"
 		"                    [--verify] [--json]\n"
 		"       kmig version\n");
 }
@@ -59,6 +67,9 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		{ "console", required_argument, 0, 'o' }, { "qmp", required_argument, 0, 'q' },
 		{ "dirty-ring", required_argument, 0, 'r' }, { "incoming", required_argument, 0, 'i' },
 		{ "reaper", required_argument, 0, 'R' }, { "balloon", no_argument, 0, 'B' },
+		{ "object", required_argument, 0, 'O' }, { "tls-creds", required_argument, 0, 'T' },
+		{ "tls-authz", required_argument, 0, 'A' },
+		{ "tls-hostname", required_argument, 0, 'H' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	uint64_t v;
@@ -102,6 +113,14 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 			o->vm.reaper_fixed = !strcmp(optarg, "fixed");
 			break;
 		case 'B': o->vm.balloon = true; break;
+		case 'O':
+			if (o->nobjects == sizeof(o->objects) / sizeof(o->objects[0]))
+				die("--object: at most %zu", sizeof(o->objects) / sizeof(o->objects[0]));
+			o->objects[o->nobjects++] = optarg;
+			break;
+		case 'T': o->tls_creds = optarg; break;
+		case 'A': o->tls_authz = optarg; break;
+		case 'H': o->tls_hostname = optarg; break;
 		case 'h': usage(stdout); exit(0);
 		case ':': die("%s: missing argument", argv[optind - 1]);
 		default: die("unknown option: %s (see kmig run --help)", argv[optind - 1]);
@@ -113,6 +132,26 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		die("--kernel FILE is required");
 	o->vm.incoming = o->incoming != NULL;
 	open_console(o->console, &o->vm.console_fd);
+}
+
+/* --object and the initial tls-creds / tls-authz / tls-hostname. */
+static void run_tls(const struct run_opts *o, struct migration *mig)
+{
+	char err[512];
+	struct mig_params *p = &mig->params;
+	for (unsigned i = 0; i < o->nobjects; i++)
+		if (tls_objects__add(&mig->tls, o->objects[i], err, sizeof(err)))
+			die("--object %s: %s", o->objects[i], err);
+	if (o->tls_creds && !tls_objects__creds(&mig->tls, o->tls_creds))
+		die("--tls-creds %s: no tls-creds object with that id (--object)", o->tls_creds);
+	if (o->tls_authz && !tls_objects__authz(&mig->tls, o->tls_authz))
+		die("--tls-authz %s: no authz-simple object with that id (--object)", o->tls_authz);
+	if (o->tls_hostname && strlen(o->tls_hostname) >= sizeof(p->tls_hostname))
+		die("--tls-hostname: longer than %zu bytes", sizeof(p->tls_hostname) - 1);
+	snprintf(p->tls_creds, sizeof(p->tls_creds), "%s", o->tls_creds ? o->tls_creds : "");
+	snprintf(p->tls_authz, sizeof(p->tls_authz), "%s", o->tls_authz ? o->tls_authz : "");
+	snprintf(p->tls_hostname, sizeof(p->tls_hostname), "%s",
+		 o->tls_hostname ? o->tls_hostname : "");
 }
 
 static int cmd_run(int argc, char **argv)
@@ -133,6 +172,7 @@ static int cmd_run(int argc, char **argv)
 		die("%s", err);
 	migration__init(mig, vm, ctl);
 	ctl->mig = mig;
+	run_tls(&o, mig);
 	if (ctl->qmp && migration__register_qmp(mig))
 		die("cannot register the migration commands");
 	if (vm__start(vm, o.incoming != NULL))

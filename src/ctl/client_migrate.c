@@ -1,4 +1,4 @@
-/* `kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS]
+/* `kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS] [--tls-creds ID]
  *  [--auto-converge step|computed] [--verify] [--json]`: drives a migration
  * through the source's QMP socket and shows its progress. */
 #include <getopt.h>
@@ -11,7 +11,7 @@
 #include "ctl/client.h"
 
 struct migrate_opts {
-	const char *qmp, *uri, *policy, *compression;
+	const char *qmp, *uri, *policy, *compression, *tls_creds, *tls_hostname;
 	uint64_t bandwidth_mbs, downtime_ms, dirty_limit;
 	bool have_bw, have_dt, json, verify;
 	uint64_t multifd;            /* channels; 0 = off */
@@ -25,6 +25,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "auto-converge", required_argument, 0, 'a' }, { "verify", no_argument, 0, 'v' },
 		{ "compression", required_argument, 0, 'c' },
 		{ "dirty-limit", required_argument, 0, 'l' }, { "multifd", required_argument, 0, 'm' },
+		{ "tls-creds", required_argument, 0, 't' }, { "tls-hostname", required_argument, 0, 'H' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -66,10 +67,13 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 			o->compression = optarg;
 			break;
 		case 'j': o->json = true; break;
+		case 't': o->tls_creds = optarg; break;
+		case 'H': o->tls_hostname = optarg; break;
 		default:
 			fprintf(stderr, "usage: kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] "
 					"[--downtime MS] [--auto-converge step|computed] [--dirty-limit MB/s] "
-					"[--multifd N] [--compression none|zstd|lz4] [--verify] [--json]\n");
+					"[--multifd N] [--compression none|zstd|lz4] [--tls-creds ID] "
+					"[--tls-hostname NAME] [--verify] [--json]\n");
 			return -1;
 		}
 	}
@@ -94,6 +98,10 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 		json_object_set_new(params, "vcpu-dirty-limit", json_integer(o->dirty_limit));
 	if (o->multifd)
 		json_object_set_new(params, "multifd-channels", json_integer(o->multifd));
+	if (o->tls_creds)
+		json_object_set_new(params, "tls-creds", json_string(o->tls_creds));
+	if (o->tls_hostname)
+		json_object_set_new(params, "tls-hostname", json_string(o->tls_hostname));
 	json_t *r = qmp_client__call(c, "migrate-set-parameters", params, err, n);
 	if (!r)
 		return -1;

@@ -157,6 +157,23 @@ static int incoming__load(struct incoming *in)
 	return 0;
 }
 
+/* The TLS handshake of the main stream; a failure closes it (the source
+ * learns from the handshake, there is no stream to answer on). */
+static int incoming__tls(struct incoming *in, char *err, size_t errlen)
+{
+	struct migration *m = in->m;
+	int rc = tls__server(&in->stream, &m->tls_in, err, errlen);
+	if (!rc) {
+		log_info("incoming migration: TLS 1.3 with '%s'", m->tls_in.creds->id);
+		return 0;
+	}
+	pthread_mutex_lock(&m->lock);
+	in->connected = false;
+	pthread_mutex_unlock(&m->lock);
+	mig_stream__close(&in->stream);
+	return rc;
+}
+
 static int incoming__accept(struct incoming *in, const char *uri)
 {
 	char err[256];
@@ -178,6 +195,8 @@ static int incoming__accept(struct incoming *in, const char *uri)
 		/* the return path carries one small record: send it at once */
 		if (!rc && mig_stream__set_nodelay(&in->stream, true))
 			log_debug("incoming migration: TCP_NODELAY not set");
+		if (!rc && m->tls_in.creds)
+			rc = incoming__tls(in, err, sizeof(err));
 	}
 	if (rc)
 		migration__set_error(in->m, "%s", err);
@@ -261,6 +280,7 @@ void *migration__incoming_thread(void *arg)
 				    .on_page_written = incoming__on_page, .on_sync = incoming__on_sync,
 				    .on_channels = incoming__on_channels, .ctx = in };
 	multifd_recv__init(&in->mf, &in->pr, &ops, &in->stream);
+	in->mf.tls = m->tls_in.creds ? &m->tls_in : NULL;
 	pthread_mutex_lock(&m->lock);
 	m->in_cancel = incoming__cancel;
 	m->in_ctx = in;
@@ -317,6 +337,12 @@ int migration__incoming(struct migration *m, const char *uri, char *err, size_t 
 	}
 	struct mig_uri u;
 	if (mig_uri__parse(uri, &u, err, errlen))
+		return -EINVAL;
+	pthread_mutex_lock(&m->lock);
+	struct mig_params p = m->params;
+	pthread_mutex_unlock(&m->lock);
+	if (tls_config__resolve(&m->tls, true, p.tls_creds, NULL, p.tls_authz, uri, &m->tls_in,
+				err, errlen))
 		return -EINVAL;
 	snprintf(m->in_uri, sizeof(m->in_uri), "%s", uri);
 	pthread_mutex_lock(&m->lock);

@@ -34,6 +34,7 @@ void migration__init(struct migration *m, struct vm *vm, struct control *ctl)
 	m->params.vcpu_dirty_limit = 1;
 	m->params.multifd_channels = 2;
 	calcrate__init(&m->calc, vm);
+	tls_objects__init(&m->tls);
 }
 
 static void migration__join(struct migration *m)
@@ -66,6 +67,7 @@ void migration__destroy(struct migration *m)
 	migration__stop_threads(m);
 	bitmap__free(&m->todo);
 	calcrate__destroy(&m->calc);
+	tls_objects__destroy(&m->tls);
 	pthread_mutex_destroy(&m->lock);
 }
 
@@ -119,7 +121,14 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 	struct mig_uri u;
 	if (mig_uri__parse(uri, &u, err, errlen))
 		return -EINVAL;
+	pthread_mutex_lock(&m->lock);
+	struct mig_params p = m->params;
+	pthread_mutex_unlock(&m->lock);
 	migration__join(m);
+	int rc = tls_config__resolve(&m->tls, false, p.tls_creds, p.tls_hostname, NULL, uri,
+				     &m->tls_out, err, errlen);
+	if (rc)
+		return rc;
 	if (!m->todo.words && bitmap__init(&m->todo, m->vm->ram.npages)) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
@@ -137,7 +146,7 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 	pthread_mutex_lock(&m->lock);
 	m->thread_running = true; /* before the thread exists: cancel sees it */
 	pthread_mutex_unlock(&m->lock);
-	int rc = pthread_create(&m->thread, NULL, migration__send_thread, m);
+	rc = pthread_create(&m->thread, NULL, migration__send_thread, m);
 	if (rc) {
 		pthread_mutex_lock(&m->lock);
 		m->thread_running = false;

@@ -23,6 +23,7 @@
 #include "mig/policy.h"
 #include "mig/proto.h"
 #include "mig/stream.h"
+#include "mig/tls.h"
 
 struct control;
 struct vm;
@@ -48,6 +49,9 @@ struct mig_params {
 	unsigned multifd_channels;   /* multifd-channels */
 	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */
 	uint64_t vcpu_dirty_limit;   /* vcpu-dirty-limit, MB/s */
+	char tls_creds[TLS_ID_MAX];  /* tls-creds: an object id, "" = plain */
+	char tls_hostname[256];      /* tls-hostname: the destination's name to check */
+	char tls_authz[TLS_ID_MAX];  /* tls-authz: the only source a destination accepts */
 };
 
 struct mig_stats {
@@ -69,6 +73,9 @@ struct migration {
 	struct control *ctl;
 	pthread_mutex_t lock;
 	struct mig_params params;
+	struct tls_objects tls;      /* --object: credentials, created before any migration */
+	struct tls_config tls_out;   /* this outgoing migration's, set at start */
+	struct tls_config tls_in;    /* this incoming migration's, set at migrate-incoming */
 	enum mig_status status;
 	struct mig_stats stats;
 	char error[256];

@@ -91,6 +91,8 @@ static int chan__open(struct multifd_send *mf, unsigned i, unsigned n, const cha
 	if (rc)
 		return rc;
 	c->open = true;
+	if (mf->tls && (rc = tls__client(&c->stream, mf->tls, err, errlen)))
+		return rc;
 	mig_stream__set_rate(&c->stream, rate);
 	ssize_t len = proto__encode_channel(c->rec, MULTIFD_REC_CAP, c->index, n);
 	rc = len < 0 ? (int)len : mig_stream__write(&c->stream, c->rec, (size_t)len);
@@ -121,7 +123,7 @@ static void chan__free(struct multifd_send_chan *c)
 
 int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
 		       const struct proto_ram *ram, enum proto_comp comp, uint64_t rate,
-		       char *err, size_t errlen)
+		       const struct tls_config *tls, char *err, size_t errlen)
 {
 	if (n < 1 || n > PROTO_MAX_CHANNELS) {
 		snprintf(err, errlen, "multifd-channels must be 1..%u", PROTO_MAX_CHANNELS);
@@ -129,6 +131,7 @@ int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
 	}
 	mf->ram = ram;
 	mf->comp = comp;
+	mf->tls = tls;
 	for (unsigned i = 0; i < n; i++) {
 		int rc = chan__open(mf, i, n, uri, rate / n, err, errlen);
 		if (rc) {

@@ -24,6 +24,7 @@
 #include "mig/proto.h"
 #include "mig/recv.h"
 #include "mig/stream.h"
+#include "mig/tls.h"
 
 #define MULTIFD_QUEUE 8              /* batches queued per channel */
 #define MULTIFD_BATCH 4096           /* offsets per batch (zero batches) */
@@ -58,15 +59,17 @@ struct multifd_send {
 	const struct proto_ram *ram;
 	atomic_int err;              /* first worker error */
 	atomic_bool stop;            /* shutdown: connects in progress give up */
+	const struct tls_config *tls; /* each channel's TLS, NULL = plain */
 	struct multifd_send_chan chan[PROTO_MAX_CHANNELS];
 };
 
-/* Connects n channels to uri and starts their workers.  mf must be zeroed
- * (as multifd_send__close leaves it); ram must outlive the channels.  err
- * gets a reason on failure; multifd_send__close cleans up either way. */
+/* Connects n channels to uri (each with a TLS handshake when tls is not
+ * NULL) and starts their workers.  mf must be zeroed (as
+ * multifd_send__close leaves it); ram and tls must outlive the channels.
+ * err gets a reason on failure; multifd_send__close cleans up either way. */
 int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
 		       const struct proto_ram *ram, enum proto_comp comp, uint64_t rate,
-		       char *err, size_t errlen) KMIG_MUST_CHECK;
+		       const struct tls_config *tls, char *err, size_t errlen) KMIG_MUST_CHECK;
 /* Queues a batch (blocks while the chosen channel's queue is full). */
 int multifd_send__queue(struct multifd_send *mf, uint32_t type, uint32_t block,
 			uint32_t count, const uint64_t *offsets) KMIG_MUST_CHECK;
@@ -101,6 +104,7 @@ struct multifd_recv {
 	uint64_t released;           /* rounds every stream has passed */
 	unsigned accepted;           /* connections taken so far */
 	struct mig_stream *pending;  /* under lock: accepted, handshake not read yet */
+	const struct tls_config *tls; /* each channel's TLS, NULL = plain */
 	bool failed, done;
 	char error[256];
 	struct multifd_recv_chan chan[PROTO_MAX_CHANNELS];

@@ -148,8 +148,12 @@ static int multifd_recv__handshake(struct multifd_recv *mf, struct mig_stream *s
 	pthread_mutex_unlock(&mf->lock);
 	if (failed)
 		mig_stream__shutdown(s);
+	int rc = 0;
+	char why[256];
+	if (mf->tls && (rc = tls__server(s, mf->tls, why, sizeof(why))))
+		return rc;
 	mig_stream__set_read_deadline(s, time__now_ms() + MULTIFD_HANDSHAKE_MS);
-	int rc = mig_stream__get_record(s, h, buf, cap);
+	rc = mig_stream__get_record(s, h, buf, cap);
 	mig_stream__set_read_deadline(s, 0);
 	return rc;
 }

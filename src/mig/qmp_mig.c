@@ -59,7 +59,7 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
 	static const char *const comp_names[] = { "none", "zstd", "lz4" };
-	return json_pack("{s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i}",
+	return json_pack("{s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i, s:s, s:s, s:s}",
 			 "max-bandwidth", (json_int_t)p.max_bandwidth,
 			 "downtime-limit", (json_int_t)p.policy.downtime_limit_ms,
 			 "throttle-trigger-threshold", p.policy.throttle_trigger_threshold,
@@ -71,7 +71,9 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 			 "x-vcpu-dirty-limit-period", (json_int_t)p.dirty_limit_period_ms,
 			 "vcpu-dirty-limit", (json_int_t)p.vcpu_dirty_limit,
 			 "x-compression", comp_names[p.compression],
-			 "multifd-channels", p.multifd_channels);
+			 "multifd-channels", p.multifd_channels,
+			 "tls-creds", p.tls_creds, "tls-hostname", p.tls_hostname,
+			 "tls-authz", p.tls_authz);
 }
 
 static int params_uint(json_t *args, const char *name, uint64_t max, unsigned *out,
@@ -91,6 +93,43 @@ static int params_uint(json_t *args, const char *name, uint64_t max, unsigned *o
 	return 0;
 }
 
+/* One string parameter: absent leaves *out, "" clears it. */
+static int params_str(json_t *args, const char *name, char *out, size_t cap,
+		      struct qmp_error *err)
+{
+	const char *v = NULL;
+	int rc = qmp_arg__str(args, name, &v, false, err);
+	if (rc <= 0)
+		return rc;
+	if (strlen(v) >= cap) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Parameter '%s' is longer than %zu bytes",
+			       name, cap - 1);
+		return -EINVAL;
+	}
+	memcpy(out, v, strlen(v) + 1);
+	return 0;
+}
+
+/* tls-creds, tls-hostname, tls-authz: the objects must exist (--object). */
+static int params_tls(struct migration *m, json_t *args, struct mig_params *p,
+		      struct qmp_error *err)
+{
+	if (params_str(args, "tls-creds", p->tls_creds, sizeof(p->tls_creds), err) < 0 ||
+	    params_str(args, "tls-hostname", p->tls_hostname, sizeof(p->tls_hostname), err) < 0 ||
+	    params_str(args, "tls-authz", p->tls_authz, sizeof(p->tls_authz), err) < 0)
+		return -EINVAL;
+	if (p->tls_creds[0] && !tls_objects__creds(&m->tls, p->tls_creds)) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "No TLS credentials with id '%s'", p->tls_creds);
+		return -ENOENT;
+	}
+	if (p->tls_authz[0] && !tls_objects__authz(&m->tls, p->tls_authz)) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "No authorization object with id '%s'",
+			       p->tls_authz);
+		return -ENOENT;
+	}
+	return 0;
+}
+
 static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct migration *m = ctx;
@@ -98,7 +137,8 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 		"max-bandwidth", "downtime-limit", "throttle-trigger-threshold",
 		"cpu-throttle-initial", "cpu-throttle-increment", "cpu-throttle-tailslow",
 		"max-cpu-throttle", "x-cpu-throttle-policy", "x-vcpu-dirty-limit-period",
-		"vcpu-dirty-limit", "x-compression", "multifd-channels", NULL };
+		"vcpu-dirty-limit", "x-compression", "multifd-channels", "tls-creds",
+		"tls-hostname", "tls-authz", NULL };
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
@@ -116,6 +156,8 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 	    qmp_arg__str(args, "x-cpu-throttle-policy", &pol, false, err) < 0 ||
 	    qmp_arg__uint(args, "x-vcpu-dirty-limit-period", &p.dirty_limit_period_ms, false, err) < 0 ||
 	    qmp_arg__uint(args, "vcpu-dirty-limit", &p.vcpu_dirty_limit, false, err) < 0)
+		return NULL;
+	if (params_tls(m, args, &p, err))
 		return NULL;
 	if (p.multifd_channels < 1) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "multifd-channels must be 1..%u", PROTO_MAX_CHANNELS);

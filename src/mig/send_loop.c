@@ -65,7 +65,8 @@ static int sender__open_channels(struct sender *s, const char *uri, const struct
 	m->mf_open = true; /* migrate_cancel may shut the channels down from now on */
 	pthread_mutex_unlock(&m->lock);
 	s->mf = &m->mf;
-	rc = multifd_send__open(&m->mf, n, uri, pr, s->comp, m->params.max_bandwidth, err, sizeof(err));
+	rc = multifd_send__open(&m->mf, n, uri, pr, s->comp, m->params.max_bandwidth,
+				m->tls_out.creds ? &m->tls_out : NULL, err, sizeof(err));
 	if (rc)
 		migration__set_error(m, "%s", err);
 	return rc;
@@ -86,6 +87,14 @@ static int sender__setup(struct sender *s, const char *uri)
 	pthread_mutex_unlock(&m->lock);
 	if (cancelled)
 		return -ECANCELED;
+	if (m->tls_out.creds) {
+		rc = tls__client(s->stream, &m->tls_out, err, sizeof(err));
+		if (rc) {
+			migration__set_error(m, "%s", err);
+			return rc;
+		}
+		log_info("migration: TLS 1.3 with '%s'", m->tls_out.creds->id);
+	}
 	mig_stream__set_rate(s->stream, m->params.max_bandwidth);
 	struct proto_start st;
 	struct proto_ram *pr = &s->pr;

@@ -3,6 +3,7 @@
 #include "base/utf8.h"
 
 #include <errno.h>
+#include <gnutls/gnutls.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -46,6 +47,9 @@ int mig_stream__init(struct mig_stream *s, int fd)
 
 void mig_stream__close(struct mig_stream *s)
 {
+	if (s->tls)
+		gnutls_deinit(s->tls);
+	s->tls = NULL;
 	if (s->fd >= 0)
 		close(s->fd);
 	s->fd = -1;
@@ -172,16 +176,44 @@ static size_t stream__throttle(struct mig_stream *s, size_t want)
 	return n;
 }
 
+/* A failed TLS record call: the stream's own error if the transport set
+ * one (deadline, cancel), shutdown, EOF, or GnuTLS's reason. */
+static int stream__tls_fail(struct mig_stream *s, ssize_t r, const char *what)
+{
+	int e = mig_stream__error(s);
+	if (e)
+		return e;
+	if (atomic_load(&s->shut))
+		return stream__io_fail(s, -ECANCELED, what);
+	if (r == 0 || r == GNUTLS_E_PREMATURE_TERMINATION)
+		return stream__io_fail(s, -ECONNRESET, NULL);
+	if (r == GNUTLS_E_FATAL_ALERT_RECEIVED)
+		return mig_stream__fail(s, -ECONNABORTED, "TLS %s: the peer ended the session: %s",
+					what, gnutls_alert_get_name(gnutls_alert_get(s->tls)));
+	return mig_stream__fail(s, -ECONNABORTED, "TLS %s: %s", what, gnutls_strerror((int)r));
+}
+
+static ssize_t stream__send_some(struct mig_stream *s, const uint8_t *p, size_t n)
+{
+	if (s->tls) {
+		ssize_t r = gnutls_record_send(s->tls, p, n);
+		return r < 0 ? stream__tls_fail(s, r, "write") : r;
+	}
+	ssize_t r = s->is_socket ? send(s->fd, p, n, MSG_NOSIGNAL) : write(s->fd, p, n);
+	return r < 0 ? -errno : r;
+}
+
 static int stream__send_all(struct mig_stream *s, const uint8_t *p, size_t len)
 {
 	while (len) {
 		size_t chunk = stream__throttle(s, len);
-		ssize_t r = s->is_socket ? send(s->fd, p, chunk, MSG_NOSIGNAL)
-					 : write(s->fd, p, chunk);
+		ssize_t r = stream__send_some(s, p, chunk);
 		if (r < 0) {
-			if (errno == EINTR)
+			if (s->tls)
+				return (int)r;
+			if (r == -EINTR)
 				continue;
-			return stream__io_fail(s, -errno, "write");
+			return stream__io_fail(s, (int)r, "write");
 		}
 		if (r == 0)
 			return stream__io_fail(s, -EPIPE, "write");
@@ -229,7 +261,8 @@ int mig_stream__write(struct mig_stream *s, const void *buf, size_t len)
 	return 0;
 }
 
-/* Waits until the fd is readable or the read deadline passes. */
+/* Waits until the fd is readable or the read deadline passes (or, with
+ * a deadline, the connect's cancel flag is set). */
 static int stream__wait_readable(struct mig_stream *s)
 {
 	uint64_t deadline = atomic_load(&s->read_deadline_ms);
@@ -239,8 +272,11 @@ static int stream__wait_readable(struct mig_stream *s)
 		uint64_t now = time__now_ms();
 		if (now >= deadline)
 			return stream__io_fail(s, -ETIMEDOUT, "read");
+		if (s->cancel && atomic_load(s->cancel))
+			return mig_stream__fail(s, -ECANCELED, "stream shut down (cancelled)");
+		uint64_t slice = s->cancel ? 100 : 1000;
 		struct pollfd p = { .fd = s->fd, .events = POLLIN };
-		int r = poll(&p, 1, (int)(deadline - now < 1000 ? deadline - now : 1000));
+		int r = poll(&p, 1, (int)(deadline - now < slice ? deadline - now : slice));
 		if (r > 0)
 			return 0;
 		if (r < 0 && errno != EINTR)
@@ -250,9 +286,26 @@ static int stream__wait_readable(struct mig_stream *s)
 	}
 }
 
+/* One TLS record read into p (the transport waits under the deadline). */
+static int stream__tls_read_some(struct mig_stream *s, uint8_t *p, size_t cap, size_t *got)
+{
+	for (;;) {
+		ssize_t r = gnutls_record_recv(s->tls, p, cap);
+		if (r > 0) {
+			atomic_fetch_add_explicit(&s->bytes_in, (uint64_t)r, memory_order_relaxed);
+			*got = (size_t)r;
+			return 0;
+		}
+		if (r != GNUTLS_E_AGAIN && r != GNUTLS_E_INTERRUPTED)
+			return stream__tls_fail(s, r, "read");
+	}
+}
+
 /* One read(2) into p; 0 on success with *got > 0, or the sticky error. */
 static int stream__read_some(struct mig_stream *s, uint8_t *p, size_t cap, size_t *got)
 {
+	if (s->tls)
+		return stream__tls_read_some(s, p, cap, got);
 	for (;;) {
 		int e = stream__wait_readable(s);
 		if (e)
@@ -336,4 +389,39 @@ int mig_stream__get_record(struct mig_stream *s, struct proto_hdr *hdr, void *bu
 			proto__type_name(hdr->type), (unsigned long long)hdr->length, cap);
 	}
 	return mig_stream__read_full(s, buf, (size_t)hdr->length);
+}
+
+/* ---- GnuTLS transport: the session's raw I/O on s's socket ---- */
+
+static ssize_t stream__tls_push(gnutls_transport_ptr_t ptr, const void *buf, size_t len)
+{
+	struct mig_stream *s = ptr;
+	for (;;) {
+		ssize_t r = send(s->fd, buf, len, MSG_NOSIGNAL);
+		if (r >= 0 || errno != EINTR)
+			return r;       /* GnuTLS reads errno itself */
+	}
+}
+
+static ssize_t stream__tls_pull(gnutls_transport_ptr_t ptr, void *buf, size_t len)
+{
+	struct mig_stream *s = ptr;
+	if (stream__wait_readable(s)) {         /* deadline or cancel: error is set */
+		errno = EIO;
+		return -1;
+	}
+	for (;;) {
+		ssize_t r = recv(s->fd, buf, len, 0);
+		if (r >= 0 || errno != EINTR)
+			return r;       /* GnuTLS reads errno itself */
+	}
+}
+
+void mig_stream__attach_tls(struct mig_stream *s, void *session)
+{
+	gnutls_session_t ses = session;
+	s->tls = ses;
+	gnutls_transport_set_ptr(ses, s);
+	gnutls_transport_set_push_function(ses, stream__tls_push);
+	gnutls_transport_set_pull_function(ses, stream__tls_pull);
 }

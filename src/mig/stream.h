@@ -12,6 +12,10 @@
  *   -EMSGSIZE    a record was larger than the caller's buffer (get_record)
  *   other        the errno of the failed read/write/send
  *
+ * With TLS (mig_stream__attach_tls) the same holds for the plaintext:
+ * byte counters and the rate limit count what the caller writes and
+ * reads, not the record overhead (about 0.2 %).
+ *
  * Threads: one thread may write (write/flush/put_record) while one other
  * thread reads (read_full/get_record) on the same stream, e.g. the source
  * reading the return path while sending.  set_rate, shutdown, error,
@@ -50,6 +54,8 @@ struct mig_stream {
 	size_t rpos, rlen;
 	_Atomic uint64_t bytes_out, bytes_in;
 	_Atomic uint64_t read_deadline_ms; /* time__now_ms() limit of reads, 0 = none */
+	const atomic_bool *cancel;      /* from connect: ends reads under a deadline */
+	void *tls;                      /* GnuTLS session (mig/tls.h), NULL = plain */
 };
 
 /* Takes ownership of fd (closed by mig_stream__close, also when init
@@ -102,6 +108,12 @@ void mig_stream__shutdown(struct mig_stream *s);
  * the short waits with a stated bound (a channel's handshake, the answer
  * after END). */
 void mig_stream__set_read_deadline(struct mig_stream *s, uint64_t deadline_ms);
+/* From now on every read and write of s goes through the GnuTLS session
+ * (a gnutls_session_t), which does its own I/O on s's socket with s's
+ * deadline, cancel flag and shutdown; s frees it on close.  For
+ * tls_session.c, before the handshake. */
+void mig_stream__attach_tls(struct mig_stream *s, void *session);
+
 /* TCP_NODELAY (off by default: bulk transfer, we buffer ourselves).
  * No-op (0) on non-TCP descriptors. */
 int mig_stream__set_nodelay(struct mig_stream *s, bool on) KMIG_MUST_CHECK;
@@ -128,7 +140,8 @@ int mig_uri__parse(const char *uri, struct mig_uri *u, char *err, size_t errlen)
 /* Connects and initialises s.  Blocks until connected, at most
  * MIG_CONNECT_TIMEOUT_MS over all the host's addresses (-ETIMEDOUT; the
  * name lookup before is not bounded), and returns -ECANCELED within ~50 ms
- * of *cancel becoming true (cancel may be NULL). */
+ * of *cancel becoming true (cancel may be NULL).  s keeps cancel: a read
+ * under a deadline (a handshake) also ends within ~100 ms of it. */
 #define MIG_CONNECT_TIMEOUT_MS 30000
 int mig_stream__connect(struct mig_stream *s, const char *uri, const atomic_bool *cancel,
 			char *err, size_t errlen) KMIG_MUST_CHECK;

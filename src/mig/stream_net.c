@@ -241,6 +241,7 @@ int mig_stream__connect(struct mig_stream *s, const char *uri, const atomic_bool
 	int e = mig_stream__init(s, fd);
 	if (e)
 		return net__err(err, errlen, e, "out of memory");
+	s->cancel = cancel;
 	return 0;
 }
 
