@@ -94,6 +94,39 @@ static int tls__handshake(struct mig_stream *s, gnutls_session_t ses, char *err,
 	return r < 0 ? tls__fail(s, ses, r, err, errlen) : 0;
 }
 
+/* In TLS 1.3 the client's handshake ends before the server has checked
+ * the client (its certificate, tls-authz): the server then sends one
+ * byte, TLS_ACCEPT, or an alert, and the client waits for it, so a
+ * refused source says why instead of failing later on a broken pipe. */
+#define TLS_ACCEPT 0x01
+
+static int tls__wait_accept(struct mig_stream *s, char *err, size_t errlen)
+{
+	uint8_t b = 0;
+	mig_stream__set_read_deadline(s, time__now_ms() + TLS_HANDSHAKE_MS);
+	int rc = mig_stream__read_full(s, &b, 1);
+	mig_stream__set_read_deadline(s, 0);
+	if (!rc && b != TLS_ACCEPT)
+		rc = mig_stream__fail(s, -EPROTO, "not a TLS acceptance byte (0x%02x)", b);
+	if (rc) {
+		snprintf(err, errlen, "TLS: the destination did not accept the session: %s",
+			 mig_stream__strerror(s));
+		utf8__sanitize(err);
+	}
+	return rc;
+}
+
+static int tls__accept(struct mig_stream *s, char *err, size_t errlen)
+{
+	static const uint8_t ok = TLS_ACCEPT;
+	int rc = mig_stream__write(s, &ok, 1);
+	if (!rc)
+		rc = mig_stream__flush(s);
+	if (rc)
+		snprintf(err, errlen, "TLS: %s", mig_stream__strerror(s));
+	return rc;
+}
+
 int tls__client(struct mig_stream *s, const struct tls_config *cfg, char *err, size_t errlen)
 {
 	const struct tls_creds *c = cfg->creds;
@@ -107,7 +140,8 @@ int tls__client(struct mig_stream *s, const struct tls_config *cfg, char *err, s
 						     strlen(cfg->hostname));
 		gnutls_session_set_verify_cert(ses, cfg->hostname, 0);
 	}
-	return tls__handshake(s, ses, err, errlen);
+	rc = tls__handshake(s, ses, err, errlen);
+	return rc ? rc : tls__wait_accept(s, err, errlen);
 }
 
 /* The client's identity for authz-simple: PSK user name or certificate DN. */
@@ -147,8 +181,10 @@ int tls__server(struct mig_stream *s, const struct tls_config *cfg, char *err, s
 		gnutls_session_set_verify_cert(ses, NULL, 0);
 	}
 	rc = tls__handshake(s, ses, err, errlen);
-	if (rc || !cfg->authz)
+	if (rc)
 		return rc;
+	if (!cfg->authz)
+		return tls__accept(s, err, errlen);
 	char who[256] = "";
 	if (tls__peer_identity(ses, c, who, sizeof(who)) || strcmp(who, cfg->authz->identity)) {
 		(void)gnutls_alert_send(ses, GNUTLS_AL_FATAL, GNUTLS_A_ACCESS_DENIED);
@@ -156,5 +192,5 @@ int tls__server(struct mig_stream *s, const struct tls_config *cfg, char *err, s
 		utf8__sanitize(err);
 		return mig_stream__fail(s, -EACCES, "%s", err);
 	}
-	return 0;
+	return tls__accept(s, err, errlen);
 }
