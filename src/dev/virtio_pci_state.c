@@ -105,7 +105,10 @@ long virtio_pci__load(struct virtio_pci *vp, const uint8_t *buf, size_t len, con
 		*why = "virtio transport state truncated";
 		return -EINVAL;
 	}
-	if (nq != vp->conf.nqueues || (feat & ~vp->device_features)) {
+	/* the driver may write any feature bits; only a negotiation the
+	 * device accepted (FEATURES_OK) holds offered ones alone */
+	if (nq != vp->conf.nqueues ||
+	    ((flags[0] & VIRTIO_STATUS_FEATURES_OK) && (feat & ~vp->device_features))) {
 		*why = "virtio device layout or features differ";
 		return -EINVAL;
 	}

@@ -79,6 +79,64 @@ def balloon_seeds():
     }
 
 
+def pvh_elf(entry=0x100000, paddr=0x100000, memsz=0x2000):
+    """A minimal x86-64 PVH kernel: one PT_LOAD, one PT_NOTE with the entry."""
+    note = struct.pack("<III", 4, 4, 18) + b"Xen\0" + struct.pack("<I", entry)
+    ehdr_len, phdr_len = 64, 56
+    note_off = ehdr_len + 2 * phdr_len
+    code_off = 0x200
+    code = b"\xf4" * 16
+    eh = (b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+          + struct.pack("<HHIQQQIHHHHHH", 2, 62, 1, entry, ehdr_len, 0, 0, ehdr_len,
+                        phdr_len, 2, 64, 0, 0))
+    load = struct.pack("<IIQQQQQQ", 1, 5, code_off, paddr, paddr, len(code), memsz, 0x1000)
+    pnote = struct.pack("<IIQQQQQQ", 4, 4, note_off, 0, 0, len(note), len(note), 4)
+    img = eh + load + pnote + note
+    return img + bytes(code_off - len(img)) + code
+
+
+def boot_seeds():
+    return {"pvh": pvh_elf(), "pvh_high": pvh_elf(entry=0x200000, paddr=0x200000, memsz=0x10000),
+            "not_elf": b"MZ" + bytes(62)}
+
+
+def section(sid, inst, data):
+    return struct.pack("<IBH", sid, inst, len(data)) + data
+
+
+def state_seeds():
+    tsc = struct.pack("<QQII", 1 << 40, 1700000000 * 10**9, 2000000, 0)
+    msrs = b"".join(struct.pack("<IIQ", idx, 0, 0) for idx in (0x10, 0x174, 0xc0000080))
+    return {
+        "runstate": section(23, 0, b"\x01"),
+        "tsc_msrs": section(24, 0, tsc) + section(6, 1, msrs),
+        "vcpu": section(2, 0, bytes(144)) + section(1, 1, bytes(312)) + section(7, 0, bytes(1024)),
+        "vm": section(30, 0, bytes(10)) + section(21, 0, bytes(112)) + section(22, 0, bytes(48)),
+        "balloon": section(31, 0, b"BLN1" + bytes(60)),
+        "bad_version": struct.pack("<IBH", 0x82000002, 0, 4) + bytes(4),
+    }
+
+
+def virtio_seeds():
+    feats = 1 << 32 | 1 << 1 | 1 << 3 | 1 << 5
+    start = b"\x04" + struct.pack("<Q", feats)
+    pfns = b"\x00" + struct.pack("<HB", 0x10000 - 0x100, 16) + b"".join(
+        struct.pack("<I", 0x2000 + i) for i in range(4))
+    win = 0x100000 + 0x10000 - 0x100     # QBASE + that window offset
+    inflate = b"\x05" + struct.pack("<BIIHH", 0, win, 16, 0, 0)
+    deflate = b"\x05" + struct.pack("<BIIHH", 1, win, 16, 0, 0)
+    stats = b"\x05" + struct.pack("<BIIHH", 2, win, 60, 0, 0)
+    hint = b"\x06" + struct.pack("<BI", 1, 0) + b"\x05" + struct.pack("<BIIHH", 3, 0x300000, 4096, 2, 0)
+    report = b"\x05" + struct.pack("<BIIHH", 4, 0x400000, 0x200000, 2, 0)
+    save = b"\x06" + struct.pack("<BI", 4, 0)
+    return {
+        "inflate_deflate": start + pfns + inflate + deflate + save,
+        "stats_hint_report": start + stats + hint + report + save,
+        "target": start + b"\x06" + struct.pack("<BI", 0, 1000) + b"\x02" + struct.pack("<HB", 0x2004, 2),
+        "raw_mmio": b"\x01" + struct.pack("<HBQ", 0x14, 0, 0xff) + b"\x03" + struct.pack("<BBI", 4, 1, 6),
+    }
+
+
 def write(name, seeds):
     d = os.path.join(HERE, "corpus", name)
     os.makedirs(d, exist_ok=True)
@@ -91,3 +149,6 @@ if __name__ == "__main__":
     write("recv", recv_seeds())
     write("qmp", qmp_seeds())
     write("balloon_state", balloon_seeds())
+    write("boot", boot_seeds())
+    write("state", state_seeds())
+    write("virtio", virtio_seeds())

@@ -701,6 +701,31 @@ static void t_state_fragmented(struct t *t)
 	drv_fini(&b);
 }
 
+/* A driver that wrote feature bits the device does not offer (refused at
+ * FEATURES_OK) is still migratable: its state loads back.  (Found by
+ * tests/fuzz/fuzz_virtio.c: the loader refused any such state.) */
+static void t_state_refused_features(struct t *t)
+{
+	struct drv a, b;
+	drv_init(&a);
+	drv_init(&b);
+	T_CHECK(t, !(drv_start(&a, ALL_FEATURES | 1ull << 40) & VIRTIO_STATUS_FEATURES_OK));
+	struct saved *sv = calloc(1, sizeof(*sv));
+	T_CHECK_EQ(t, balloon__save(a.b, put, sv), 0);
+	char why[128] = "";
+	T_CHECK_EQ(t, balloon__load(b.b, sv->buf, sv->len, why, sizeof(why)), 0);
+	T_CHECK(t, !(status(&b) & VIRTIO_STATUS_FEATURES_OK));
+	/* with FEATURES_OK, bits the device does not offer are refused */
+	T_CHECK_EQ(t, drv_start(&a, ALL_FEATURES), 0x0f);
+	T_CHECK_EQ(t, balloon__save(a.b, put, sv), 0);
+	sv->buf[8 + 5] |= 1;    /* driver features (the transport's first u64) bit 40 */
+	T_CHECK(t, balloon__load(b.b, sv->buf, sv->len, why, sizeof(why)) < 0);
+	T_CHECK(t, strstr(why, "features") != NULL);
+	free(sv);
+	drv_fini(&a);
+	drv_fini(&b);
+}
+
 int main(void)
 {
 	struct t t = { 0 };
@@ -713,5 +738,6 @@ int main(void)
 	T_RUN(&t, t_reporting);
 	T_RUN(&t, t_state);
 	T_RUN(&t, t_state_fragmented);
+	T_RUN(&t, t_state_refused_features);
 	return T_DONE(&t);
 }
