@@ -11,6 +11,13 @@ BUILD   := build-san
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -O1 -DKMIG_FAULTS
 LDFLAGS += -fsanitize=address,undefined
 endif
+# `make TSAN=1` builds with ThreadSanitizer into build-tsan/ (make test
+# runs the unit tests and a cut of the migration tests with it)
+ifeq ($(TSAN),1)
+BUILD   := build-tsan
+CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer -O1
+LDFLAGS += -fsanitize=thread
+endif
 # `make fuzz` builds the libFuzzer harnesses (tests/fuzz/) with clang,
 # ASan and UBSan into build-fuzz/ and runs each (scripts/fuzz.sh)
 ifeq ($(FUZZ),1)
@@ -67,6 +74,7 @@ deps:
 test: deps
 	$(MAKE) all guest unit
 	$(MAKE) SAN=1 all unit
+	$(MAKE) TSAN=1 all unit
 	$(MAKE) FUZZ=1 fuzz-bins
 	tests/run.sh $(BUILD)
 

@@ -20,6 +20,7 @@ pkgs=(
   iproute2             # ip netns / veth / tc for shaped-link tests
   libgnutls28-dev      # TLS 1.3 for the migration streams (PSK and X.509)
   gnutls-bin           # certtool and psktool: the tests' certificates and keys
+  libtsan2             # ThreadSanitizer runtime for make TSAN=1 (gcc)
 )
 missing=()
 for p in "${pkgs[@]}"; do

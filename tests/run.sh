@@ -5,12 +5,13 @@
 #   tests/run.sh [BUILD_DIR] [FILTER]     FILTER: a substring of test file names
 #
 # Two parts:
-#   host  C unit tests (also built with ASan + UBSan when build-san/ has
-#         them: make SAN=1 unit), the Python tests that need no KVM, and
+#   host  C unit tests (also built with ASan + UBSan and with TSan when
+#         build-san/ and build-tsan/ have them), the Python tests that need no KVM, and
 #         each fuzz harness for 15 s (KMIG_FUZZ_SECONDS)
 #   kvm   C KVM tests (build/tests/test_kvm_*) and the pytest tests marked
 #         kvm, qemu or linux; then the migration tests again with kmig
-#         built with ASan + UBSan (build-san/kmig, when built)
+#         built with ASan + UBSan (build-san/kmig, when built) and a cut of
+#         them with ThreadSanitizer (build-tsan/kmig)
 # Where /dev/kvm is usable both run here.  Where it is not, the kvm part runs
 # inside scripts/kvm-vm (a Linux VM under emulation with a real x86 KVM):
 # under emulation the tests marked slow are left out unless KMIG_TEST_ALL=1.
@@ -86,6 +87,11 @@ run_host_part() {
 		[ -x "$t" ] && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 			run_one "san:$(basename "$t")" "$t"
 	done
+	# and with ThreadSanitizer (make TSAN=1 unit): a report fails the test
+	for t in build-tsan/tests/test_*; do
+		[[ "$(basename "$t")" == test_kvm_* ]] && continue
+		[ -x "$t" ] && TSAN_OPTIONS=halt_on_error=1 run_one "tsan:$(basename "$t")" "$t"
+	done
 	# shellcheck disable=SC2046
 	run_pytest "not kvm and not qemu and not linux" $(pytest_files)
 	# each libFuzzer harness briefly (`make fuzz` runs them for longer)
@@ -100,7 +106,11 @@ run_host_part() {
 # The migration, multifd, failure and hostile-peer tests again with kmig
 # built with ASan + UBSan (make SAN=1 all): a sanitizer report fails the test.
 SAN_E2E="tests/e2e/test_migrate.py tests/e2e/test_multifd.py tests/e2e/test_migrate_fail.py
-	tests/e2e/test_hostile.py"
+	tests/e2e/test_hostile.py tests/e2e/test_tls.py"
+# The migration, cancel and throttle tests with kmig built with
+# ThreadSanitizer (make TSAN=1 all): a data race reported fails the test.
+TSAN_E2E="tests/e2e/test_migrate_fail.py tests/e2e/test_multifd.py tests/e2e/test_converge.py
+	tests/e2e/test_tls.py"
 
 kvm_items() {  # the kvm part, one item per line: C tests, pytest files, san:e2e
 	local t
@@ -112,6 +122,9 @@ kvm_items() {  # the kvm part, one item per line: C tests, pytest files, san:e2e
 	pytest_files
 	if [ -x build-san/kmig ] && { [ -z "$filter" ] || [[ "san:e2e" == *"$filter"* ]]; }; then
 		echo "san:e2e"
+	fi
+	if [ -x build-tsan/kmig ] && { [ -z "$filter" ] || [[ "tsan:e2e" == *"$filter"* ]]; }; then
+		echo "tsan:e2e"
 	fi
 }
 
@@ -133,6 +146,9 @@ run_kvm_part() {
 		*.py) run_pytest "$expr" "$item" ;;
 		# shellcheck disable=SC2086
 		san:e2e) KMIG_BUILD=build-san run_pytest "$expr" $SAN_E2E ;;
+		# shellcheck disable=SC2086
+		tsan:e2e) KMIG_BUILD=build-tsan TSAN_OPTIONS=${TSAN_OPTIONS:-second_deadlock_stack=1} \
+			run_pytest "$expr" $TSAN_E2E ;;
 		*) run_one "$(basename "$item")" "$item" ;;
 		esac
 		[ -n "${KMIG_PROGRESS:-}" ] && echo "$item $((passed - p0)) $((failed - f0))" \

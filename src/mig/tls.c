@@ -6,6 +6,7 @@
 #include <gnutls/x509.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -83,18 +84,11 @@ static bool tls__is_hex(const char *s, size_t n)
 	return true;
 }
 
-/* Checks every line of DIR/keys.psk and keeps username's key. */
-static int tls_psk__read(struct tls_creds *c, const char *path, char *err, size_t errlen)
+/* Checks every line of the key file in buf (NUL-terminated, changed) and
+ * keeps username's key. */
+static int tls_psk__parse(struct tls_creds *c, const char *path, char *buf, char *err,
+			  size_t errlen)
 {
-	static char buf[TLS_PSK_FILE_MAX + 1];  /* under the objects' single creator */
-	FILE *f = fopen(path, "re");
-	if (!f)
-		return tls__err(err, errlen, -ENOENT, "%s: %s", path, strerror(errno));
-	size_t n = fread(buf, 1, sizeof(buf), f);
-	fclose(f);
-	if (n > TLS_PSK_FILE_MAX)
-		return tls__err(err, errlen, -EINVAL, "%s: larger than %u bytes", path, TLS_PSK_FILE_MAX);
-	buf[n] = 0;
 	unsigned lines = 0;
 	c->psk_hex[0] = 0;
 	for (char *save = NULL, *l = strtok_r(buf, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
@@ -108,7 +102,6 @@ static int tls_psk__read(struct tls_creds *c, const char *path, char *err, size_
 		lines++;
 		if (!colon || !ulen || ulen >= TLS_ID_MAX || klen < 32 || klen > 128 || klen % 2 ||
 		    !tls__is_hex(colon + 1, klen)) {
-			explicit_bzero(buf, sizeof(buf));
 			return tls__err(err, errlen, -EINVAL, "%s line %u: want NAME:HEXKEY "
 					"(a name of 1..%d bytes, a key of 16..64 bytes in hex)",
 					path, lines, TLS_ID_MAX - 1);
@@ -116,10 +109,35 @@ static int tls_psk__read(struct tls_creds *c, const char *path, char *err, size_
 		if (ulen == strlen(c->username) && !memcmp(l, c->username, ulen))
 			memcpy(c->psk_hex, colon + 1, klen + 1);
 	}
-	explicit_bzero(buf, sizeof(buf));
 	if (!lines)
 		return tls__err(err, errlen, -EINVAL, "%s: no keys", path);
 	return 0;
+}
+
+/* Reads DIR/keys.psk (at most TLS_PSK_FILE_MAX bytes) and checks it. */
+static int tls_psk__read(struct tls_creds *c, const char *path, char *err, size_t errlen)
+{
+	char *buf = malloc(TLS_PSK_FILE_MAX + 1);
+	if (!buf)
+		return tls__err(err, errlen, -ENOMEM, "out of memory");
+	FILE *f = fopen(path, "re");
+	int rc = 0;
+	size_t n = 0;
+	if (!f)
+		rc = tls__err(err, errlen, -ENOENT, "%s: %s", path, strerror(errno));
+	else {
+		n = fread(buf, 1, TLS_PSK_FILE_MAX + 1, f);
+		fclose(f);
+	}
+	if (!rc && n > TLS_PSK_FILE_MAX)
+		rc = tls__err(err, errlen, -EINVAL, "%s: larger than %u bytes", path, TLS_PSK_FILE_MAX);
+	if (!rc) {
+		buf[n] = 0;
+		rc = tls_psk__parse(c, path, buf, err, errlen);
+	}
+	explicit_bzero(buf, TLS_PSK_FILE_MAX + 1);   /* keys do not linger in freed memory */
+	free(buf);
+	return rc;
 }
 
 static int tls_psk__load(struct tls_creds *c, char *err, size_t errlen)

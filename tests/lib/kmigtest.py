@@ -306,8 +306,10 @@ def qemu_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), firmware="qboot"):
 
 MIG_FINAL = ("completed", "failed", "cancelled")
 
-# what ASan/UBSan print in a `make SAN=1` build (KMIG_BUILD=build-san)
-SANITIZER_RX = re.compile(r"ERROR: (?:Address|Leak|Thread)Sanitizer.*|runtime error: .*")
+# what ASan/UBSan/TSan print in a `make SAN=1` or `make TSAN=1` build
+# (KMIG_BUILD=build-san, build-tsan)
+SANITIZER_RX = re.compile(r"(?:ERROR|WARNING): (?:Address|Leak|Thread)Sanitizer.*|"
+                          r"runtime error: .*")
 
 
 def sanitizer_reports(vms):

@@ -1,0 +1,208 @@
+"""Migration over TLS 1.3 (tls-creds-psk, tls-creds-x509, authz-simple):
+lossless over the main stream and multifd channels with nothing in clear
+on the wire, and every refusal (plain peer, wrong key, foreign CA, wrong
+host name, a client tls-authz does not name) fails cleanly on both sides
+with the source still running, after which a good migration completes."""
+import os
+import socket
+import subprocess
+import threading
+
+import pytest
+
+import kmigtest as kt
+
+pytestmark = pytest.mark.kvm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAKE_CERTS = os.path.join(HERE, "..", "lib", "make-certs.sh")
+VERIFY = "workload=verify mb=96 cpus=2 report_ms=300"
+
+
+def certs(d, name, cn="source"):
+    path = os.path.join(d, name)
+    subprocess.run([MAKE_CERTS, path, cn], check=True)
+    return path
+
+
+class TapProxy:
+    """Relays every connection to dst_port as bytes and keeps what the
+    source sent (all connections, in arrival order)."""
+
+    def __init__(self, dst_port):
+        self.dst_port = dst_port
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(8)
+        self.port = self.lsock.getsockname()[1]
+        self.sent = bytearray()
+        self.connections = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                a, _ = self.lsock.accept()
+            except OSError:
+                return
+            b = socket.create_connection(("127.0.0.1", self.dst_port))
+            with self._lock:
+                self.connections += 1
+            threading.Thread(target=self._pipe, args=(a, b, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(b, a, False), daemon=True).start()
+
+    def _pipe(self, src, dst, record):
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                for s in (src, dst):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return
+            if record:
+                with self._lock:
+                    self.sent += data
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self):
+        self.lsock.close()
+
+
+def destination(d, vms, name, creds, extra=()):
+    port = kt.free_port()
+    args = ["--incoming", "tcp:127.0.0.1:%d" % port] + list(extra)
+    if creds:
+        args += ["--object", creds, "--tls-creds", creds.split("id=")[1].split(",")[0]]
+    dst = kt.kmig_vm(d, name, VERIFY, memory="256M", cpus=2, extra=args)
+    vms.append(dst)
+    return dst, port
+
+
+def verify_on(check, name, vm):
+    vm.console.poll()
+    n = len(vm.console.lines)
+    ok = [vm.console.wait(r"verify ok round=\d+ cpu=%d" % c, timeout=kt.slow(20), start=n)
+          for c in (0, 1)]
+    check(name + "_verify_ok", all(ok), kt.dump(vm))
+    check(name + "_no_verify_bad", vm.console.count("verify BAD") == 0, kt.dump(vm))
+
+
+def test_psk_multifd(d, vms, check):
+    """PSK on the main stream and three multifd channels, x-verify, through
+    a proxy that records the wire: the stream's magic and the guest's
+    console text never appear in clear."""
+    keys = certs(d, "c")
+    creds = "tls-creds-psk,id=k0,dir=%s/psk" % keys
+    src = kt.kmig_vm(d, "src", VERIFY, memory="256M", cpus=2, extra=["--object", creds])
+    vms.append(src)
+    dst, port = destination(d, vms, "dst", creds)
+    tap = TapProxy(port)
+    check("boot", src.console.wait(r"kmig-guest ready cpus=2", timeout=kt.slow(20)) is not None,
+          kt.dump(src))
+    res = kt.migrate(src, dst, "tcp:127.0.0.1:%d" % tap.port,
+                     caps={"multifd": True, "x-verify": True},
+                     params={"tls-creds": "k0", "multifd-channels": 3, "max-bandwidth": 0,
+                             "downtime-limit": 500}, timeout=kt.slow(90))
+    tap.close()
+    check("completed", res.get("status") == "completed", "%r %s" % (res, kt.dump(dst)))
+    check("four_connections", tap.connections == 4, "%d" % tap.connections)
+    check("tls_on_both", "TLS 1.3 with 'k0'" in src.output() and
+          "TLS 1.3 with 'k0'" in dst.output(), src.output()[-400:] + dst.output()[-400:])
+    wire = bytes(tap.sent)
+    check("sent_enough", len(wire) > 8 << 20, "%d bytes" % len(wire))
+    check("magic_not_in_clear", b"KMIGSTRM" not in wire)
+    check("no_plain_record_header", wire[:8] != b"KMIGSTRM")
+    verify_on(check, "dst", dst)
+
+
+def refused(check, name, src, dst, port, want):
+    """One migration the TLS layer must refuse: the source fails with want
+    in its error and runs on, the destination fails and exits non-zero."""
+    q = src.qmp()
+    kt.wait_incoming(dst)
+    q.cmd("migrate", uri="tcp:127.0.0.1:%d" % port)
+    res = kt.wait_migration(q, timeout=kt.slow(40))
+    err = res.get("error-desc", "")
+    print("# %s: source %r" % (name, err))
+    check(name + "_failed", res.get("status") == "failed", "%r" % res)
+    check(name + "_reason", want.lower() in err.lower(), "%r" % err)
+    check(name + "_source_running", q.cmd("query-status")["status"] == "running")
+    check(name + "_no_tracking", res.get("x-dirty-tracking") is False, "%r" % res)
+    rc = dst.wait_exit(kt.slow(20))
+    check(name + "_destination_exits", rc not in (None, 0), "exit %r" % rc)
+    m = kt.wait_output(dst, r"incoming migration failed: .*", timeout=1)
+    print("# %s: destination %r" % (name, m.group(0) if m else dst.output()[-300:]))
+    check(name + "_destination_says_tls", m is not None and "TLS" in m.group(0),
+          dst.output()[-400:])
+
+
+def test_x509_refusals_then_success(d, vms, check):
+    """X.509 with client certificates and tls-authz.  One source tries, in
+    turn: plain to a TLS destination, a certificate of another CA, a host
+    name the destination's certificate does not carry, a client the
+    destination's tls-authz does not name; each is refused on both sides;
+    then the right credentials complete with x-verify."""
+    good = certs(d, "good")
+    other = certs(d, "other", cn="intruder")
+    creds = "tls-creds-x509,id=x0,dir=%s/x509" % good
+    authz = "authz-simple,id=only,identity=CN=source,,O=kmig"
+    src = kt.kmig_vm(d, "src", VERIFY, memory="256M", cpus=2,
+                     extra=["--object", creds, "--object",
+                            "tls-creds-x509,id=bad,dir=%s/x509" % other])
+    vms.append(src)
+    check("boot", src.console.wait(r"kmig-guest ready cpus=2", timeout=kt.slow(20)) is not None,
+          kt.dump(src))
+    q = src.qmp()
+    kt.set_caps(q, x_verify=True)
+    kt.set_params(q, max_bandwidth=0, downtime_limit=500)
+    rep = q.cmd_full("migrate-set-parameters", **{"tls-creds": "nosuch"})
+    check("unknown_creds_refused", "error" in rep and "nosuch" in rep["error"]["desc"], "%r" % rep)
+
+    dst, port = destination(d, vms, "dst-plain", creds, ["--object", authz, "--tls-authz", "only"])
+    refused(check, "plain", src, dst, port, "")
+    kt.set_params(q, tls_creds="bad")
+    dst, port = destination(d, vms, "dst-ca", creds)
+    refused(check, "foreign_ca", src, dst, port, "certificate")
+    kt.set_params(q, tls_creds="x0", tls_hostname="elsewhere.example")
+    dst, port = destination(d, vms, "dst-name", creds)
+    refused(check, "wrong_name", src, dst, port, "name")
+    kt.set_params(q, tls_hostname="")
+    dst, port = destination(d, vms, "dst-authz", creds,
+                            ["--object", "authz-simple,id=someone,identity=CN=someone", "--tls-authz",
+                             "someone"])
+    refused(check, "not_authorized", src, dst, port, "denied")
+    p = q.cmd("query-migrate-parameters")
+    check("params_shown", p.get("tls-creds") == "x0" and p.get("tls-hostname") == "",
+          "%r" % p)
+
+    dst, port = destination(d, vms, "dst-ok", creds, ["--object", authz, "--tls-authz", "only"])
+    res = kt.migrate(src, dst, "tcp:127.0.0.1:%d" % port, timeout=kt.slow(90))
+    check("completed", res.get("status") == "completed", "%r %s" % (res, kt.dump(dst)))
+    verify_on(check, "dst_ok", dst)
+
+
+def test_bad_objects_refused(d, vms, check):
+    """kmig run refuses a malformed object or a missing file at start."""
+    keys = certs(d, "c")
+    for name, spec in [("no_dir", "tls-creds-psk,id=a"),
+                       ("no_file", "tls-creds-psk,id=a,dir=/nonexistent"),
+                       ("no_ca", "tls-creds-x509,id=a,dir=%s/psk" % keys),
+                       ("bad_type", "tls-creds-none,id=a,dir=%s" % keys),
+                       ("bad_prop", "tls-creds-psk,id=a,dir=%s/psk,colour=red" % keys)]:
+        vm = kt.kmig_vm(d, "bad-" + name, "workload=idle", memory="128M", extra=["--object", spec])
+        vms.append(vm)
+        rc = vm.wait_exit(kt.slow(10))
+        check(name + "_exits", rc not in (None, 0), "exit %r" % rc)
+        check(name + "_says_object", "--object" in vm.output(), vm.output()[-300:])
+    vm = kt.kmig_vm(d, "bad-ref", "workload=idle", memory="128M", extra=["--tls-creds", "x"])
+    vms.append(vm)
+    check("unknown_id_exits", vm.wait_exit(kt.slow(10)) not in (None, 0))
