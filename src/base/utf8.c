@@ -1,6 +1,8 @@
 /* UTF-8 validity; see utf8.h. */
 #include "base/utf8.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 size_t utf8__seq_len(const unsigned char *s, size_t n)
@@ -57,4 +59,16 @@ void utf8__sanitize(char *s)
 		}
 		i += l;
 	}
+}
+
+int utf8__err(char *err, size_t errlen, int ret, const char *fmt, ...)
+{
+	if (err && errlen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+		utf8__sanitize(err);
+	}
+	return ret;
 }

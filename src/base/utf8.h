@@ -21,5 +21,9 @@ size_t utf8__seq_len(const unsigned char *s, size_t n);
 bool utf8__valid(const char *s, size_t n);
 /* Replaces every byte that is not part of a valid sequence by '?'. */
 void utf8__sanitize(char *s);
+/* printf-style message into err[0..errlen) (nothing if err is NULL or
+ * errlen 0), made valid UTF-8; returns ret, for `return utf8__err(...)`. */
+int utf8__err(char *err, size_t errlen, int ret, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
 
 #endif

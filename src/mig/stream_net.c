@@ -18,20 +18,6 @@
 
 #define NET_UNIX_BUF (4 << 20)          /* socket buffers for unix sockets */
 
-static int net__err(char *err, size_t errlen, int ret, const char *fmt, ...)
-	KMIG_PRINTF(4, 5);
-static int net__err(char *err, size_t errlen, int ret, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-		utf8__sanitize(err);
-	}
-	return ret;
-}
-
 static int uri__parse_port(const char *s, uint16_t *port)
 {
 	unsigned long v = 0;
@@ -55,27 +41,27 @@ static int uri__parse_tcp(const char *rest, struct mig_uri *u, char *err, size_t
 	if (rest[0] == '[') {                   /* [IPv6]:port */
 		const char *close = strchr(rest, ']');
 		if (!close || close[1] != ':')
-			return net__err(err, errlen, -EINVAL, "tcp: bad IPv6 address in '%s'", rest);
+			return utf8__err(err, errlen, -EINVAL, "tcp: bad IPv6 address in '%s'", rest);
 		host = rest + 1;
 		hlen = (size_t)(close - host);
 		colon = close + 1;
 		if (hlen == 0)
-			return net__err(err, errlen, -EINVAL, "tcp: empty IPv6 address");
+			return utf8__err(err, errlen, -EINVAL, "tcp: empty IPv6 address");
 	} else {
 		colon = strrchr(rest, ':');
 		if (!colon)
-			return net__err(err, errlen, -EINVAL, "tcp URI needs HOST:PORT, got '%s'", rest);
+			return utf8__err(err, errlen, -EINVAL, "tcp URI needs HOST:PORT, got '%s'", rest);
 		hlen = (size_t)(colon - rest);
 		if (memchr(rest, ':', hlen))
-			return net__err(err, errlen, -EINVAL, "tcp: IPv6 addresses need [brackets]");
+			return utf8__err(err, errlen, -EINVAL, "tcp: IPv6 addresses need [brackets]");
 	}
 	if (hlen >= sizeof(u->host))
-		return net__err(err, errlen, -EINVAL, "tcp: host name too long");
+		return utf8__err(err, errlen, -EINVAL, "tcp: host name too long");
 	for (size_t i = 0; i < hlen; i++)
 		if (host[i] <= ' ' || host[i] == '/' || (unsigned char)host[i] >= 0x7f)
-			return net__err(err, errlen, -EINVAL, "tcp: invalid character in host");
+			return utf8__err(err, errlen, -EINVAL, "tcp: invalid character in host");
 	if (uri__parse_port(colon + 1, &u->port))
-		return net__err(err, errlen, -EINVAL, "tcp: bad port '%s' (want 0..65535)", colon + 1);
+		return utf8__err(err, errlen, -EINVAL, "tcp: bad port '%s' (want 0..65535)", colon + 1);
 	memcpy(u->host, host, hlen);
 	u->host[hlen] = 0;
 	u->kind = MIG_URI_TCP;
@@ -86,22 +72,22 @@ int mig_uri__parse(const char *uri, struct mig_uri *u, char *err, size_t errlen)
 {
 	memset(u, 0, sizeof(*u));
 	if (!uri)
-		return net__err(err, errlen, -EINVAL, "no URI");
+		return utf8__err(err, errlen, -EINVAL, "no URI");
 	if (!strncmp(uri, "tcp:", 4))
 		return uri__parse_tcp(uri + 4, u, err, errlen);
 	if (!strncmp(uri, "unix:", 5)) {
 		const char *path = uri + 5;
 		if (!*path)
-			return net__err(err, errlen, -EINVAL, "unix: empty socket path");
+			return utf8__err(err, errlen, -EINVAL, "unix: empty socket path");
 		if (strlen(path) >= sizeof(u->path))
-			return net__err(err, errlen, -EINVAL, "unix: socket path too long (max %zu)",
+			return utf8__err(err, errlen, -EINVAL, "unix: socket path too long (max %zu)",
 					sizeof(u->path) - 1);
 		strcpy(u->path, path);
 		u->kind = MIG_URI_UNIX;
 		return 0;
 	}
 	const char *c = strchr(uri, ':');
-	return net__err(err, errlen, -EINVAL, "unknown URI scheme '%.*s' (want tcp: or unix:)",
+	return utf8__err(err, errlen, -EINVAL, "unknown URI scheme '%.*s' (want tcp: or unix:)",
 			c ? (int)(c - uri) : (int)strlen(uri), uri);
 }
 
@@ -133,7 +119,7 @@ static int net__resolve(const struct mig_uri *u, bool passive, struct addrinfo *
 	snprintf(port, sizeof(port), "%u", u->port);
 	int r = getaddrinfo(u->host[0] ? u->host : NULL, port, &hints, res);
 	if (r)
-		return net__err(err, errlen, -EHOSTUNREACH, "cannot resolve '%s': %s",
+		return utf8__err(err, errlen, -EHOSTUNREACH, "cannot resolve '%s': %s",
 				u->host, gai_strerror(r));
 	return 0;
 }
@@ -182,7 +168,7 @@ static int net__connect_tcp(const struct mig_uri *u, const atomic_bool *cancel, 
 	struct addrinfo *res, *ai;
 	int fd = -1, e = -ECONNREFUSED;
 	if (!u->host[0] || u->port == 0)
-		return net__err(err, errlen, -EINVAL, "tcp: connect needs a host and a port > 0");
+		return utf8__err(err, errlen, -EINVAL, "tcp: connect needs a host and a port > 0");
 	e = net__resolve(u, false, &res, err, errlen);
 	if (e)
 		return e;
@@ -204,7 +190,7 @@ static int net__connect_tcp(const struct mig_uri *u, const atomic_bool *cancel, 
 	}
 	freeaddrinfo(res);
 	if (fd < 0)
-		return net__err(err, errlen, e, "connect to %s:%u: %s", u->host, u->port,
+		return utf8__err(err, errlen, e, "connect to %s:%u: %s", u->host, u->port,
 				strerror(-e));
 	return fd;
 }
@@ -215,14 +201,14 @@ static int net__connect_unix(const struct mig_uri *u, const atomic_bool *cancel,
 	struct sockaddr_un sa;
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
-		return net__err(err, errlen, -errno, "socket: %s", strerror(errno));
+		return utf8__err(err, errlen, -errno, "socket: %s", strerror(errno));
 	net__tune(fd, true);
 	net__unix_addr(u, &sa);
 	int e = net__connect_fd(fd, (struct sockaddr *)&sa, sizeof(sa), cancel,
 				time__now_ms() + MIG_CONNECT_TIMEOUT_MS);
 	if (e) {
 		close(fd);
-		return net__err(err, errlen, e, "connect to unix:%s: %s", u->path, strerror(-e));
+		return utf8__err(err, errlen, e, "connect to unix:%s: %s", u->path, strerror(-e));
 	}
 	return fd;
 }
@@ -240,7 +226,7 @@ int mig_stream__connect(struct mig_stream *s, const char *uri, const atomic_bool
 		return fd;
 	int e = mig_stream__init(s, fd);
 	if (e)
-		return net__err(err, errlen, e, "out of memory");
+		return utf8__err(err, errlen, e, "out of memory");
 	s->cancel = cancel;
 	return 0;
 }
@@ -271,7 +257,7 @@ static int net__listen_unix(struct mig_listener *l, const struct mig_uri *u, cha
 {
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
-		return net__err(err, errlen, -errno, "socket: %s", strerror(errno));
+		return utf8__err(err, errlen, -errno, "socket: %s", strerror(errno));
 	int e = net__bind_unix(fd, u);
 	/* 0600 before listen(): until then a connect is refused, so nobody but
 	 * the owner ever reaches the socket, whatever the umask */
@@ -281,7 +267,7 @@ static int net__listen_unix(struct mig_listener *l, const struct mig_uri *u, cha
 	}
 	if (e) {
 		close(fd);
-		return net__err(err, errlen, e, "listen on unix:%s: %s", u->path, strerror(-e));
+		return utf8__err(err, errlen, e, "listen on unix:%s: %s", u->path, strerror(-e));
 	}
 	strcpy(l->path, u->path);
 	l->fd = fd;
@@ -311,7 +297,7 @@ static int net__listen_tcp(struct mig_listener *l, const struct mig_uri *u, char
 	}
 	freeaddrinfo(res);
 	if (fd < 0)
-		return net__err(err, errlen, e, "listen on %s:%u: %s", u->host, u->port,
+		return utf8__err(err, errlen, e, "listen on %s:%u: %s", u->host, u->port,
 				strerror(-e));
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
@@ -341,19 +327,19 @@ int mig_listener__accept(struct mig_listener *l, struct mig_stream *s, char *err
 	int fd;
 	for (;;) {
 		if (atomic_load(&l->shut))
-			return net__err(err, errlen, -ECANCELED, "listener shut down");
+			return utf8__err(err, errlen, -ECANCELED, "listener shut down");
 		fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
 		if (fd >= 0)
 			break;
 		if (errno == EINTR || errno == ECONNABORTED)
 			continue;
 		int e = atomic_load(&l->shut) ? -ECANCELED : -errno;
-		return net__err(err, errlen, e, "accept: %s", strerror(-e));
+		return utf8__err(err, errlen, e, "accept: %s", strerror(-e));
 	}
 	net__tune(fd, l->path[0] != 0);
 	int e = mig_stream__init(s, fd);
 	if (e)
-		return net__err(err, errlen, e, "out of memory");
+		return utf8__err(err, errlen, e, "out of memory");
 	return 0;
 }
 

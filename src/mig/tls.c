@@ -16,19 +16,6 @@
 
 #define TLS_PSK_FILE_MAX (64u << 10)
 
-static int tls__err(char *err, size_t errlen, int ret, const char *fmt, ...) KMIG_PRINTF(4, 5);
-static int tls__err(char *err, size_t errlen, int ret, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-		utf8__sanitize(err);
-	}
-	return ret;
-}
-
 void tls_objects__init(struct tls_objects *o)
 {
 	memset(o, 0, sizeof(*o));
@@ -102,7 +89,7 @@ static int tls_psk__parse(struct tls_creds *c, const char *path, char *buf, char
 		lines++;
 		if (!colon || !ulen || ulen >= TLS_ID_MAX || klen < 32 || klen > 128 || klen % 2 ||
 		    !tls__is_hex(colon + 1, klen)) {
-			return tls__err(err, errlen, -EINVAL, "%s line %u: want NAME:HEXKEY "
+			return utf8__err(err, errlen, -EINVAL, "%s line %u: want NAME:HEXKEY "
 					"(a name of 1..%d bytes, a key of 16..64 bytes in hex)",
 					path, lines, TLS_ID_MAX - 1);
 		}
@@ -110,7 +97,7 @@ static int tls_psk__parse(struct tls_creds *c, const char *path, char *buf, char
 			memcpy(c->psk_hex, colon + 1, klen + 1);
 	}
 	if (!lines)
-		return tls__err(err, errlen, -EINVAL, "%s: no keys", path);
+		return utf8__err(err, errlen, -EINVAL, "%s: no keys", path);
 	return 0;
 }
 
@@ -119,18 +106,18 @@ static int tls_psk__read(struct tls_creds *c, const char *path, char *err, size_
 {
 	char *buf = malloc(TLS_PSK_FILE_MAX + 1);
 	if (!buf)
-		return tls__err(err, errlen, -ENOMEM, "out of memory");
+		return utf8__err(err, errlen, -ENOMEM, "out of memory");
 	FILE *f = fopen(path, "re");
 	int rc = 0;
 	size_t n = 0;
 	if (!f)
-		rc = tls__err(err, errlen, -ENOENT, "%s: %s", path, strerror(errno));
+		rc = utf8__err(err, errlen, -ENOENT, "%s: %s", path, strerror(errno));
 	else {
 		n = fread(buf, 1, TLS_PSK_FILE_MAX + 1, f);
 		fclose(f);
 	}
 	if (!rc && n > TLS_PSK_FILE_MAX)
-		rc = tls__err(err, errlen, -EINVAL, "%s: larger than %u bytes", path, TLS_PSK_FILE_MAX);
+		rc = utf8__err(err, errlen, -EINVAL, "%s: larger than %u bytes", path, TLS_PSK_FILE_MAX);
 	if (!rc) {
 		buf[n] = 0;
 		rc = tls_psk__parse(c, path, buf, err, errlen);
@@ -149,19 +136,19 @@ static int tls_psk__load(struct tls_creds *c, char *err, size_t errlen)
 		return rc;
 	gnutls_psk_server_credentials_t sc;
 	if (gnutls_psk_allocate_server_credentials(&sc) < 0)
-		return tls__err(err, errlen, -ENOMEM, "out of memory");
+		return utf8__err(err, errlen, -ENOMEM, "out of memory");
 	c->server_creds = sc;
 	if (gnutls_psk_set_server_credentials_file(sc, path) < 0)
-		return tls__err(err, errlen, -EINVAL, "%s: GnuTLS cannot use it", path);
+		return utf8__err(err, errlen, -EINVAL, "%s: GnuTLS cannot use it", path);
 	if (!c->psk_hex[0])
 		return 0;               /* a server only: no key for username */
 	gnutls_psk_client_credentials_t cc;
 	if (gnutls_psk_allocate_client_credentials(&cc) < 0)
-		return tls__err(err, errlen, -ENOMEM, "out of memory");
+		return utf8__err(err, errlen, -ENOMEM, "out of memory");
 	c->client_creds = cc;
 	gnutls_datum_t key = { (unsigned char *)c->psk_hex, (unsigned)strlen(c->psk_hex) };
 	if (gnutls_psk_set_client_credentials(cc, c->username, &key, GNUTLS_PSK_KEY_HEX) < 0)
-		return tls__err(err, errlen, -EINVAL, "%s: GnuTLS refuses the key of '%s'", path,
+		return utf8__err(err, errlen, -EINVAL, "%s: GnuTLS refuses the key of '%s'", path,
 				c->username);
 	return 0;
 }
@@ -181,25 +168,25 @@ static int tls_x509__creds(struct tls_creds *c, const char *who, void **out, boo
 	char ca[300], cert[300], key[300], name[32];
 	gnutls_certificate_credentials_t xc;
 	if (!tls__file_exists(c->dir, "ca-cert.pem", ca, sizeof(ca)))
-		return tls__err(err, errlen, -ENOENT, "%s: %s", ca, strerror(errno));
+		return utf8__err(err, errlen, -ENOENT, "%s: %s", ca, strerror(errno));
 	if (gnutls_certificate_allocate_credentials(&xc) < 0)
-		return tls__err(err, errlen, -ENOMEM, "out of memory");
+		return utf8__err(err, errlen, -ENOMEM, "out of memory");
 	*out = xc;
 	int r = gnutls_certificate_set_x509_trust_file(xc, ca, GNUTLS_X509_FMT_PEM);
 	if (r <= 0)
-		return tls__err(err, errlen, -EINVAL, "%s: no CA certificate (%s)", ca,
+		return utf8__err(err, errlen, -EINVAL, "%s: no CA certificate (%s)", ca,
 				r < 0 ? gnutls_strerror(r) : "empty");
 	snprintf(name, sizeof(name), "%s-cert.pem", who);
 	bool have_cert = tls__file_exists(c->dir, name, cert, sizeof(cert));
 	snprintf(name, sizeof(name), "%s-key.pem", who);
 	bool have_key = tls__file_exists(c->dir, name, key, sizeof(key));
 	if (have_cert != have_key)
-		return tls__err(err, errlen, -ENOENT, "%s: %s without %s", c->dir,
+		return utf8__err(err, errlen, -ENOENT, "%s: %s without %s", c->dir,
 				have_cert ? cert : key, have_cert ? key : cert);
 	*has = have_cert;
 	if (have_cert && (r = gnutls_certificate_set_x509_key_file(xc, cert, key,
 								   GNUTLS_X509_FMT_PEM)) < 0)
-		return tls__err(err, errlen, -EINVAL, "%s, %s: %s", cert, key, gnutls_strerror(r));
+		return utf8__err(err, errlen, -EINVAL, "%s, %s: %s", cert, key, gnutls_strerror(r));
 	return 0;
 }
 
@@ -211,7 +198,7 @@ static int tls_x509__load(struct tls_creds *c, char *err, size_t errlen)
 	if (!rc && c->endpoint != TLS_ENDPOINT_SERVER)
 		rc = tls_x509__creds(c, "client", &c->client_creds, &c->has_client, err, errlen);
 	if (!rc && c->endpoint == TLS_ENDPOINT_SERVER && !c->has_server)
-		rc = tls__err(err, errlen, -ENOENT, "%s: no server-cert.pem and server-key.pem", c->dir);
+		rc = utf8__err(err, errlen, -ENOENT, "%s: no server-cert.pem and server-key.pem", c->dir);
 	return rc;
 }
 
@@ -293,24 +280,24 @@ static int tls__parse(char *props, struct tls_creds *c, struct tls_authz *a,
 	for (char *kv; (kv = tls__next_prop(&props));) {
 		char *eq = strchr(kv, '=');
 		if (!eq)
-			return tls__err(err, errlen, -EINVAL, "'%s': want key=value", kv);
+			return utf8__err(err, errlen, -EINVAL, "'%s': want key=value", kv);
 		*eq = 0;
 		int r = c ? tls_creds__prop(c, kv, eq + 1) : tls_authz__prop(a, kv, eq + 1);
 		if (r == -ENOENT)
-			return tls__err(err, errlen, -EINVAL, "unknown property '%s'", kv);
+			return utf8__err(err, errlen, -EINVAL, "unknown property '%s'", kv);
 		if (r)
-			return tls__err(err, errlen, -EINVAL, "bad value for '%s': '%s'", kv, eq + 1);
+			return utf8__err(err, errlen, -EINVAL, "bad value for '%s': '%s'", kv, eq + 1);
 	}
 	const char *id = c ? c->id : a->id;
 	if (!id[0])
-		return tls__err(err, errlen, -EINVAL, "an id=... is required");
+		return utf8__err(err, errlen, -EINVAL, "an id=... is required");
 	for (const char *p = id; *p; p++)
 		if (*p <= ' ' || *p >= 0x7f)
-			return tls__err(err, errlen, -EINVAL, "id '%s': printable ASCII only", id);
+			return utf8__err(err, errlen, -EINVAL, "id '%s': printable ASCII only", id);
 	if (c && !c->dir[0])
-		return tls__err(err, errlen, -EINVAL, "a dir=... is required");
+		return utf8__err(err, errlen, -EINVAL, "a dir=... is required");
 	if (a && !a->identity[0])
-		return tls__err(err, errlen, -EINVAL, "an identity=... is required");
+		return utf8__err(err, errlen, -EINVAL, "an identity=... is required");
 	return 0;
 }
 
@@ -324,7 +311,7 @@ static int tls_objects__add_creds(struct tls_objects *o, enum tls_kind kind, cha
 	snprintf(c->username, sizeof(c->username), "qemu");
 	int rc = tls__parse(props, c, NULL, err, errlen);
 	if (!rc && tls_objects__creds(o, c->id))
-		rc = tls__err(err, errlen, -EEXIST, "an object '%s' exists already", c->id);
+		rc = utf8__err(err, errlen, -EEXIST, "an object '%s' exists already", c->id);
 	if (!rc)
 		rc = kind == TLS_PSK ? tls_psk__load(c, err, errlen) : tls_x509__load(c, err, errlen);
 	if (rc) {
@@ -340,7 +327,7 @@ int tls_objects__add(struct tls_objects *o, const char *spec, char *err, size_t 
 {
 	char buf[1024];
 	if (strlen(spec) >= sizeof(buf))
-		return tls__err(err, errlen, -EINVAL, "object description too long");
+		return utf8__err(err, errlen, -EINVAL, "object description too long");
 	snprintf(buf, sizeof(buf), "%s", spec);
 	char *comma = strchr(buf, ',');
 	char *props = comma ? comma + 1 : buf + strlen(buf);
@@ -348,10 +335,10 @@ int tls_objects__add(struct tls_objects *o, const char *spec, char *err, size_t 
 		*comma = 0;
 	bool creds = !strcmp(buf, "tls-creds-psk") || !strcmp(buf, "tls-creds-x509");
 	if (!creds && strcmp(buf, "authz-simple"))
-		return tls__err(err, errlen, -EINVAL, "unknown object type '%s' (want tls-creds-psk, "
+		return utf8__err(err, errlen, -EINVAL, "unknown object type '%s' (want tls-creds-psk, "
 				"tls-creds-x509 or authz-simple)", buf);
 	if ((creds ? o->ncreds : o->nauthz) >= TLS_MAX_OBJECTS)
-		return tls__err(err, errlen, -ENOSPC, "at most %d objects of a kind", TLS_MAX_OBJECTS);
+		return utf8__err(err, errlen, -ENOSPC, "at most %d objects of a kind", TLS_MAX_OBJECTS);
 	if (creds)
 		return tls_objects__add_creds(o, !strcmp(buf, "tls-creds-psk") ? TLS_PSK : TLS_X509,
 					      props, err, errlen);
@@ -359,7 +346,7 @@ int tls_objects__add(struct tls_objects *o, const char *spec, char *err, size_t 
 	memset(a, 0, sizeof(*a));
 	int rc = tls__parse(props, NULL, a, err, errlen);
 	if (!rc && tls_objects__authz(o, a->id))
-		rc = tls__err(err, errlen, -EEXIST, "an object '%s' exists already", a->id);
+		rc = utf8__err(err, errlen, -EEXIST, "an object '%s' exists already", a->id);
 	if (!rc)
 		o->nauthz++;
 	return rc;
@@ -372,17 +359,17 @@ static int tls_config__client(const struct tls_creds *c, const char *hostname, c
 {
 	struct mig_uri u;
 	if (c->endpoint == TLS_ENDPOINT_SERVER)
-		return tls__err(err, errlen, -EINVAL, "tls-creds '%s' is for a server (endpoint=server)",
+		return utf8__err(err, errlen, -EINVAL, "tls-creds '%s' is for a server (endpoint=server)",
 				c->id);
 	if (!c->client_creds)
-		return tls__err(err, errlen, -ENOENT, "tls-creds '%s' has no key for user '%s'",
+		return utf8__err(err, errlen, -ENOENT, "tls-creds '%s' has no key for user '%s'",
 				c->id, c->username);
 	if (hostname && hostname[0])
 		snprintf(cfg->hostname, sizeof(cfg->hostname), "%s", hostname);
 	else if (!mig_uri__parse(uri, &u, NULL, 0) && u.kind == MIG_URI_TCP)
 		snprintf(cfg->hostname, sizeof(cfg->hostname), "%s", u.host);
 	if (c->kind == TLS_X509 && !cfg->hostname[0])
-		return tls__err(err, errlen, -EINVAL, "tls-hostname is needed to check the "
+		return utf8__err(err, errlen, -EINVAL, "tls-hostname is needed to check the "
 				"destination's certificate on a unix socket");
 	return 0;
 }
@@ -396,16 +383,16 @@ int tls_config__resolve(const struct tls_objects *o, bool server, const char *cr
 		return 0;
 	const struct tls_creds *c = tls_objects__creds(o, creds_id);
 	if (!c)
-		return tls__err(err, errlen, -ENOENT, "No TLS credentials with id '%s'", creds_id);
+		return utf8__err(err, errlen, -ENOENT, "No TLS credentials with id '%s'", creds_id);
 	if (server) {
 		if (c->endpoint == TLS_ENDPOINT_CLIENT)
-			return tls__err(err, errlen, -EINVAL, "tls-creds '%s' is for a client "
+			return utf8__err(err, errlen, -EINVAL, "tls-creds '%s' is for a client "
 					"(endpoint=client)", c->id);
 		if (c->kind == TLS_X509 && !c->has_server)
-			return tls__err(err, errlen, -ENOENT, "tls-creds '%s': no server-cert.pem and "
+			return utf8__err(err, errlen, -ENOENT, "tls-creds '%s': no server-cert.pem and "
 					"server-key.pem in %s", c->id, c->dir);
 		if (authz_id && authz_id[0] && !(cfg->authz = tls_objects__authz(o, authz_id)))
-			return tls__err(err, errlen, -ENOENT, "No authorization object with id '%s'",
+			return utf8__err(err, errlen, -ENOENT, "No authorization object with id '%s'",
 					authz_id);
 	} else {
 		int rc = tls_config__client(c, hostname, uri, cfg, err, errlen);

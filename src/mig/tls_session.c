@@ -44,6 +44,8 @@ static int tls__fail(struct mig_stream *s, gnutls_session_t ses, int r, char *er
 		}
 	}
 	int e = mig_stream__error(s);
+	if (!e && atomic_load(&s->shut))        /* shutdown wins, as in stream.c */
+		e = mig_stream__fail(s, -ECANCELED, "stream shut down (cancelled)");
 	if (!e)
 		e = mig_stream__fail(s, -ECONNABORTED, "TLS handshake failed: %s%s",
 				     gnutls_strerror(r), detail);
