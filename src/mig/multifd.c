@@ -91,8 +91,14 @@ static int chan__open(struct multifd_send *mf, unsigned i, unsigned n, const cha
 	if (rc)
 		return rc;
 	c->open = true;
-	if (mf->tls && (rc = tls__client(&c->stream, mf->tls, err, errlen)))
-		return rc;
+	if (mf->tls) {
+		char why[256];
+		rc = tls__client(&c->stream, mf->tls, why, sizeof(why));
+		if (rc) {
+			snprintf(err, errlen, "channel %u: %s", c->index, why);
+			return rc;
+		}
+	}
 	mig_stream__set_rate(&c->stream, rate);
 	ssize_t len = proto__encode_channel(c->rec, MULTIFD_REC_CAP, c->index, n);
 	rc = len < 0 ? (int)len : mig_stream__write(&c->stream, c->rec, (size_t)len);

@@ -140,7 +140,8 @@ void multifd_recv__cancel(struct multifd_recv *mf)
 /* The CHANNEL record, read before a deadline and while
  * multifd_recv__cancel can shut the stream down. */
 static int multifd_recv__handshake(struct multifd_recv *mf, struct mig_stream *s,
-				   struct proto_hdr *h, uint8_t *buf, size_t cap)
+				   struct proto_hdr *h, uint8_t *buf, size_t cap, char *why,
+				   size_t whylen)
 {
 	pthread_mutex_lock(&mf->lock);
 	bool failed = mf->failed;
@@ -149,12 +150,14 @@ static int multifd_recv__handshake(struct multifd_recv *mf, struct mig_stream *s
 	if (failed)
 		mig_stream__shutdown(s);
 	int rc = 0;
-	char why[256];
-	if (mf->tls && (rc = tls__server(s, mf->tls, why, sizeof(why))))
+	if (mf->tls && (rc = tls__server(s, mf->tls, why, whylen)))
 		return rc;
 	mig_stream__set_read_deadline(s, time__now_ms() + MULTIFD_HANDSHAKE_MS);
 	rc = mig_stream__get_record(s, h, buf, cap);
 	mig_stream__set_read_deadline(s, 0);
+	if (rc)
+		snprintf(why, whylen, "%s", rc == -ETIMEDOUT ? "no CHANNEL record in time" :
+			 mig_stream__strerror(s));
 	return rc;
 }
 
@@ -165,15 +168,15 @@ int multifd_recv__add(struct multifd_recv *mf, unsigned expected, char *err, siz
 	struct proto_hdr h;
 	uint32_t index, count;
 	const char *why = "not a CHANNEL record of this migration";
-	int rc = multifd_recv__handshake(mf, &c->stream, &h, buf, sizeof(buf));
+	char io_why[256] = "";
+	int rc = multifd_recv__handshake(mf, &c->stream, &h, buf, sizeof(buf), io_why,
+					 sizeof(io_why));
 	if (rc || h.type != PROTO_CHANNEL || proto__decode_channel(buf, h.length, &index, &count, &why) ||
 	    count != expected || index < 1 || index > expected || multifd_recv__index_taken(mf, index)) {
 		pthread_mutex_lock(&mf->lock);
 		mf->pending = NULL;
 		pthread_mutex_unlock(&mf->lock);
-		snprintf(err, errlen, "bad multifd channel handshake: %s",
-			 rc == -ETIMEDOUT ? "no CHANNEL record in time" :
-			 rc ? mig_stream__strerror(&c->stream) : why);
+		snprintf(err, errlen, "bad multifd channel handshake: %s", rc ? io_why : why);
 		mig_stream__close(&c->stream);
 		return -EPROTO;
 	}

@@ -1,7 +1,6 @@
 /* The outgoing migration: setup, bulk pass, dirty rounds, switchover,
  * return path.  Runs on the migration thread. */
 #include <errno.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,23 +102,20 @@ static int sender__page(struct sender *s, uint64_t page)
 }
 
 /* Reads the destination's reason if it has sent one (RP_FAIL) within
- * timeout_ms.  Raw reads: the stream may already hold a sticky write error
- * after the destination gave up.  Returns -EPROTO with the error set if a
- * reason arrived, 0 otherwise. */
+ * timeout_ms (mig_stream__peek_answer: also after a sticky write error,
+ * and through TLS when the stream has it).  Returns -EPROTO with the error
+ * set if a reason arrived, 0 otherwise. */
 int sender__check_return_path(struct sender *s, int timeout_ms)
 {
-	struct pollfd p = { .fd = s->stream->fd, .events = POLLIN };
-	if (poll(&p, 1, timeout_ms) <= 0 || !(p.revents & POLLIN))
-		return 0;
 	uint8_t buf[PROTO_HDR_SIZE + PROTO_MAX_MSG + 8];
-	ssize_t n = recv(s->stream->fd, buf, sizeof(buf), MSG_DONTWAIT);
+	const uint8_t *payload;
 	struct proto_hdr hdr;
-	if (n < (ssize_t)PROTO_HDR_SIZE || proto__decode_header(buf, (size_t)n, &hdr) ||
-	    hdr.type != PROTO_RP_FAIL || hdr.length > (uint64_t)n - PROTO_HDR_SIZE)
+	if (!mig_stream__peek_answer(s->stream, timeout_ms, &hdr, &payload, buf, sizeof(buf)) ||
+	    hdr.type != PROTO_RP_FAIL)
 		return 0;
 	struct proto_error e;
 	const char *why;
-	if (proto__decode_error(buf + PROTO_HDR_SIZE, hdr.length, &e, &why))
+	if (proto__decode_error(payload, hdr.length, &e, &why))
 		return 0;
 	migration__set_error(s->m, "destination refused the stream: %.*s", (int)e.msg_len, e.msg);
 	s->dest_refused = true;

@@ -190,6 +190,10 @@ static int stream__tls_fail(struct mig_stream *s, ssize_t r, const char *what)
 	if (r == GNUTLS_E_FATAL_ALERT_RECEIVED)
 		return mig_stream__fail(s, -ECONNABORTED, "TLS %s: the peer ended the session: %s",
 					what, gnutls_alert_get_name(gnutls_alert_get(s->tls)));
+	int sys = r == GNUTLS_E_PUSH_ERROR ? s->tls_push_errno :
+		  r == GNUTLS_E_PULL_ERROR ? s->tls_pull_errno : 0;
+	if (sys)                /* the socket's own error: EPIPE, ECONNRESET, ... */
+		return stream__io_fail(s, -sys, what);
 	return mig_stream__fail(s, -ECONNABORTED, "TLS %s: %s", what, gnutls_strerror((int)r));
 }
 
@@ -203,11 +207,11 @@ static ssize_t stream__send_some(struct mig_stream *s, const uint8_t *p, size_t 
 	return r < 0 ? -errno : r;
 }
 
-static int stream__send_all(struct mig_stream *s, const uint8_t *p, size_t len)
+/* Sends all n bytes (a send may take fewer; a TLS record at most 16 KiB). */
+static int stream__send_chunk(struct mig_stream *s, const uint8_t *p, size_t n)
 {
-	while (len) {
-		size_t chunk = stream__throttle(s, len);
-		ssize_t r = stream__send_some(s, p, chunk);
+	while (n) {
+		ssize_t r = stream__send_some(s, p, n);
 		if (r < 0) {
 			if (s->tls)
 				return (int)r;
@@ -219,7 +223,21 @@ static int stream__send_all(struct mig_stream *s, const uint8_t *p, size_t len)
 			return stream__io_fail(s, -EPIPE, "write");
 		atomic_fetch_add_explicit(&s->bytes_out, (uint64_t)r, memory_order_relaxed);
 		p += r;
-		len -= (size_t)r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+/* The rate limiter is charged once per chunk, for the whole chunk. */
+static int stream__send_all(struct mig_stream *s, const uint8_t *p, size_t len)
+{
+	while (len) {
+		size_t chunk = stream__throttle(s, len);
+		int e = stream__send_chunk(s, p, chunk);
+		if (e)
+			return e;
+		p += chunk;
+		len -= chunk;
 	}
 	return 0;
 }
@@ -398,6 +416,8 @@ static ssize_t stream__tls_push(gnutls_transport_ptr_t ptr, const void *buf, siz
 	struct mig_stream *s = ptr;
 	for (;;) {
 		ssize_t r = send(s->fd, buf, len, MSG_NOSIGNAL);
+		if (r < 0 && errno != EINTR)
+			s->tls_push_errno = errno;
 		if (r >= 0 || errno != EINTR)
 			return r;       /* GnuTLS reads errno itself */
 	}
@@ -412,6 +432,8 @@ static ssize_t stream__tls_pull(gnutls_transport_ptr_t ptr, void *buf, size_t le
 	}
 	for (;;) {
 		ssize_t r = recv(s->fd, buf, len, 0);
+		if (r < 0 && errno != EINTR)
+			s->tls_pull_errno = errno;
 		if (r >= 0 || errno != EINTR)
 			return r;       /* GnuTLS reads errno itself */
 	}
@@ -424,4 +446,52 @@ void mig_stream__attach_tls(struct mig_stream *s, void *session)
 	gnutls_transport_set_ptr(ses, s);
 	gnutls_transport_set_push_function(ses, stream__tls_push);
 	gnutls_transport_set_pull_function(ses, stream__tls_pull);
+}
+
+/* ---- the source's look at the return path ---- */
+
+static bool stream__whole_record(const uint8_t *buf, size_t n)
+{
+	struct proto_hdr h;
+	return n >= PROTO_HDR_SIZE && !proto__decode_header(buf, n, &h) &&
+	       h.length <= n - PROTO_HDR_SIZE;
+}
+
+/* Up to cap bytes the peer has sent, within timeout_ms: buffered bytes
+ * first, then one read (plain), or TLS records until a whole record is
+ * in, each under a 1 s deadline. */
+static size_t stream__take(struct mig_stream *s, uint8_t *buf, size_t cap, int timeout_ms)
+{
+	size_t got = s->rlen - s->rpos < cap ? s->rlen - s->rpos : cap;
+	memcpy(buf, s->rbuf + s->rpos, got);
+	s->rpos += got;
+	bool pending = s->tls && gnutls_record_check_pending(s->tls);
+	struct pollfd p = { .fd = s->fd, .events = POLLIN };
+	if (stream__whole_record(buf, got) ||
+	    (!pending && (poll(&p, 1, timeout_ms) <= 0 || !(p.revents & POLLIN))))
+		return got;
+	if (!s->tls) {
+		ssize_t n = recv(s->fd, buf + got, cap - got, MSG_DONTWAIT);
+		return got + (n > 0 ? (size_t)n : 0);
+	}
+	uint64_t old = atomic_load(&s->read_deadline_ms);
+	atomic_store(&s->read_deadline_ms, time__now_ms() + 1000);
+	while (got < cap && !stream__whole_record(buf, got)) {
+		ssize_t n = gnutls_record_recv(s->tls, buf + got, cap - got);
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	atomic_store(&s->read_deadline_ms, old);
+	return got;
+}
+
+int mig_stream__peek_answer(struct mig_stream *s, int timeout_ms, struct proto_hdr *hdr,
+			    const uint8_t **payload, uint8_t *buf, size_t cap)
+{
+	size_t n = stream__take(s, buf, cap, timeout_ms);
+	if (!stream__whole_record(buf, n) || proto__decode_header(buf, n, hdr))
+		return 0;
+	*payload = buf + PROTO_HDR_SIZE;
+	return 1;
 }

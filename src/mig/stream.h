@@ -17,8 +17,9 @@
  * reads, not the record overhead (about 0.2 %).
  *
  * Threads: one thread may write (write/flush/put_record) while one other
- * thread reads (read_full/get_record) on the same stream, e.g. the source
- * reading the return path while sending.  set_rate, shutdown, error,
+ * thread reads (read_full/get_record) on the same stream.  With TLS, one
+ * thread at a time (GnuTLS may answer a key update from inside a read);
+ * kmig reads and writes each stream from one thread.  set_rate, shutdown, error,
  * strerror and the byte counters may be called from any thread.
  * init/close must not race with anything.
  */
@@ -56,6 +57,7 @@ struct mig_stream {
 	_Atomic uint64_t read_deadline_ms; /* time__now_ms() limit of reads, 0 = none */
 	const atomic_bool *cancel;      /* from connect: ends reads under a deadline */
 	void *tls;                      /* GnuTLS session (mig/tls.h), NULL = plain */
+	int tls_push_errno, tls_pull_errno; /* the socket's errno of a failed TLS write / read */
 };
 
 /* Takes ownership of fd (closed by mig_stream__close, also when init
@@ -73,6 +75,15 @@ int mig_stream__fail(struct mig_stream *s, int err, const char *fmt, ...) KMIG_P
 
 /* Buffered write of len bytes; may send (and sleep for the rate limit). */
 int mig_stream__write(struct mig_stream *s, const void *buf, size_t len) KMIG_MUST_CHECK;
+/* The source's look at the return path, also after a write error is
+ * sticky (the destination gave up and may have said why): waits up to
+ * timeout_ms for bytes from the peer and takes one record's worth, read
+ * through TLS when the stream has it (never the raw socket then: only
+ * authenticated bytes count).  1 with *hdr and *payload (inside buf) when
+ * a whole record arrived, else 0.  Does not change the sticky error,
+ * except that a TLS record that stops halfway for 1 s sets -ETIMEDOUT. */
+int mig_stream__peek_answer(struct mig_stream *s, int timeout_ms, struct proto_hdr *hdr,
+			    const uint8_t **payload, uint8_t *buf, size_t cap) KMIG_MUST_CHECK;
 /* Sends everything buffered. */
 int mig_stream__flush(struct mig_stream *s) KMIG_MUST_CHECK;
 /* Reads exactly len bytes; EOF before that is -ECONNRESET. */

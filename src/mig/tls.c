@@ -12,9 +12,8 @@
 #include <unistd.h>
 
 #include "base/utf8.h"
+#include "mig/tls_impl.h"
 #include "mig/stream.h"
-
-#define TLS_PSK_FILE_MAX (64u << 10)
 
 void tls_objects__init(struct tls_objects *o)
 {
@@ -24,10 +23,7 @@ void tls_objects__init(struct tls_objects *o)
 static void tls_creds__free(struct tls_creds *c)
 {
 	if (c->kind == TLS_PSK) {
-		if (c->server_creds)
-			gnutls_psk_free_server_credentials(c->server_creds);
-		if (c->client_creds)
-			gnutls_psk_free_client_credentials(c->client_creds);
+		tls_psk__free(c);
 	} else {
 		if (c->server_creds)
 			gnutls_certificate_free_credentials(c->server_creds);
@@ -58,99 +54,6 @@ const struct tls_authz *tls_objects__authz(const struct tls_objects *o, const ch
 		if (!strcmp(o->authz[i].id, id))
 			return &o->authz[i];
 	return NULL;
-}
-
-/* ---- PSK ---- */
-
-static bool tls__is_hex(const char *s, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f') ||
-		      (s[i] >= 'A' && s[i] <= 'F')))
-			return false;
-	return true;
-}
-
-/* Checks every line of the key file in buf (NUL-terminated, changed) and
- * keeps username's key. */
-static int tls_psk__parse(struct tls_creds *c, const char *path, char *buf, char *err,
-			  size_t errlen)
-{
-	unsigned lines = 0;
-	c->psk_hex[0] = 0;
-	for (char *save = NULL, *l = strtok_r(buf, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
-		size_t len = strlen(l);
-		if (len && l[len - 1] == '\r')
-			l[--len] = 0;
-		if (!len)
-			continue;
-		char *colon = strchr(l, ':');
-		size_t ulen = colon ? (size_t)(colon - l) : 0, klen = colon ? strlen(colon + 1) : 0;
-		lines++;
-		if (!colon || !ulen || ulen >= TLS_ID_MAX || klen < 32 || klen > 128 || klen % 2 ||
-		    !tls__is_hex(colon + 1, klen)) {
-			return utf8__err(err, errlen, -EINVAL, "%s line %u: want NAME:HEXKEY "
-					"(a name of 1..%d bytes, a key of 16..64 bytes in hex)",
-					path, lines, TLS_ID_MAX - 1);
-		}
-		if (ulen == strlen(c->username) && !memcmp(l, c->username, ulen))
-			memcpy(c->psk_hex, colon + 1, klen + 1);
-	}
-	if (!lines)
-		return utf8__err(err, errlen, -EINVAL, "%s: no keys", path);
-	return 0;
-}
-
-/* Reads DIR/keys.psk (at most TLS_PSK_FILE_MAX bytes) and checks it. */
-static int tls_psk__read(struct tls_creds *c, const char *path, char *err, size_t errlen)
-{
-	char *buf = malloc(TLS_PSK_FILE_MAX + 1);
-	if (!buf)
-		return utf8__err(err, errlen, -ENOMEM, "out of memory");
-	FILE *f = fopen(path, "re");
-	int rc = 0;
-	size_t n = 0;
-	if (!f)
-		rc = utf8__err(err, errlen, -ENOENT, "%s: %s", path, strerror(errno));
-	else {
-		n = fread(buf, 1, TLS_PSK_FILE_MAX + 1, f);
-		fclose(f);
-	}
-	if (!rc && n > TLS_PSK_FILE_MAX)
-		rc = utf8__err(err, errlen, -EINVAL, "%s: larger than %u bytes", path, TLS_PSK_FILE_MAX);
-	if (!rc) {
-		buf[n] = 0;
-		rc = tls_psk__parse(c, path, buf, err, errlen);
-	}
-	explicit_bzero(buf, TLS_PSK_FILE_MAX + 1);   /* keys do not linger in freed memory */
-	free(buf);
-	return rc;
-}
-
-static int tls_psk__load(struct tls_creds *c, char *err, size_t errlen)
-{
-	char path[300];
-	snprintf(path, sizeof(path), "%s/keys.psk", c->dir);
-	int rc = tls_psk__read(c, path, err, errlen);
-	if (rc)
-		return rc;
-	gnutls_psk_server_credentials_t sc;
-	if (gnutls_psk_allocate_server_credentials(&sc) < 0)
-		return utf8__err(err, errlen, -ENOMEM, "out of memory");
-	c->server_creds = sc;
-	if (gnutls_psk_set_server_credentials_file(sc, path) < 0)
-		return utf8__err(err, errlen, -EINVAL, "%s: GnuTLS cannot use it", path);
-	if (!c->psk_hex[0])
-		return 0;               /* a server only: no key for username */
-	gnutls_psk_client_credentials_t cc;
-	if (gnutls_psk_allocate_client_credentials(&cc) < 0)
-		return utf8__err(err, errlen, -ENOMEM, "out of memory");
-	c->client_creds = cc;
-	gnutls_datum_t key = { (unsigned char *)c->psk_hex, (unsigned)strlen(c->psk_hex) };
-	if (gnutls_psk_set_client_credentials(cc, c->username, &key, GNUTLS_PSK_KEY_HEX) < 0)
-		return utf8__err(err, errlen, -EINVAL, "%s: GnuTLS refuses the key of '%s'", path,
-				c->username);
-	return 0;
 }
 
 /* ---- X.509 ---- */
@@ -184,6 +87,10 @@ static int tls_x509__creds(struct tls_creds *c, const char *who, void **out, boo
 		return utf8__err(err, errlen, -ENOENT, "%s: %s without %s", c->dir,
 				have_cert ? cert : key, have_cert ? key : cert);
 	*has = have_cert;
+	char crl[300];                  /* revoked certificates, as QEMU reads them */
+	if (tls__file_exists(c->dir, "ca-crl.pem", crl, sizeof(crl)) &&
+	    (r = gnutls_certificate_set_x509_crl_file(xc, crl, GNUTLS_X509_FMT_PEM)) < 0)
+		return utf8__err(err, errlen, -EINVAL, "%s: %s", crl, gnutls_strerror(r));
 	if (have_cert && (r = gnutls_certificate_set_x509_key_file(xc, cert, key,
 								   GNUTLS_X509_FMT_PEM)) < 0)
 		return utf8__err(err, errlen, -EINVAL, "%s, %s: %s", cert, key, gnutls_strerror(r));
@@ -394,6 +301,10 @@ int tls_config__resolve(const struct tls_objects *o, bool server, const char *cr
 		if (authz_id && authz_id[0] && !(cfg->authz = tls_objects__authz(o, authz_id)))
 			return utf8__err(err, errlen, -ENOENT, "No authorization object with id '%s'",
 					authz_id);
+		if (cfg->authz && c->kind == TLS_X509 && !c->verify_peer)
+			return utf8__err(err, errlen, -EINVAL, "tls-authz '%s' needs client "
+					 "certificates, but tls-creds '%s' has verify-peer=off",
+					 authz_id, c->id);
 	} else {
 		int rc = tls_config__client(c, hostname, uri, cfg, err, errlen);
 		if (rc)

@@ -5,9 +5,10 @@
  * (`kmig run --object SPEC`, SPEC = TYPE,key=value,...; a comma inside a
  * value is written twice, as in QEMU: identity=CN=source,,O=kmig):
  *   tls-creds-psk,id=ID,dir=DIR[,username=NAME][,endpoint=client|server]
- *       DIR/keys.psk holds lines NAME:HEXKEY (keys of 16 to 64 bytes).
- *       The client presents NAME (default "qemu") with its key; the
- *       server accepts any name in the file with its key.
+ *       DIR/keys.psk holds lines NAME:HEXKEY (keys of 16 to 64 bytes, at
+ *       most TLS_PSK_MAX_KEYS names, each once).  The client presents
+ *       NAME (default "qemu") with its key; the server accepts any name in
+ *       the file with its key.  Keys are read once, at creation.
  *   tls-creds-x509,id=ID,dir=DIR[,verify-peer=on|off][,endpoint=...]
  *       DIR/ca-cert.pem (required); server-cert.pem + server-key.pem to
  *       accept, client-cert.pem + client-key.pem to connect.  A client
@@ -37,6 +38,13 @@ struct mig_stream;
 #define TLS_MAX_OBJECTS   8
 #define TLS_ID_MAX        64
 #define TLS_HANDSHAKE_MS  10000  /* a whole handshake, then -ETIMEDOUT */
+#define TLS_PSK_MAX_KEYS  64
+
+struct tls_psk_key {
+	char name[TLS_ID_MAX];
+	unsigned char key[64];
+	unsigned len;
+};
 
 enum tls_kind { TLS_PSK, TLS_X509 };
 enum tls_endpoint { TLS_ENDPOINT_ANY, TLS_ENDPOINT_CLIENT, TLS_ENDPOINT_SERVER };
@@ -47,7 +55,8 @@ struct tls_creds {
 	enum tls_endpoint endpoint;
 	char dir[256];
 	char username[TLS_ID_MAX];   /* psk: the client's identity */
-	char psk_hex[129];           /* psk: the client's key, "" if none for username */
+	struct tls_psk_key *psk_keys; /* psk: every key of keys.psk, as read at creation */
+	unsigned psk_nkeys;
 	bool verify_peer;            /* x509 server: require a client certificate */
 	bool has_server, has_client; /* x509: certificate + key pairs found */
 	void *server_creds;          /* gnutls credentials, NULL if not loaded */
@@ -92,9 +101,13 @@ int tls_config__resolve(const struct tls_objects *o, bool server, const char *cr
 
 /* TLS handshake on a connected stream (nothing read or written on it
  * yet); from then on the stream's reads and writes are encrypted.  The
- * whole handshake is bounded by TLS_HANDSHAKE_MS and ends at
- * mig_stream__shutdown.  0, or a negative errno with err filled (and the
- * stream's sticky error set). */
+ * server then checks the client (certificate, tls-authz) and answers with
+ * one byte (or an alert), which the client waits for.  Each side's whole
+ * wait is bounded by TLS_HANDSHAKE_MS and ends at mig_stream__shutdown
+ * (and, on a connected stream, its connect's cancel flag); writes are a
+ * few KiB that the socket buffer takes.  A refusal sends the peer an
+ * alert.  0, or a negative errno with err filled (and the stream's sticky
+ * error set). */
 int tls__client(struct mig_stream *s, const struct tls_config *cfg, char *err,
 		size_t errlen) KMIG_MUST_CHECK;
 int tls__server(struct mig_stream *s, const struct tls_config *cfg, char *err,

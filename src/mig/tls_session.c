@@ -69,6 +69,7 @@ static int tls__session(struct mig_stream *s, const struct tls_creds *c, bool se
 		return mig_stream__fail(s, -ENOMEM, "%s", err);
 	}
 	mig_stream__attach_tls(s, ses);     /* the stream frees it from now on */
+	gnutls_session_set_ptr(ses, (void *)c); /* for the PSK key lookup (tls_psk.c) */
 	const char *errpos = NULL;
 	r = gnutls_priority_set_direct(ses, c->kind == TLS_PSK ? TLS_PRIO_PSK : TLS_PRIO_X509,
 				       &errpos);
@@ -85,14 +86,13 @@ static int tls__session(struct mig_stream *s, const struct tls_creds *c, bool se
 	return 0;
 }
 
+/* The handshake, under the read deadline the caller has set. */
 static int tls__handshake(struct mig_stream *s, gnutls_session_t ses, char *err, size_t errlen)
 {
-	mig_stream__set_read_deadline(s, time__now_ms() + TLS_HANDSHAKE_MS);
 	int r;
 	do
 		r = gnutls_handshake(ses);
 	while (r < 0 && !gnutls_error_is_fatal(r) && !mig_stream__error(s));
-	mig_stream__set_read_deadline(s, 0);
 	return r < 0 ? tls__fail(s, ses, r, err, errlen) : 0;
 }
 
@@ -105,9 +105,7 @@ static int tls__handshake(struct mig_stream *s, gnutls_session_t ses, char *err,
 static int tls__wait_accept(struct mig_stream *s, char *err, size_t errlen)
 {
 	uint8_t b = 0;
-	mig_stream__set_read_deadline(s, time__now_ms() + TLS_HANDSHAKE_MS);
 	int rc = mig_stream__read_full(s, &b, 1);
-	mig_stream__set_read_deadline(s, 0);
 	if (!rc && b != TLS_ACCEPT)
 		rc = mig_stream__fail(s, -EPROTO, "not a TLS acceptance byte (0x%02x)", b);
 	if (rc) {
@@ -142,33 +140,40 @@ int tls__client(struct mig_stream *s, const struct tls_config *cfg, char *err, s
 						     strlen(cfg->hostname));
 		gnutls_session_set_verify_cert(ses, cfg->hostname, 0);
 	}
+	/* one deadline for the handshake and the destination's answer */
+	mig_stream__set_read_deadline(s, time__now_ms() + TLS_HANDSHAKE_MS);
 	rc = tls__handshake(s, ses, err, errlen);
-	return rc ? rc : tls__wait_accept(s, err, errlen);
+	if (!rc)
+		rc = tls__wait_accept(s, err, errlen);
+	mig_stream__set_read_deadline(s, 0);
+	return rc;
 }
 
-/* The client's identity for authz-simple: PSK user name or certificate DN. */
-static int tls__peer_identity(gnutls_session_t ses, const struct tls_creds *c, char *id,
-			      size_t len)
+/* Whether the client is the one authz-simple names (its PSK user name or
+ * certificate DN, compared whole); *who gets it for messages (cut). */
+static bool tls__authorized(gnutls_session_t ses, const struct tls_creds *c,
+			    const char *identity, char *who, size_t len)
 {
 	if (c->kind == TLS_PSK) {
 		const char *u = gnutls_psk_server_get_username(ses);
-		snprintf(id, len, "%s", u ? u : "");
-		return u ? 0 : -EACCES;
+		snprintf(who, len, "%s", u ? u : "");
+		return u && !strcmp(u, identity);
 	}
 	unsigned n = 0;
 	const gnutls_datum_t *certs = gnutls_certificate_get_peers(ses, &n);
 	gnutls_x509_crt_t crt;
 	gnutls_datum_t dn = { 0 };
 	if (!certs || !n || gnutls_x509_crt_init(&crt) < 0)
-		return -EACCES;
+		return false;
 	int r = gnutls_x509_crt_import(crt, &certs[0], GNUTLS_X509_FMT_DER);
 	if (r >= 0)
 		r = gnutls_x509_crt_get_dn3(crt, &dn, 0);
+	bool ok = r >= 0 && dn.size == strlen(identity) && !memcmp(dn.data, identity, dn.size);
 	if (r >= 0)
-		snprintf(id, len, "%.*s", (int)dn.size, (const char *)dn.data);
+		snprintf(who, len, "%.*s", (int)dn.size, (const char *)dn.data);
 	gnutls_free(dn.data);
 	gnutls_x509_crt_deinit(crt);
-	return r < 0 ? -EACCES : 0;
+	return ok;
 }
 
 int tls__server(struct mig_stream *s, const struct tls_config *cfg, char *err, size_t errlen)
@@ -182,13 +187,15 @@ int tls__server(struct mig_stream *s, const struct tls_config *cfg, char *err, s
 		gnutls_certificate_server_set_request(ses, GNUTLS_CERT_REQUIRE);
 		gnutls_session_set_verify_cert(ses, NULL, 0);
 	}
+	mig_stream__set_read_deadline(s, time__now_ms() + TLS_HANDSHAKE_MS);
 	rc = tls__handshake(s, ses, err, errlen);
+	mig_stream__set_read_deadline(s, 0);
 	if (rc)
 		return rc;
 	if (!cfg->authz)
 		return tls__accept(s, err, errlen);
 	char who[256] = "";
-	if (tls__peer_identity(ses, c, who, sizeof(who)) || strcmp(who, cfg->authz->identity)) {
+	if (!tls__authorized(ses, c, cfg->authz->identity, who, sizeof(who))) {
 		(void)gnutls_alert_send(ses, GNUTLS_AL_FATAL, GNUTLS_A_ACCESS_DENIED);
 		snprintf(err, errlen, "TLS: client '%s' is not authorized by '%s'", who, cfg->authz->id);
 		utf8__sanitize(err);

@@ -99,6 +99,10 @@ static void t_objects(struct t *t)
 	T_CHECK(t, !strcmp(cfg.hostname, "localhost"));
 	T_CHECK_EQ(t, tls_config__resolve(&o, true, "x", NULL, "nope", "tcp::4", &cfg, err,
 					  sizeof(err)), -ENOENT);
+	T_CHECK_EQ(t, add(&o, "tls-creds-x509,id=nopeer,dir=%s/x509,verify-peer=off", g_dir), 0);
+	T_CHECK_EQ(t, tls_config__resolve(&o, true, "nopeer", NULL, "a", "tcp::4", &cfg, err,
+					  sizeof(err)), -EINVAL);
+	T_CHECK(t, strstr(err, "verify-peer") != NULL);
 	tls_objects__destroy(&o);
 }
 
@@ -370,6 +374,106 @@ static void t_mismatch_and_cancel(struct t *t)
 	tls_objects__destroy(&o);
 }
 
+/* With a rate limit the stream still sends at about that rate through
+ * TLS (records are at most 16 KiB; the limiter is charged per chunk). */
+static void t_rate_limit(struct t *t)
+{
+	struct tls_objects o;
+	struct side pair[2];
+	char dir[128];
+	tls_objects__init(&o);
+	snprintf(dir, sizeof(dir), "%s/psk", g_dir);
+	T_CHECK_EQ(t, add(&o, "tls-creds-psk,id=ok,dir=%s", dir), 0);
+	const struct tls_creds *ok = tls_objects__creds(&o, "ok");
+	handshake(pair, ok, "", ok, NULL);
+	T_CHECK(t, !pair[0].rc && !pair[1].rc);
+	mig_stream__set_rate(&pair[0].s, 10u << 20);
+	uint64_t t0 = time__now_ms();
+	struct pump a = { &pair[0].s, 2u << 20, 0 };
+	pthread_t th;
+	pthread_create(&th, NULL, pump__write, &a);
+	uint8_t *in = malloc(a.len);
+	T_CHECK_EQ(t, mig_stream__read_full(&pair[1].s, in, a.len), 0);
+	pthread_join(th, NULL);
+	uint64_t ms = time__now_ms() - t0;
+	printf("# 2 MiB at 10 MiB/s through TLS took %llu ms\n", (unsigned long long)ms);
+	T_CHECK(t, ms >= 120 && ms < 1500);   /* the limit holds, and is not far below */
+	free(in);
+	pair__close(pair);
+	tls_objects__destroy(&o);
+}
+
+/* The source's look at the return path reads through TLS: a record the
+ * destination sends is seen, also after a sticky write error; bytes
+ * injected in clear into the connection are never taken as one. */
+static void t_peek_answer(struct t *t)
+{
+	struct tls_objects o;
+	struct side pair[2];
+	char dir[128];
+	uint8_t buf[4200];
+	const uint8_t *payload;
+	struct proto_hdr h;
+	tls_objects__init(&o);
+	snprintf(dir, sizeof(dir), "%s/psk", g_dir);
+	T_CHECK_EQ(t, add(&o, "tls-creds-psk,id=ok,dir=%s", dir), 0);
+	const struct tls_creds *ok = tls_objects__creds(&o, "ok");
+	handshake(pair, ok, "", ok, NULL);
+	T_CHECK_EQ(t, mig_stream__peek_answer(&pair[0].s, 0, &h, &payload, buf, sizeof(buf)), 0);
+	uint8_t rec[64];
+	ssize_t n = proto__encode_rp_fail(rec, sizeof(rec), 71, "no");
+	T_CHECK(t, n > 0);
+	T_CHECK_EQ(t, mig_stream__write(&pair[1].s, rec, (size_t)n), 0);
+	T_CHECK_EQ(t, mig_stream__flush(&pair[1].s), 0);
+	mig_stream__fail(&pair[0].s, -EPIPE, "write: Broken pipe");  /* sticky */
+	T_CHECK_EQ(t, mig_stream__peek_answer(&pair[0].s, 500, &h, &payload, buf, sizeof(buf)), 1);
+	T_CHECK_EQ(t, h.type, PROTO_RP_FAIL);
+	pair__close(pair);
+	/* an RP_FAIL in clear, written past TLS onto the socket */
+	handshake(pair, ok, "", ok, NULL);
+	T_CHECK_EQ(t, send(pair[1].s.fd, rec, (size_t)n, 0), n);
+	T_CHECK_EQ(t, mig_stream__peek_answer(&pair[0].s, 500, &h, &payload, buf, sizeof(buf)), 0);
+	pair__close(pair);
+	tls_objects__destroy(&o);
+}
+
+/* keys.psk is read once: CRLF lines work, a name twice or a NUL byte is
+ * refused, and a file changed afterwards changes nothing. */
+static void t_psk_file(struct t *t)
+{
+	struct tls_objects o;
+	struct side pair[2];
+	char dir[160], path[200], cmd[400];
+	const char *key = "00112233445566778899aabbccddeeff";
+	tls_objects__init(&o);
+	snprintf(dir, sizeof(dir), "%s/pskfile", g_dir);
+	snprintf(path, sizeof(path), "%s/keys.psk", dir);
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s", dir);
+	T_CHECK_EQ(t, system(cmd), 0);
+	char text[200];
+	snprintf(text, sizeof(text), "other:%s\r\nqemu:%s\r\n", key, key);
+	write_file(path, text);
+	T_CHECK_EQ(t, add(&o, "tls-creds-psk,id=crlf,dir=%s", dir), 0);
+	const struct tls_creds *c = tls_objects__creds(&o, "crlf");
+	T_CHECK(t, c && c->psk_nkeys == 2);
+	write_file(path, "qemu:ffffffffffffffffffffffffffffffff\n");  /* changed afterwards */
+	handshake(pair, c, "", c, NULL);
+	T_CHECK(t, !pair[0].rc && !pair[1].rc);
+	pair__close(pair);
+	snprintf(text, sizeof(text), "qemu:%s\nqemu:%s\n", key, key);
+	write_file(path, text);
+	T_CHECK_EQ(t, add(&o, "tls-creds-psk,id=twice,dir=%s", dir), -EINVAL);
+	FILE *f = fopen(path, "w");
+	if (f) {
+		fprintf(f, "qemu:%s\n", key);
+		fputc(0, f);
+		fprintf(f, "evil:%s\n", key);
+		fclose(f);
+	}
+	T_CHECK_EQ(t, add(&o, "tls-creds-psk,id=nul,dir=%s", dir), -EINVAL);
+	tls_objects__destroy(&o);
+}
+
 int main(void)
 {
 	struct t t = { 0 };
@@ -381,6 +485,9 @@ int main(void)
 	T_RUN(&t, t_psk);
 	T_RUN(&t, t_x509);
 	T_RUN(&t, t_mismatch_and_cancel);
+	T_RUN(&t, t_rate_limit);
+	T_RUN(&t, t_peek_answer);
+	T_RUN(&t, t_psk_file);
 	char cmd[200];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s %s", g_dir, g_other);
 	if (system(cmd))
