@@ -185,8 +185,14 @@ def test_x509_refusals_then_success(d, vms, check):
           "%r" % p)
 
     dst, port = destination(d, vms, "dst-ok", creds, ["--object", authz, "--tls-authz", "only"])
+    # with a bandwidth limit: TLS sends 16 KiB records, the limiter must
+    # still let the limit through (it once let 1 MB/s through at any limit)
+    kt.set_params(q, max_bandwidth=64 << 20)
     res = kt.migrate(src, dst, "tcp:127.0.0.1:%d" % port, timeout=kt.slow(90))
     check("completed", res.get("status") == "completed", "%r %s" % (res, kt.dump(dst)))
+    mbps = res.get("ram", {}).get("mbps", 0)
+    print("# x509 at a 64 MiB/s limit: %.0f Mbit/s" % mbps)
+    check("limit_lets_bytes_through", mbps > 100, "%r" % res)
     verify_on(check, "dst_ok", dst)
 
 
