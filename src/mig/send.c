@@ -315,7 +315,9 @@ int sender__switchover(struct sender *s)
 	log_debug("switchover: vCPUs stopped and synced after %llu ms",
 		  (unsigned long long)(time__now_ms() - t0));
 	if (!rc) {
+		pthread_mutex_lock(&s->m->lock);     /* query-migrate reads it */
 		s->m->stats.dirty_sync_count++;
+		pthread_mutex_unlock(&s->m->lock);
 		rc = sender__pass(s);
 	}
 	if (!rc)
