@@ -55,15 +55,16 @@ def creds_args(vmm, kind, keys, endpoint):
     return ["-object" if vmm == "qemu" else "--object", obj]
 
 
-def one(env, name, args, d):
+def one(env, name, rep, args, d):
     vmm, kind, channels = CONFIGS[name]
     port = mb.free_port()
     cmdline = "workload=fill-free mb=%d report_ms=1000 tsc_khz=%d" % (args.mb, env["tsc_khz"])
-    src_args = mb.vm_args(env, vmm, 0, cmdline, args.memory, 1, d, name + "-src")
-    dst_args = mb.vm_args(env, vmm, 0, cmdline, args.memory, 1, d, name + "-dst",
+    tag = "%s-r%d" % (name, rep)    # fresh console files: an old "fill-free done" never counts
+    src_args = mb.vm_args(env, vmm, 0, cmdline, args.memory, 1, d, tag + "-src")
+    dst_args = mb.vm_args(env, vmm, 0, cmdline, args.memory, 1, d, tag + "-dst",
                           incoming="defer")
-    src = mb.Proc(d, name + "-src", src_args + creds_args(vmm, kind, env["keys"], "client"))
-    dst = mb.Proc(d, name + "-dst", dst_args + creds_args(vmm, kind, env["keys"], "server"))
+    src = mb.Proc(d, tag + "-src", src_args + creds_args(vmm, kind, env["keys"], "client"))
+    dst = mb.Proc(d, tag + "-dst", dst_args + creds_args(vmm, kind, env["keys"], "server"))
     row = {"config": name, "vmm": vmm, "tls": kind, "multifd": channels}
     try:
         if not src.console.wait(r"fill-free done", timeout=120):
@@ -94,15 +95,15 @@ def one(env, name, args, d):
     return row
 
 
-def table(rows, reps):
+def table(rows, reps, names):
     lines = ["| config | runs ok | median MB/s | median total ms | MiB sent | vs plain |",
              "|---|---|---|---|---|---|"]
     med = {}
-    for name in CONFIGS:
+    for name in names:
         ok = [r for r in rows if r["config"] == name and r.get("mb_per_s")]
         if ok:
             med[name] = statistics.median(r["mb_per_s"] for r in ok)
-    for name in CONFIGS:
+    for name in names:
         ok = [r for r in rows if r["config"] == name and r.get("mb_per_s")]
         if not ok:
             lines.append("| %s | 0/%d | - | - | - | - |" % (name, reps))
@@ -121,7 +122,8 @@ def main():
     ap.add_argument("--memory", default="1G")
     ap.add_argument("--mb", type=int, default=768, help="MiB the guest fills")
     ap.add_argument("--cap", type=float, default=120.0, help="seconds before a run is cancelled")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="comma-separated (default all: %s)" % ",".join(CONFIGS))
     ap.add_argument("--tsc-khz", type=int, default=2000000)
     ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args()
@@ -137,7 +139,7 @@ def main():
         rows = []
         for rep in range(args.reps):
             for name in names:
-                row = one(env, name, args, d)
+                row = one(env, name, rep, args, d)
                 row["rep"] = rep
                 rows.append(row)
                 print("# %s rep %d: %s" % (name, rep, {k: row.get(k) for k in (
@@ -147,7 +149,7 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "tls.json"), "w") as f:
             json.dump(out, f, indent=1)
-        md = table([r for r in rows if r["config"] in names], args.reps)
+        md = table(rows, args.reps, names)
         head = "TLS benchmark at %s, %s, kvm modules %s, %d MiB filled, %d runs each\n\n" % (
             info["git_head"], info["time"], ",".join(info["kvm_modules"]), args.mb, args.reps)
         with open(os.path.join(args.out, "tls.md"), "w") as f:
