@@ -44,6 +44,16 @@ static int add(struct tls_objects *o, const char *fmt, const char *dir)
 	return rc;
 }
 
+/* Objects with the test's PSK credentials as "ok"; returns them. */
+static const struct tls_creds *psk_ok(struct t *t, struct tls_objects *o)
+{
+	char dir[128];
+	tls_objects__init(o);
+	snprintf(dir, sizeof(dir), "%s/psk", g_dir);
+	T_CHECK_EQ(t, add(o, "tls-creds-psk,id=ok,dir=%s", dir), 0);
+	return tls_objects__creds(o, "ok");
+}
+
 static void t_objects(struct t *t)
 {
 	struct tls_objects o;
@@ -321,12 +331,8 @@ static void t_x509(struct t *t)
 static void t_mismatch_and_cancel(struct t *t)
 {
 	struct tls_objects o;
-	char dir[128];
 	int fds[2];
-	tls_objects__init(&o);
-	snprintf(dir, sizeof(dir), "%s/psk", g_dir);
-	T_CHECK_EQ(t, add(&o, "tls-creds-psk,id=ok,dir=%s", dir), 0);
-	struct tls_config cfg = { .creds = tls_objects__creds(&o, "ok") };
+	struct tls_config cfg = { .creds = psk_ok(t, &o) };
 	struct mig_stream plain, tls;
 	T_CHECK_EQ(t, socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
 	T_CHECK_EQ(t, mig_stream__init(&plain, fds[0]), 0);
@@ -380,11 +386,7 @@ static void t_rate_limit(struct t *t)
 {
 	struct tls_objects o;
 	struct side pair[2];
-	char dir[128];
-	tls_objects__init(&o);
-	snprintf(dir, sizeof(dir), "%s/psk", g_dir);
-	T_CHECK_EQ(t, add(&o, "tls-creds-psk,id=ok,dir=%s", dir), 0);
-	const struct tls_creds *ok = tls_objects__creds(&o, "ok");
+	const struct tls_creds *ok = psk_ok(t, &o);
 	handshake(pair, ok, "", ok, NULL);
 	T_CHECK(t, !pair[0].rc && !pair[1].rc);
 	mig_stream__set_rate(&pair[0].s, 10u << 20);
@@ -410,14 +412,10 @@ static void t_peek_answer(struct t *t)
 {
 	struct tls_objects o;
 	struct side pair[2];
-	char dir[128];
 	uint8_t buf[4200];
 	const uint8_t *payload;
 	struct proto_hdr h;
-	tls_objects__init(&o);
-	snprintf(dir, sizeof(dir), "%s/psk", g_dir);
-	T_CHECK_EQ(t, add(&o, "tls-creds-psk,id=ok,dir=%s", dir), 0);
-	const struct tls_creds *ok = tls_objects__creds(&o, "ok");
+	const struct tls_creds *ok = psk_ok(t, &o);
 	handshake(pair, ok, "", ok, NULL);
 	T_CHECK_EQ(t, mig_stream__peek_answer(&pair[0].s, 0, &h, &payload, buf, sizeof(buf)), 0);
 	uint8_t rec[64];
