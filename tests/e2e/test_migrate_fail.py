@@ -173,7 +173,12 @@ def test_cancel_rounds(d, vms, check):
     dst = dest(d, vms, cmd, uri)
     q = src.qmp()
     kt.set_caps(q, auto_converge=False)
-    kt.set_params(q, downtime_limit=1)
+    # 1 ms at 10 MB/s is less than 3 pages: the rounds go on unless the
+    # guest wrote nearly nothing during a whole round, which a round as
+    # long as sending its pages at 10 MB/s makes unlikely even when the
+    # guest's vCPU is starved of CPU time for a while (unlimited, a round
+    # can be a few ms long and end the migration then)
+    kt.set_params(q, downtime_limit=1, max_bandwidth=10 * 1000 * 1000)
     kt.wait_incoming(dst, kt.slow(30))
     q.cmd("migrate", uri=uri)
     r = wait_until(q, lambda r: r.get("status") == "active"

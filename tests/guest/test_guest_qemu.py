@@ -32,14 +32,24 @@ def boot(d, vms, name, cmdline, cpus=1, memory="1G", **kw):
     return vm
 
 
+# under emulation a vCPU thread of the emulated host is at times left
+# without a CPU for several seconds: collect() waits up to this long for
+# until() to hold (it ends as soon as it does)
+EMULATED_CAP_S = 40
+
+
 def collect(vm, seconds, until=None):
     """Lets the guest run `seconds` after the ready line (or until it
-    exits).  Under emulation: up to kt.slow(seconds), ending after
-    `seconds` as soon as until(console text) holds."""
+    exits).  Under emulation: up to max(kt.slow(seconds), EMULATED_CAP_S)
+    when until is given, ending after `seconds` as soon as until(console
+    text) holds."""
     t0 = time.time()
+    cap = kt.slow(seconds)
+    if kt.emulated() and until is not None:
+        cap = max(cap, EMULATED_CAP_S)
     while vm.proc.poll() is None:
         el = time.time() - t0
-        if el >= kt.slow(seconds):
+        if el >= cap:
             break
         if el >= seconds and (not kt.emulated() or until is None or until(vm.console.text())):
             break
