@@ -154,10 +154,9 @@ static int bench__boot(struct bench *b)
 
 static uint64_t ring_full_exits(struct bench *b)
 {
-	uint64_t n = 0;
-	for (unsigned i = 0; i < b->vm.nr_vcpus; i++)
-		n += atomic_load(&b->vm.vcpus[i].ring_full_exits);
-	return n;
+	struct dirty_stats st;
+	dirty__get_stats(b->vm.dirty, &st);
+	return st.ring_full_exits;
 }
 
 static void print_list(const char *name, const uint64_t *v, size_t n)
@@ -184,7 +183,7 @@ static int bench__sync_loop(struct bench *b, struct bitmap *bm)
 		if (b->o.interval_ms)
 			time__sleep_ns((uint64_t)b->o.interval_ms * 1000000ull);
 		uint64_t t0 = time__now_ns();
-		int64_t got = dirty__sync(b->vm.dirty, bm, b->o.kick);
+		int64_t got = dirty__sync(b->vm.dirty, bm, b->o.kick ? DIRTY_SYNC_KICK : 0);
 		uint64_t t1 = time__now_ns();
 		if (got < 0)
 			return (int)got;

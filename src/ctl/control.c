@@ -110,6 +110,8 @@ int control__init(struct control *c, struct vm *vm, const char *qmp_path,
 		rc = control__register_commands(c);
 	if (!rc)
 		rc = control__register_balloon(c);
+	if (!rc)
+		rc = control__register_introspection(c);
 	if (rc)
 		snprintf(err, errlen, "cannot set up QMP commands: %s", strerror(-rc));
 	return rc;

@@ -49,5 +49,7 @@ bool control__cont_vm(struct control *c);
 
 /* Registers the VM commands (ctl/commands.c). */
 int control__register_commands(struct control *c) KMIG_MUST_CHECK;
+/* Registers x-query-dirty-tracking and x-query-kvm-stats (ctl/introspect.c). */
+int control__register_introspection(struct control *c) KMIG_MUST_CHECK;
 
 #endif

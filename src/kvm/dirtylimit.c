@@ -8,8 +8,8 @@
 #include "kvm/vm.h"
 #include "mem/dirty.h"
 #include "mem/ram.h"
-#include "mig/dirtyrate.h"
-#include "mig/throttle_math.h"
+#include "mem/dirtyrate.h"
+#include "kvm/throttle_math.h"
 
 void dirtylimit__init(struct dirtylimit *dl, struct vm *vm)
 {

@@ -4,7 +4,7 @@
 
 #include "base/timeutil.h"
 #include "kvm/vm.h"
-#include "mig/throttle_math.h"
+#include "kvm/throttle_math.h"
 
 static void *throttle__thread(void *arg)
 {

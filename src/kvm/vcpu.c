@@ -13,7 +13,7 @@
 #include "dev/pci.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
-#include "mig/throttle_math.h"
+#include "kvm/throttle_math.h"
 #include "x86/cpuid.h"
 
 #define VCPU_KICK_SIGNAL SIGUSR1
@@ -42,8 +42,6 @@ int vcpu__create(struct vcpu *v, struct vm *vm, unsigned index)
 
 void vcpu__destroy(struct vcpu *v)
 {
-	if (v->ring)
-		munmap(v->ring, (size_t)v->vm->cfg.dirty_ring * sizeof(struct kvm_dirty_gfn));
 	if (v->run && v->run != MAP_FAILED)
 		munmap(v->run, v->vm->run_size);
 	if (v->fd > 0)
@@ -131,9 +129,8 @@ static bool vcpu__handle_exit(struct vcpu *v)
 	case KVM_EXIT_INTR:
 		return true;
 	case KVM_EXIT_DIRTY_RING_FULL:
-		atomic_fetch_add(&v->ring_full_exits, 1);
 		if (v->vm->dirty)
-			dirty__on_ring_full(v->vm->dirty, v);
+			dirty__on_ring_full(v->vm->dirty, v->index);
 		return true;
 	case KVM_EXIT_HLT:
 		vm__shutdown(v->vm, 0);

@@ -30,14 +30,11 @@ struct vcpu {
 	/* throttling */
 	uint64_t last_throttle_ns;
 	/* statistics */
-	atomic_ullong exits, ring_full_exits;
+	atomic_ullong exits;
 	atomic_ullong throttle_ns;   /* time slept for throttling / dirty limit */
 	atomic_ullong limit_sleep_ns; /* dirty-limit: sleep per 10 ms run slice */
 	atomic_bool probe;           /* halt probe requested (vm__all_halted) */
 	atomic_bool dead_halted;     /* probe answer: halted with IF=0 or never started */
-	/* dirty ring, when enabled (mem/dirty) */
-	struct kvm_dirty_gfn *ring;
-	uint32_t ring_next;          /* next entry to harvest (ring owner: dirty tracker) */
 };
 
 /* Creates the vCPU fd, maps kvm_run, sets CPUID. */

@@ -8,7 +8,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include "dev/balloon_vm.h"
+#include "kvm/vm_balloon.h"
 #include "kvm/vcpu.h"
 #include "mem/dirty.h"
 #include "x86/boot.h"
@@ -129,11 +129,35 @@ static int vm__create_vcpus(struct vm *vm, char *err, size_t errlen)
 	return 0;
 }
 
+static void vm__kick_cb(void *ctx)
+{
+	vm__kick_all_sync(ctx);
+}
+
+/* The dirty tracker gets what it needs of the VM, no more. */
+static int vm__create_tracker(struct vm *vm, char *err, size_t errlen)
+{
+	int fds[VM_MAX_VCPUS];
+	for (unsigned i = 0; i < vm->nr_vcpus; i++)
+		fds[i] = vm->vcpus[i].fd;
+	struct dirty_host h = {
+		.kvm_fd = vm->kvm_fd, .vm_fd = vm->vm_fd, .ram = &vm->ram,
+		.nr_vcpus = vm->nr_vcpus, .vcpu_fds = fds, .ring_entries = vm->cfg.dirty_ring,
+		.kick_all = vm__kick_cb, .kick_ctx = vm,
+		.clear_chunk_pages = vm->cfg.clear_chunk_pages,
+	};
+	int rc = dirty__create(&vm->dirty, &h, vm->cfg.reaper_fixed ? REAPER_FIXED : REAPER_ADAPTIVE);
+	if (rc)
+		snprintf(err, errlen, "cannot set up dirty tracking: %s", strerror(-rc));
+	return rc;
+}
+
 int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t errlen)
 {
 	memset(vm, 0, sizeof(*vm));
 	vm->cfg = *cfg;
 	vm->kvm_fd = vm->vm_fd = -1;
+	vm->kstats.fd = -1;
 	pthread_mutex_init(&vm->lock, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -159,13 +183,12 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 		if (!rc)
 			rc = vcpu__setup_pvh(&vm->vcpus[0], bi.entry, (uint32_t)bi.start_info);
 	}
-	if (!rc) {
-		rc = dirty__create(&vm->dirty, vm, cfg->reaper_fixed ? REAPER_FIXED : REAPER_ADAPTIVE);
-		if (rc)
-			snprintf(err, errlen, "cannot set up dirty tracking: %s", strerror(-rc));
-	}
+	if (!rc)
+		rc = vm__create_tracker(vm, err, errlen);
+	if (!rc && kvm_stats__open(&vm->kstats, vm->kvm_fd, vm->vm_fd))
+		log_debug("KVM binary statistics unavailable");
 	if (!rc && cfg->balloon)
-		rc = balloon_vm__attach(vm, err, errlen);
+		rc = vm_balloon__attach(vm, err, errlen);
 	return rc;
 }
 
@@ -198,9 +221,10 @@ void vm__destroy(struct vm *vm)
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)
 		if (vm->vcpus[i].thread_started)
 			pthread_join(vm->vcpus[i].thread, NULL);
-	balloon_vm__detach(vm);
+	vm_balloon__detach(vm);
 	if (vm->dirty)
 		dirty__destroy(vm->dirty);
+	kvm_stats__close(&vm->kstats);
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)
 		vcpu__destroy(&vm->vcpus[i]);
 	free(vm->vcpus);

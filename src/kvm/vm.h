@@ -21,6 +21,7 @@
 #include "base/log.h"
 #include "dev/serial.h"
 #include "kvm/dirtylimit.h"
+#include "kvm/kvm_stats.h"
 #include "kvm/throttle.h"
 #include "mem/ram.h"
 
@@ -50,7 +51,8 @@ struct vm_config {
 	uint32_t dirty_ring;     /* entries per vCPU ring; 0 = bitmap tracking */
 	bool incoming;           /* do not load a kernel: RAM and state arrive by migration */
 	bool reaper_fixed;       /* ring reaper every 1 s (QEMU's way) instead of adaptive */
-	bool balloon;            /* PCI bus with a virtio-balloon (dev/balloon_vm.h) */
+	bool balloon;            /* PCI bus with a virtio-balloon (kvm/vm_balloon.h) */
+	uint64_t clear_chunk_pages; /* dirty tracker's deferred-clear chunk; 0 = default */
 };
 
 struct dirty;                    /* mem/dirty.h */
@@ -71,6 +73,7 @@ struct vm {
 	struct ram ram;
 	struct serial serial;
 	struct dirty *dirty;         /* NULL until the tracker is created */
+	struct kvm_stats kstats;     /* fd -1 where KVM has no binary statistics */
 	struct pci_bus *pci;         /* NULL without --balloon */
 	struct balloon *balloon;     /* NULL without --balloon */
 	unsigned nr_vcpus;

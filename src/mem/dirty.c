@@ -8,47 +8,74 @@
 #include <sys/ioctl.h>
 
 #include "base/timeutil.h"
-#include "kvm/vm.h"
-
-#define CLEAR_CHUNK_PAGES (256ull * 1024) /* 1 GiB per KVM_CLEAR_DIRTY_LOG */
 
 static int dirty__start_locked(struct dirty *d);
 static int dirty__stop_locked(struct dirty *d);
 
-int dirty__create(struct dirty **out, struct vm *vm, enum reaper_mode mode)
+/* d->lock held */
+static void dirty__forget_pending(struct dirty *d)
 {
+	if (!__atomic_load_n(&d->any_pending, __ATOMIC_RELAXED))
+		return;
+	bitmap__clear_all(&d->pending);
+	bitmap__clear_all(&d->pending_chunks);
+	__atomic_store_n(&d->any_pending, false, __ATOMIC_RELAXED);
+}
+
+/* Bitmap backend: the log buffer, manual protect when KVM has it, and the
+ * deferred-clear maps. */
+static int dirty__create_bitmap(struct dirty *d)
+{
+	d->kvm_bitmap = calloc(BITMAP_WORDS(d->ram->npages), sizeof(uint64_t));
+	if (!d->kvm_bitmap)
+		return -ENOMEM;
+	int caps = ioctl(d->host.kvm_fd, KVM_CHECK_EXTENSION, KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2);
+	if (caps <= 0)
+		return 0;
+	struct kvm_enable_cap cap = { .cap = KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
+				      .args = { (uint64_t)caps } };
+	if (ioctl(d->host.vm_fd, KVM_ENABLE_CAP, &cap) < 0)
+		return 0;
+	d->manual_protect = true;
+	d->initially_set = caps & KVM_DIRTY_LOG_INITIALLY_SET;
+	uint64_t chunks = 0;
+	for (unsigned i = 0; i < d->ram->nr_blocks; i++) {
+		d->chunk_base[i] = chunks;
+		uint64_t np = d->ram->blocks[i].size >> RAM_PAGE_SHIFT;
+		chunks += (np + d->chunk_pages - 1) / d->chunk_pages;
+	}
+	int rc = bitmap__init(&d->pending, d->ram->npages);
+	return rc ? rc : bitmap__init(&d->pending_chunks, chunks ? chunks : 1);
+}
+
+int dirty__create(struct dirty **out, const struct dirty_host *host, enum reaper_mode mode)
+{
+	uint64_t chunk = host->clear_chunk_pages ? host->clear_chunk_pages : DIRTY_CLEAR_CHUNK_PAGES;
+	if (chunk % 64 || chunk > UINT32_MAX || !host->ram || !host->kick_all ||
+	    (host->ring_entries && (!host->vcpu_fds || !host->nr_vcpus)))
+		return -EINVAL;
 	struct dirty *d = calloc(1, sizeof(*d));
 	if (!d)
 		return -ENOMEM;
-	d->vm = vm;
-	d->ram = &vm->ram;
-	d->backend = vm->cfg.dirty_ring ? DIRTY_RING : DIRTY_BITMAP;
+	d->host = *host;
+	d->ram = host->ram;
+	d->chunk_pages = chunk;
+	d->backend = host->ring_entries ? DIRTY_RING : DIRTY_BITMAP;
 	d->mode = mode;
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_mutex_init(&d->users_lock, NULL);
 	pthread_mutex_init(&d->reaper_lock, NULL);
 	pthread_cond_init(&d->reaper_cond, NULL);
-	int rc = dirtyrate__init(&d->est, vm->nr_vcpus, DIRTYRATE_DEFAULT_PERIOD_MS, time__now_ms());
+	int rc = dirtyrate__init(&d->est, host->nr_vcpus ? host->nr_vcpus : 1,
+				 DIRTYRATE_DEFAULT_PERIOD_MS, time__now_ms());
 	if (!rc)
 		rc = bitmap__init(&d->acc, d->ram->npages);
 	if (!rc)
 		rc = bitmap__init(&d->vmm, d->ram->npages);
 	if (!rc)
 		rc = bitmap__init(&d->period, d->ram->npages);
-	if (!rc && d->backend == DIRTY_BITMAP) {
-		d->kvm_bitmap = calloc(BITMAP_WORDS(d->ram->npages), sizeof(uint64_t));
-		if (!d->kvm_bitmap)
-			rc = -ENOMEM;
-		int caps = ioctl(vm->kvm_fd, KVM_CHECK_EXTENSION, KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2);
-		if (!rc && caps > 0) {
-			struct kvm_enable_cap cap = { .cap = KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
-						      .args = { (uint64_t)caps } };
-			if (ioctl(vm->vm_fd, KVM_ENABLE_CAP, &cap) == 0) {
-				d->manual_protect = true;
-				d->initially_set = caps & KVM_DIRTY_LOG_INITIALLY_SET;
-			}
-		}
-	}
+	if (!rc && d->backend == DIRTY_BITMAP)
+		rc = dirty__create_bitmap(d);
 	if (!rc && d->backend == DIRTY_RING)
 		rc = dirty_ring__map(d);
 	if (rc) {
@@ -69,8 +96,11 @@ void dirty__destroy(struct dirty *d)
 	bitmap__free(&d->acc);
 	bitmap__free(&d->vmm);
 	bitmap__free(&d->period);
+	bitmap__free(&d->pending);
+	bitmap__free(&d->pending_chunks);
 	free(d->kvm_bitmap);
 	free(d->vcpu_entries);
+	dirty_ring__unmap(d);
 	pthread_mutex_destroy(&d->lock);
 	free(d);
 }
@@ -111,6 +141,8 @@ static int dirty__start_locked(struct dirty *d)
 	bitmap__clear_all(&d->acc);
 	bitmap__clear_all(&d->period);
 	d->stats.syncs = d->stats.harvested = 0;
+	d->stats.clear_calls = d->stats.cleared_pages = 0;
+	dirty__forget_pending(d);
 	dirtyrate__reset(&d->est, time__now_ms());
 	int rc = ram__set_logging(d->ram, true);
 	if (!rc)
@@ -133,7 +165,8 @@ static int dirty__stop_locked(struct dirty *d)
 	pthread_mutex_lock(&d->lock);
 	__atomic_store_n(&d->active, false, __ATOMIC_RELEASE);
 	if (d->backend == DIRTY_RING)
-		dirty_ring__harvest_all(d, NULL); /* leave the rings empty */
+		dirty_ring__harvest_all(d, -1); /* leave the rings empty */
+	dirty__forget_pending(d);            /* logging off: nothing left to protect */
 	int rc = ram__set_logging(d->ram, false);
 	pthread_mutex_unlock(&d->lock);
 	return rc;
@@ -168,48 +201,125 @@ static void dirty__take_vmm(struct dirty *d)
 	}
 }
 
-/* Bitmap backend: fetch each slot's log into acc, re-protecting as we go. */
-static int dirty__bitmap_collect(struct dirty *d)
+/* Re-protects the pages set in bits (the log of block b from page p, n
+ * pages) with KVM_CLEAR_DIRTY_LOG; skipped when none is set. */
+static int dirty__clear_range(struct dirty *d, unsigned b, uint64_t p, uint64_t n,
+			      uint64_t *bits)
+{
+	uint64_t set = 0;
+	for (uint64_t w = 0; w < (n + 63) / 64; w++)
+		set += (uint64_t)__builtin_popcountll(bits[w]);
+	if (!set)
+		return 0;
+	struct kvm_clear_dirty_log clr = { .slot = d->ram->blocks[b].slot, .first_page = p,
+		.num_pages = (uint32_t)n, .dirty_bitmap = bits };
+	if (ioctl(d->host.vm_fd, KVM_CLEAR_DIRTY_LOG, &clr) < 0)
+		return -errno;
+	d->stats.clear_calls++;
+	d->stats.cleared_pages += set;
+	return 0;
+}
+
+/* Deferred: the block's log becomes its pending set (pages a previous
+ * sync reported and no clear has protected are in this log again). */
+static void dirty__defer_block(struct dirty *d, unsigned b, uint64_t npages)
+{
+	const struct ram_block *blk = &d->ram->blocks[b];
+	for (uint64_t p = 0; p < npages; p += d->chunk_pages) {
+		uint64_t n = npages - p < d->chunk_pages ? npages - p : d->chunk_pages;
+		uint64_t c = d->chunk_base[b] + p / d->chunk_pages;
+		bitmap__clear_bit(&d->pending_chunks, c);
+		bool any = false;
+		for (uint64_t w = p / 64; w < (p + n + 63) / 64 && !any; w++)
+			any = d->kvm_bitmap[w] != 0;
+		if (!any)
+			continue;
+		bitmap__set(&d->pending_chunks, c);
+		__atomic_store_n(&d->any_pending, true, __ATOMIC_RELAXED);
+	}
+	/* pending's words for the block, replaced (first_page is a multiple
+	 * of 64 for every block: ram.c aligns blocks to 2 MiB) */
+	memcpy(d->pending.words + blk->first_page / 64, d->kvm_bitmap,
+	       (npages / 64) * sizeof(uint64_t));
+	if (npages % 64) {
+		uint64_t w = blk->first_page / 64 + npages / 64;
+		uint64_t mask = (1ull << (npages % 64)) - 1;
+		d->pending.words[w] = (d->pending.words[w] & ~mask) | (d->kvm_bitmap[npages / 64] & mask);
+	}
+}
+
+/* Bitmap backend: fetch each slot's log into acc; re-protect the pages it
+ * reports at once, or record them for dirty__clear_before_read. */
+static int dirty__bitmap_collect(struct dirty *d, bool defer)
 {
 	for (unsigned i = 0; i < d->ram->nr_blocks; i++) {
 		const struct ram_block *b = &d->ram->blocks[i];
 		uint64_t npages = b->size >> RAM_PAGE_SHIFT;
 		memset(d->kvm_bitmap, 0, BITMAP_WORDS(npages) * sizeof(uint64_t));
 		struct kvm_dirty_log log = { .slot = b->slot, .dirty_bitmap = d->kvm_bitmap };
-		if (ioctl(d->vm->vm_fd, KVM_GET_DIRTY_LOG, &log) < 0)
+		if (ioctl(d->host.vm_fd, KVM_GET_DIRTY_LOG, &log) < 0)
 			return -errno;
 		bitmap__or_words(&d->acc, b->first_page, d->kvm_bitmap, npages);
 		if (!d->manual_protect)
 			continue;
-		for (uint64_t p = 0; p < npages; p += CLEAR_CHUNK_PAGES) {
-			uint64_t n = npages - p < CLEAR_CHUNK_PAGES ? npages - p : CLEAR_CHUNK_PAGES;
-			bool any = false;
-			for (uint64_t w = p / 64; w < (p + n + 63) / 64 && !any; w++)
-				any = d->kvm_bitmap[w] != 0;
-			if (!any)
-				continue;
-			struct kvm_clear_dirty_log clr = { .slot = b->slot, .first_page = p,
-				.num_pages = (uint32_t)n, .dirty_bitmap = d->kvm_bitmap + p / 64 };
-			if (ioctl(d->vm->vm_fd, KVM_CLEAR_DIRTY_LOG, &clr) < 0)
-				return -errno;
+		if (defer) {
+			dirty__defer_block(d, i, npages);
+			continue;
+		}
+		for (uint64_t p = 0; p < npages; p += d->chunk_pages) {
+			uint64_t n = npages - p < d->chunk_pages ? npages - p : d->chunk_pages;
+			int rc = dirty__clear_range(d, i, p, n, d->kvm_bitmap + p / 64);
+			if (rc)
+				return rc;
 		}
 	}
+	if (!defer)
+		dirty__forget_pending(d); /* the whole log was just protected */
 	return 0;
 }
 
-int64_t dirty__sync(struct dirty *d, struct bitmap *dst, bool kick)
+int dirty__clear_before_read(struct dirty *d, uint64_t page)
+{
+	if (!__atomic_load_n(&d->any_pending, __ATOMIC_RELAXED))
+		return 0;
+	const struct ram *r = d->ram;
+	unsigned b = r->nr_blocks > 1 && page >= r->blocks[1].first_page ? 1 : 0;
+	uint64_t off = page - r->blocks[b].first_page;
+	uint64_t np = r->blocks[b].size >> RAM_PAGE_SHIFT;
+	if (page < r->blocks[b].first_page || off >= np)
+		return -EINVAL;
+	uint64_t c = d->chunk_base[b] + off / d->chunk_pages;
+	if (!bitmap__test(&d->pending_chunks, c))
+		return 0;
+	pthread_mutex_lock(&d->lock);
+	int rc = 0;
+	if (d->active && bitmap__test(&d->pending_chunks, c)) {
+		uint64_t p = off / d->chunk_pages * d->chunk_pages;
+		uint64_t n = np - p < d->chunk_pages ? np - p : d->chunk_pages;
+		uint64_t *words = d->pending.words + (r->blocks[b].first_page + p) / 64;
+		rc = dirty__clear_range(d, b, p, n, words);
+		if (!rc) {
+			bitmap__clear_range(&d->pending, r->blocks[b].first_page + p, n);
+			bitmap__clear_bit(&d->pending_chunks, c);
+		}
+	}
+	pthread_mutex_unlock(&d->lock);
+	return rc;
+}
+
+int64_t dirty__sync(struct dirty *d, struct bitmap *dst, unsigned flags)
 {
 	uint64_t t0 = time__now_ns();
 	int rc = 0;
 	if (!d->active)
 		return -EINVAL;
-	if (kick && d->backend == DIRTY_RING)
-		vm__kick_all_sync(d->vm);
+	if ((flags & DIRTY_SYNC_KICK) && d->backend == DIRTY_RING)
+		d->host.kick_all(d->host.kick_ctx);
 	pthread_mutex_lock(&d->lock);
 	if (d->backend == DIRTY_RING)
-		dirty_ring__harvest_all(d, NULL);
+		dirty_ring__harvest_all(d, -1);
 	else
-		rc = dirty__bitmap_collect(d);
+		rc = dirty__bitmap_collect(d, flags & DIRTY_SYNC_DEFER_CLEAR);
 	dirty__take_vmm(d);
 	uint64_t added = bitmap__or(dst, &d->acc);
 	uint64_t found = bitmap__count(&d->acc);
@@ -224,6 +334,11 @@ int64_t dirty__sync(struct dirty *d, struct bitmap *dst, bool kick)
 	return rc ? rc : (int64_t)added;
 }
 
+bool dirty__logging(const struct dirty *d)
+{
+	return ram__logging(d->ram);
+}
+
 void dirty__rate_update(struct dirty *d, uint64_t pages, uint64_t interval_ns)
 {
 	uint64_t rate = interval_ns ? pages * 1000000000ull / interval_ns : 0;
@@ -234,11 +349,14 @@ void dirty__rate_update(struct dirty *d, uint64_t pages, uint64_t interval_ns)
 
 void dirty__get_stats(struct dirty *d, struct dirty_stats *out)
 {
+	pthread_mutex_lock(&d->users_lock);
+	unsigned users = d->users;
+	pthread_mutex_unlock(&d->users_lock);
 	pthread_mutex_lock(&d->lock);
 	*out = d->stats;
-	out->ring_full_exits = 0;
-	for (unsigned i = 0; i < d->vm->nr_vcpus; i++)
-		out->ring_full_exits += atomic_load(&d->vm->vcpus[i].ring_full_exits);
+	out->ring_full_exits = dirty_ring__full_exits(d);
+	out->users = users;
+	out->pending_pages = __atomic_load_n(&d->any_pending, __ATOMIC_RELAXED) ? bitmap__count(&d->pending) : 0;
 	pthread_mutex_unlock(&d->lock);
 }
 
@@ -265,7 +383,7 @@ uint64_t dirty__vcpu_entries(struct dirty *d, unsigned vcpu)
 {
 	uint64_t n = 0;
 	pthread_mutex_lock(&d->lock);
-	if (d->vcpu_entries && vcpu < d->vm->nr_vcpus)
+	if (d->vcpu_entries && vcpu < d->host.nr_vcpus)
 		n = d->vcpu_entries[vcpu];
 	pthread_mutex_unlock(&d->lock);
 	return n;
@@ -276,6 +394,6 @@ void dirty__harvest(struct dirty *d)
 	if (d->backend != DIRTY_RING || !dirty__active(d))
 		return;
 	pthread_mutex_lock(&d->lock);
-	dirty_ring__harvest_all(d, NULL);
+	dirty_ring__harvest_all(d, -1);
 	pthread_mutex_unlock(&d->lock);
 }

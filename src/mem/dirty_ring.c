@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "base/timeutil.h"
-#include "kvm/vm.h"
 
 #define RESET_TRIES 8
 
@@ -38,19 +37,30 @@ int dirty__enable_ring_cap(int vm_fd, uint32_t entries, bool *acq_rel)
 
 int dirty_ring__map(struct dirty *d)
 {
-	size_t bytes = (size_t)d->vm->cfg.dirty_ring * sizeof(struct kvm_dirty_gfn);
+	size_t bytes = (size_t)d->host.ring_entries * sizeof(struct kvm_dirty_gfn);
 	long pg = sysconf(_SC_PAGESIZE);
-	for (unsigned i = 0; i < d->vm->nr_vcpus; i++) {
-		struct vcpu *v = &d->vm->vcpus[i];
-		void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd,
+	d->rings = calloc(d->host.nr_vcpus, sizeof(*d->rings));
+	d->vcpu_entries = calloc(d->host.nr_vcpus, sizeof(*d->vcpu_entries));
+	if (!d->rings || !d->vcpu_entries)
+		return -ENOMEM;
+	for (unsigned i = 0; i < d->host.nr_vcpus; i++) {
+		void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, d->host.vcpu_fds[i],
 			       (off_t)KVM_DIRTY_LOG_PAGE_OFFSET * pg);
 		if (p == MAP_FAILED)
 			return -errno;
-		v->ring = p;
-		v->ring_next = 0;
+		d->rings[i].gfns = p;
 	}
-	d->vcpu_entries = calloc(d->vm->nr_vcpus, sizeof(*d->vcpu_entries));
-	return d->vcpu_entries ? 0 : -ENOMEM;
+	return 0;
+}
+
+void dirty_ring__unmap(struct dirty *d)
+{
+	size_t bytes = (size_t)d->host.ring_entries * sizeof(struct kvm_dirty_gfn);
+	for (unsigned i = 0; d->rings && i < d->host.nr_vcpus; i++)
+		if (d->rings[i].gfns)
+			munmap(d->rings[i].gfns, bytes);
+	free(d->rings);
+	d->rings = NULL;
 }
 
 /* Marks one harvested gfn; returns 1 if the page is new in this rate period. */
@@ -70,23 +80,24 @@ static int dirty_ring__note(struct dirty *d, uint32_t slot, uint64_t offset)
 	return 0;
 }
 
-static uint64_t dirty_ring__harvest_one(struct dirty *d, struct vcpu *v)
+static uint64_t dirty_ring__harvest_one(struct dirty *d, unsigned vcpu)
 {
-	uint32_t n = d->vm->cfg.dirty_ring;
+	struct dirty_vring *r = &d->rings[vcpu];
+	uint32_t n = d->host.ring_entries;
 	uint64_t count = 0, fresh = 0;
 	for (;;) {
-		struct kvm_dirty_gfn *e = &v->ring[v->ring_next & (n - 1)];
+		struct kvm_dirty_gfn *e = &r->gfns[r->next & (n - 1)];
 		uint32_t flags = __atomic_load_n(&e->flags, __ATOMIC_ACQUIRE);
 		if (!(flags & KVM_DIRTY_GFN_F_DIRTY))
 			break;
 		fresh += dirty_ring__note(d, e->slot, e->offset);
 		__atomic_store_n(&e->flags, KVM_DIRTY_GFN_F_RESET, __ATOMIC_RELEASE);
-		v->ring_next++;
+		r->next++;
 		count++;
 	}
-	if (dirtyrate__add(&d->est, v->index, fresh))
-		log_debug("dirty rate: no vCPU %u", v->index);
-	d->vcpu_entries[v->index] += count;
+	if (dirtyrate__add(&d->est, vcpu, fresh))
+		log_debug("dirty rate: no vCPU %u", vcpu);
+	d->vcpu_entries[vcpu] += count;
 	return count;
 }
 
@@ -114,7 +125,7 @@ static void dirty_ring__reset(struct dirty *d, uint64_t want)
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
 	for (int i = 0; i < RESET_TRIES && (done < want || !i); i++) {
-		int r = ioctl(d->vm->vm_fd, KVM_RESET_DIRTY_RINGS, 0);
+		int r = ioctl(d->host.vm_fd, KVM_RESET_DIRTY_RINGS, 0);
 		if (r < 0 && errno != EINTR) {
 			log_warn("KVM_RESET_DIRTY_RINGS failed: %s", strerror(errno));
 			break;
@@ -129,36 +140,43 @@ static void dirty_ring__reset(struct dirty *d, uint64_t want)
 			 (unsigned long long)done, (unsigned long long)want);
 }
 
-uint64_t dirty_ring__harvest_all(struct dirty *d, struct vcpu *only)
+uint64_t dirty_ring__harvest_all(struct dirty *d, int only)
 {
 	uint64_t count = 0;
-	for (unsigned i = 0; i < d->vm->nr_vcpus; i++) {
-		struct vcpu *v = &d->vm->vcpus[i];
-		if (v->ring && (!only || only == v))
-			count += dirty_ring__harvest_one(d, v);
-	}
+	for (unsigned i = 0; i < d->host.nr_vcpus; i++)
+		if (d->rings[i].gfns && (only < 0 || (unsigned)only == i))
+			count += dirty_ring__harvest_one(d, i);
 	/* A ring-full exit with nothing new still needs a reset: KVM counts
 	 * harvested entries as used until they are reset. */
-	if (count || only)
+	if (count || only >= 0)
 		dirty_ring__reset(d, count);
 	d->stats.harvested += count;
 	dirty_ring__rate_tick(d);
 	return count;
 }
 
-void dirty__on_ring_full(struct dirty *d, struct vcpu *v)
+void dirty__on_ring_full(struct dirty *d, unsigned vcpu)
 {
+	if (d->backend != DIRTY_RING || vcpu >= d->host.nr_vcpus)
+		return;
+	atomic_fetch_add(&d->rings[vcpu].full_exits, 1);
 	pthread_mutex_lock(&d->lock);
-	dirty_ring__harvest_all(d, v);
+	dirty_ring__harvest_all(d, (int)vcpu);
 	pthread_mutex_unlock(&d->lock);
+}
+
+uint64_t dirty_ring__full_exits(struct dirty *d)
+{
+	uint64_t full = 0;
+	for (unsigned i = 0; d->rings && i < d->host.nr_vcpus; i++)
+		full += atomic_load(&d->rings[i].full_exits);
+	return full;
 }
 
 static unsigned dirty_ring__next_interval(struct dirty *d, uint64_t harvested)
 {
-	uint64_t full = 0;
-	for (unsigned i = 0; i < d->vm->nr_vcpus; i++)
-		full += atomic_load(&d->vm->vcpus[i].ring_full_exits);
-	uint64_t cap = (uint64_t)d->vm->cfg.dirty_ring * d->vm->nr_vcpus;
+	uint64_t full = dirty_ring__full_exits(d);
+	uint64_t cap = (uint64_t)d->host.ring_entries * d->host.nr_vcpus;
 	unsigned ms = reaper_policy__next_interval_ms(&d->reaper_policy, harvested, cap,
 						      full - d->reaper_full_seen);
 	d->reaper_full_seen = full;
@@ -182,7 +200,7 @@ static void *dirty_ring__reaper(void *arg)
 			break;
 		pthread_mutex_unlock(&d->reaper_lock);
 		pthread_mutex_lock(&d->lock);
-		uint64_t got = dirty_ring__harvest_all(d, NULL);
+		uint64_t got = dirty_ring__harvest_all(d, -1);
 		interval = dirty_ring__next_interval(d, got);
 		d->stats.reaper_runs++;
 		d->stats.reaper_interval_ms = interval;

@@ -105,6 +105,11 @@ int ram__set_logging(struct ram *r, bool on)
 		if (rc)
 			return rc;
 	}
-	r->logging = on;
+	__atomic_store_n(&r->logging, on, __ATOMIC_RELEASE);
 	return 0;
+}
+
+bool ram__logging(const struct ram *r)
+{
+	return __atomic_load_n(&r->logging, __ATOMIC_ACQUIRE);
 }

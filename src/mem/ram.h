@@ -61,5 +61,8 @@ uint8_t *ram__page_host(const struct ram *r, uint64_t page);
 /* Turns KVM dirty logging on or off for every memslot (re-registers the
  * slots with or without KVM_MEM_LOG_DIRTY_PAGES). */
 int ram__set_logging(struct ram *r, bool on) KMIG_MUST_CHECK;
+/* Whether every memslot was last registered, with KVM's success, with
+ * KVM_MEM_LOG_DIRTY_PAGES. */
+bool ram__logging(const struct ram *r);
 
 #endif

@@ -9,7 +9,7 @@
 #include "base/timeutil.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
-#include "mig/dirtyrate.h"
+#include "mem/dirtyrate.h"
 #include "mig/proto.h"
 
 static const char *const calc_mode_names[] = { "page-sampling", "dirty-ring", "dirty-bitmap" };
@@ -134,9 +134,9 @@ static uint64_t calcrate__bitmap(struct calcrate *c)
 	if (bitmap__init(&bm, vm->ram.npages))
 		return 0;
 	if (!dirty__start(vm->dirty)) {
-		int64_t got = dirty__sync(vm->dirty, &bm, true); /* the baseline */
+		int64_t got = dirty__sync(vm->dirty, &bm, DIRTY_SYNC_KICK); /* the baseline */
 		bitmap__clear_all(&bm);
-		if (got >= 0 && calcrate__wait(c) && dirty__sync(vm->dirty, &bm, true) >= 0)
+		if (got >= 0 && calcrate__wait(c) && dirty__sync(vm->dirty, &bm, DIRTY_SYNC_KICK) >= 0)
 			rate = dirtyrate__qemu_mbps(bitmap__count(&bm), RAM_PAGE_SIZE,
 						    c->calc_time_s * 1000);
 		if (dirty__stop(vm->dirty))

@@ -52,7 +52,11 @@ struct mig_params {
 	char tls_creds[TLS_ID_MAX];  /* tls-creds: an object id, "" = plain */
 	char tls_hostname[256];      /* tls-hostname: the destination's name to check */
 	char tls_authz[TLS_ID_MAX];  /* tls-authz: the only source a destination accepts */
+	/* x-free-page-hint-wait: ms the bulk pass waits at most for free page
+	 * hints before it starts; 0 (default): hints arrive while it sends */
+	uint64_t hint_wait_ms;
 };
+#define MIG_HINT_WAIT_MAX_MS 10000
 
 struct mig_stats {
 	uint64_t start_ms, setup_ms, total_ms, downtime_ms, expected_downtime_ms;

@@ -167,6 +167,19 @@ static bool sender__poll_due(struct sender *s, uint64_t n)
 	return true;
 }
 
+/* Every SENDER_POLL_PAGES pages looked at (sent or skipped), when due. */
+static int sender__poll(struct sender *s, uint64_t n)
+{
+	if (n % SENDER_POLL_PAGES || !sender__poll_due(s, n))
+		return 0;
+	if (atomic_load(&s->m->cancel))
+		return -ECANCELED;
+	int rc = sender__check_return_path(s, 0);
+	if (!rc)
+		sender__update_stats(s);
+	return rc;
+}
+
 /* Sends every page set in todo, clearing it. */
 int sender__pass(struct sender *s)
 {
@@ -174,24 +187,25 @@ int sender__pass(struct sender *s)
 	uint64_t n = 0;
 	for (size_t p = bitmap__next_set(todo, 0); p < todo->nbits; p = bitmap__next_set(todo, p + 1)) {
 		bitmap__clear_bit(todo, p);
+		/* the chunk's log is re-protected before its first page is read
+		 * (sent or skipped); stopped vCPUs write nothing, so not then */
+		int rc = s->paused ? 0 : dirty__clear_before_read(s->m->vm->dirty, p);
+		if (rc) {
+			migration__set_error(s->m, "dirty tracking: cannot re-protect pages: %s",
+					     strerror(-rc));
+			return rc;
+		}
 		if (s->paused && mig_fault__skip(&s->fault, p))
 			continue;
 		if (!s->bulk_done && s->m->vm->balloon && sender__skip(s, p)) {
 			if (s->unsent.words)
 				bitmap__set(&s->unsent, p);
-			continue;
+		} else if ((rc = sender__page(s, p)) != 0) {
+			return rc;
 		}
-		int rc = sender__page(s, p);
+		rc = sender__poll(s, ++n);
 		if (rc)
 			return rc;
-		if (++n % SENDER_POLL_PAGES == 0 && sender__poll_due(s, n)) {
-			if (atomic_load(&s->m->cancel))
-				return -ECANCELED;
-			rc = sender__check_return_path(s, 0);
-			if (rc)
-				return rc;
-			sender__update_stats(s);
-		}
 	}
 	int rc = sender__flush(s);
 	return rc ? rc : sender__end_pass(s);
@@ -309,7 +323,9 @@ int sender__switchover(struct sender *s)
 	s->paused = true;
 	control__event(s->m->ctl, "STOP", NULL);
 	throttle__set(&vm->throttle, 0);
-	int64_t got = dirty__sync(vm->dirty, &s->m->todo, false);
+	/* deferred, and never cleared: the vCPUs stay stopped until tracking
+	 * ends, so the downtime spends nothing on write protection */
+	int64_t got = dirty__sync(vm->dirty, &s->m->todo, DIRTY_SYNC_DEFER_CLEAR);
 	int rc = got < 0 ? (int)got : 0;
 	sender__synced(s);
 	log_debug("switchover: vCPUs stopped and synced after %llu ms",

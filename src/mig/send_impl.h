@@ -14,8 +14,9 @@
 
 #define SENDER_BATCH_PAGES 256
 #define SENDER_BATCH_ZERO 4096
-/* the pass looks at cancel and the return path every 4096 pages and, on a
- * slow link, at least every SENDER_POLL_MS (checked every 256 pages) */
+/* the pass looks at cancel and the return path, and publishes statistics,
+ * every 4096 pages it goes by (sent or skipped) and, on a slow link, at
+ * least every SENDER_POLL_MS (checked every 256 pages) */
 #define SENDER_POLL_PAGES 256
 #define SENDER_POLL_MS 100
 /* How long the source waits for the destination's answer after END (the

@@ -72,6 +72,31 @@ static int sender__open_channels(struct sender *s, const char *uri, const struct
 	return rc;
 }
 
+/* Free page hints: the driver holds each page it hints until DONE (after
+ * the bulk pass), and the pass re-protects a page's chunk before it skips
+ * the page, so a hinted page the guest takes back is logged and sent.
+ * By default the pass starts at once and skips what has been hinted by
+ * the time it gets there; x-free-page-hint-wait makes it wait for hints
+ * first (up to that long; 250 ms for the driver's first answer, then
+ * until it is quiet for 200 ms). */
+static void sender__start_hints(struct sender *s)
+{
+	struct migration *m = s->m;
+	struct balloon *b = m->vm->balloon;
+	if (!b || !balloon__hint_ready(b) || balloon__hint_start(b))
+		return;
+	pthread_mutex_lock(&m->lock);
+	uint64_t wait = m->params.hint_wait_ms;
+	pthread_mutex_unlock(&m->lock);
+	if (!wait) {
+		log_info("migration: free page hinting runs alongside the bulk pass");
+		return;
+	}
+	unsigned ack = wait < 250 ? (unsigned)wait : 250;
+	log_info("migration: %llu free pages hinted before the bulk pass",
+		 (unsigned long long)balloon__hint_wait(b, ack, 200, (unsigned)wait));
+}
+
 static int sender__setup(struct sender *s, const char *uri)
 {
 	struct migration *m = s->m;
@@ -116,15 +141,11 @@ static int sender__setup(struct sender *s, const char *uri)
 	s->tracking = true;
 	/* Collect (and re-protect, chunk by chunk) what tracking reports at
 	 * once, e.g. KVM_DIRTY_LOG_INITIALLY_SET: the bulk pass sends all. */
-	int64_t got = dirty__sync(m->vm->dirty, &m->todo, false);
+	int64_t got = dirty__sync(m->vm->dirty, &m->todo, DIRTY_SYNC_DEFER_CLEAR);
 	if (got < 0)
 		return (int)got;
 	bitmap__set_all(&m->todo);
-	/* tracking is on, so a hinted page the guest reuses will be sent */
-	if (m->vm->balloon && balloon__hint_ready(m->vm->balloon) &&
-	    !balloon__hint_start(m->vm->balloon))
-		log_info("migration: %llu free pages hinted before the bulk pass",
-			 (unsigned long long)balloon__hint_wait(m->vm->balloon, 250, 200, 2000));
+	sender__start_hints(s);
 	return 0;
 }
 
@@ -198,7 +219,8 @@ static int sender__iterate(struct sender *s)
 		uint64_t now = time__now_ms(), out = sender__bytes(s);
 		/* no all-vCPU kick while throttled (seed 000 patch 3) */
 		bool kick = atomic_load(&m->vm->throttle_pct) == 0 && !m->limit_set;
-		int64_t got = dirty__sync(m->vm->dirty, &m->todo, kick);
+		int64_t got = dirty__sync(m->vm->dirty, &m->todo,
+					  (kick ? DIRTY_SYNC_KICK : 0) | DIRTY_SYNC_DEFER_CLEAR);
 		if (got < 0)
 			return (int)got;
 		sender__synced(s);

@@ -125,11 +125,12 @@ def test_hints_leave_memory(d, vms, check):
     changes them.  The guest fills all its free memory (fill_check=1 makes
     fill-free take all of it), hints it when the migration starts, and with fill_check=1
     checks every page it gets back at DONE against the fill.  The migration
-    is cancelled during its bulk pass (about 0.5 MiB of used pages at
-    32 KiB/s: a quarter of a minute), so the guest checks on the
-    source: every hinted page must come back as it was (a source that wiped
-    them so that both hashes agree fails here with "fill-check BAD")."""
-    cmd = ("workload=fill-free mb=1 report_ms=500 balloon=1 balloon_report=0 "
+    is cancelled once the bulk pass has skipped hinted pages (about 0.5 MiB
+    of used pages at 32 KiB/s: a quarter of a minute; a heartbeat every
+    50 ms keeps every later round from converging), so the guest checks on
+    the source: every hinted page must come back as it was (a source that
+    wiped them so that both hashes agree fails here with "fill-check BAD")."""
+    cmd = ("workload=fill-free mb=1 report_ms=50 balloon=1 balloon_report=0 "
            "balloon_hint=1 fill_check=1")
     src, dst, uri = balloon_pair(d, vms, cmd, "256M")
     if not bound(check, "src_", src):

@@ -156,6 +156,7 @@ def test_cancel_bulk(d, vms, check):
     r = wait_until(q, lambda r: r.get("status") == "cancelled", kt.slow(20))
     check("cancelled", r.get("status") == "cancelled", repr(r))
     check("src_running", status(src) == "running", dump(src))
+    check("src_recovered", *kt.recovered(src.qmp()))
     check("guest_goes_on", guest_goes_on(src, r"^heartbeat"), dump(src))
     rc = dst.wait_exit(kt.slow(20))
     check("dst_exits_nonzero", rc == 1, "exit %r; %s" % (rc, dump(dst)))
@@ -189,6 +190,7 @@ def test_cancel_rounds(d, vms, check):
     r = wait_until(q, lambda r: r.get("status") == "cancelled", kt.slow(20))
     check("cancelled", r.get("status") == "cancelled", repr(r))
     check("src_running", status(src) == "running", dump(src))
+    check("src_recovered", *kt.recovered(src.qmp()))
     check("guest_goes_on", guest_goes_on(src, r"^stress cpu=0"), dump(src))
     rc = dst.wait_exit(kt.slow(20))
     check("dst_exits_nonzero", rc == 1, "exit %r; %s" % (rc, dump(dst)))
@@ -222,6 +224,7 @@ def test_dst_killed(d, vms, check):
     print("# dst_killed: error-desc %r" % r.get("error-desc"))
     check_failed(check, "failed", r, WRITE_TO_DEAD_DST, regex=True)
     check("src_running", status(src) == "running", dump(src))
+    check("src_recovered", *kt.recovered(src.qmp()))
     check("guest_goes_on", guest_goes_on(src, r"^heartbeat"), dump(src))
     retry(d, vms, check, src, cmd, "256M", r"^heartbeat")
 
@@ -245,6 +248,7 @@ def test_layout_mismatch(d, vms, check):
     check_failed(check, "failed", r, r"destination (refused the stream|failed): "
                  + re.escape(reason), regex=True)
     check("src_running", status(src) == "running", dump(src))
+    check("src_recovered", *kt.recovered(src.qmp()))
     check("guest_goes_on", guest_goes_on(src, r"^heartbeat"), dump(src))
     rc = dst.wait_exit(kt.slow(20))
     check("dst_exits_nonzero", rc == 1, "exit %r; %s" % (rc, dump(dst)))
@@ -278,6 +282,7 @@ def test_cpus_mismatch(d, vms, check):
     check_failed(check, "failed", r, "destination failed: " + (m.group(0) if m else rx),
                  regex=m is None)
     check("src_running", status(src) == "running", dump(src))
+    check("src_recovered", *kt.recovered(src.qmp()))
     check("guest_goes_on", guest_goes_on(src, r"^heartbeat"), dump(src))
     rc = dst.wait_exit(kt.slow(20))
     check("dst_exits_nonzero", rc == 1, "exit %r; %s" % (rc, dump(dst)))
@@ -317,6 +322,7 @@ def test_cancel_stalled(d, vms, check):
         r = wait_until(q, lambda r: r.get("status") == "cancelled", kt.slow(20))
         check("cancelled", r.get("status") == "cancelled", repr(r))
         check("src_running", status(src) == "running", dump(src))
+        check("src_recovered", *kt.recovered(src.qmp()))
         check("guest_goes_on", guest_goes_on(src, r"^stress cpu=0"), dump(src))
     finally:
         os.killpg(dst.proc.pid, signal.SIGCONT)
@@ -403,6 +409,7 @@ def test_nobody_listens_and_bad_uris(d, vms, check):
             print("# nobody_listens_%s: error-desc %r" % (kind, r.get("error-desc")))
             check_failed(check, kind + "_failed", r, want)
         check(kind + "_src_running", status(src) == "running", dump(src))
+        check(kind + "_src_recovered", *kt.recovered(src.qmp()))
     check("guest_goes_on", guest_goes_on(src, r"^heartbeat"), dump(src))
 
     # bad URIs: a QMP error saying what is wrong, nothing started, the guest runs on
@@ -433,6 +440,7 @@ def test_nobody_listens_and_bad_uris(d, vms, check):
     check("bad_uri_nothing_started", r.get("status") == "failed" and r.get("error-desc")
           == "tcp: connect needs a host and a port > 0", repr(r))
     check("bad_uri_src_running", status(src) == "running", dump(src))
+    check("src_recovered", *kt.recovered(src.qmp()))
 
 
 def test_second_migrate(d, vms, check):

@@ -84,7 +84,7 @@ static int guest__wait_ready(struct guest *g, unsigned timeout_ms)
 }
 
 static int guest__boot(struct guest *g, const char *cmdline, unsigned cpus,
-		       uint32_t ring, bool fixed, char *err, size_t errlen)
+		       uint32_t ring, bool fixed, uint64_t chunk_pages, char *err, size_t errlen)
 {
 	memset(g, 0, sizeof(*g));
 	g->console = tmpfile();
@@ -94,7 +94,8 @@ static int guest__boot(struct guest *g, const char *cmdline, unsigned cpus,
 	}
 	struct vm_config cfg = { .kernel = GUEST_ELF, .cmdline = cmdline, .mem_size = MEM_SIZE,
 				 .cpus = cpus, .console_fd = fileno(g->console),
-				 .dirty_ring = ring, .reaper_fixed = fixed };
+				 .dirty_ring = ring, .reaper_fixed = fixed,
+				 .clear_chunk_pages = chunk_pages };
 	int rc = vm__create(&g->vm, &cfg, err, errlen);
 	g->created = true;
 	if (!rc)
@@ -118,10 +119,9 @@ static void guest__destroy(struct guest *g)
 
 static uint64_t guest__ring_full_exits(struct guest *g)
 {
-	uint64_t n = 0;
-	for (unsigned i = 0; i < g->vm.nr_vcpus; i++)
-		n += atomic_load(&g->vm.vcpus[i].ring_full_exits);
-	return n;
+	struct dirty_stats st;
+	dirty__get_stats(g->vm.dirty, &st);
+	return st.ring_full_exits;
 }
 
 /* ---------------------------------------------------------------- probe */
@@ -139,6 +139,13 @@ struct probe {
 	uint64_t late;               /* unreported at a scan and at the next kicked one */
 	uint64_t first_late, mismatches, first_bad;
 	uint64_t sync_ns_max, sync_ns_sum;
+	/* deferred clear: syncs leave pages unprotected, and each chunk is
+	 * re-protected before its first reported page is copied (as the
+	 * migration's pass does); clear_late does it 3 ms after the copies
+	 * instead (the negative control: writes in between are lost) */
+	bool deferred, clear_late;
+	uint64_t chunk_pages;
+	int clear_rc;
 };
 
 static int probe__init(struct probe *p, struct vm *vm, uint64_t scan_pages)
@@ -200,10 +207,19 @@ static void probe__copy_reported(struct probe *p)
 {
 	for (uint64_t i = bitmap__next_set(&p->bm, 0); i < p->bm.nbits;
 	     i = bitmap__next_set(&p->bm, i + 1)) {
+		if (p->deferred && !p->clear_late && !p->clear_rc)
+			p->clear_rc = dirty__clear_before_read(p->vm->dirty, i);
 		memcpy(p->shadow + i * PG, ram__page_host(&p->vm->ram, i), PG);
 		bitmap__set(&p->ever, i);
 		bitmap__clear_bit(&p->pending, i);
 		p->reported++;
+	}
+	if (p->deferred && p->clear_late) {
+		/* a writer's window between the copies and the clear */
+		time__sleep_ns(3000000);
+		for (uint64_t i = bitmap__next_set(&p->bm, 0); i < p->bm.nbits && !p->clear_rc;
+		     i = bitmap__next_set(&p->bm, i + 1))
+			p->clear_rc = dirty__clear_before_read(p->vm->dirty, i);
 	}
 	bitmap__clear_all(&p->bm);
 }
@@ -211,7 +227,8 @@ static void probe__copy_reported(struct probe *p)
 static int probe__sync(struct probe *p, bool kick, bool scan)
 {
 	uint64_t t0 = time__now_ns();
-	int64_t n = dirty__sync(p->vm->dirty, &p->bm, kick);
+	int64_t n = dirty__sync(p->vm->dirty, &p->bm, (kick ? DIRTY_SYNC_KICK : 0) |
+				(p->deferred ? DIRTY_SYNC_DEFER_CLEAR : 0));
 	uint64_t dt = time__now_ns() - t0;
 	if (n < 0)
 		return (int)n;
@@ -321,6 +338,8 @@ struct tcase {
 	bool smp;                    /* try smp_cpus vCPUs */
 	bool expect_ring_full;
 	unsigned rounds;             /* 0: PLAN_DEFAULT's */
+	bool deferred, clear_late;   /* struct probe's */
+	uint64_t chunk_pages;        /* deferred-clear chunk; 0: the default */
 };
 
 static bool kvm_missing(const char *name)
@@ -366,11 +385,44 @@ static int tcase__boot(struct t *t, const struct tcase *c, struct guest *g, unsi
 	 * the small-ring cases need to fill their rings */
 	snprintf(cmd, sizeof(cmd), "workload=%s mb=%u cpus=%u report_ms=500 verify_precheck=0",
 		 c->workload, c->mb, cpus);
-	int rc = guest__boot(g, cmd, cpus, c->ring, c->fixed, err, sizeof(err));
+	int rc = guest__boot(g, cmd, cpus, c->ring, c->fixed, c->chunk_pages, err, sizeof(err));
 	if (rc) {
 		printf("#   %s: %s\n", c->name, err);
 		T_CHECK_EQ(t, rc, 0);
 	}
+	return rc;
+}
+
+/* Deferred clear: the first sync after start reports every page
+ * (KVM_DIRTY_LOG_INITIALLY_SET) and protects none of them; the pages are
+ * protected chunk by chunk as they are copied. */
+static int deferred__first_sync(struct t *t, struct probe *p)
+{
+	struct dirty_stats st;
+	int64_t n = dirty__sync(p->vm->dirty, &p->bm, DIRTY_SYNC_DEFER_CLEAR);
+	if (n < 0)
+		return (int)n;
+	dirty__get_stats(p->vm->dirty, &st);
+	printf("#   first deferred sync: reported=%" PRId64 " pending=%" PRIu64
+	       " cleared=%" PRIu64 " clear_calls=%" PRIu64 "\n", n, st.pending_pages,
+	       st.cleared_pages, st.clear_calls);
+	T_CHECK_EQ(t, st.clear_calls, 0);
+	T_CHECK_EQ(t, st.cleared_pages, 0);
+	T_CHECK(t, st.pending_pages > 0 && st.pending_pages == (uint64_t)n);
+	/* one chunk read: only its pages are protected */
+	uint64_t first = bitmap__next_set(&p->bm, 0);
+	int rc = first < p->bm.nbits ? dirty__clear_before_read(p->vm->dirty, first) : -ENOENT;
+	T_CHECK_EQ(t, rc, 0);
+	dirty__get_stats(p->vm->dirty, &st);
+	T_CHECK_EQ(t, st.clear_calls, 1);
+	T_CHECK(t, st.cleared_pages > 0 && st.cleared_pages <= p->chunk_pages &&
+		   st.pending_pages + st.cleared_pages == (uint64_t)n);
+	probe__copy_reported(p);
+	dirty__get_stats(p->vm->dirty, &st);
+	printf("#   after copying them: cleared=%" PRIu64 " in %" PRIu64 " calls, pending=%" PRIu64 "\n",
+	       st.cleared_pages, st.clear_calls, st.pending_pages);
+	if (!p->clear_late)
+		T_CHECK(t, st.pending_pages == 0 && st.cleared_pages == (uint64_t)n);
 	return rc;
 }
 
@@ -387,6 +439,11 @@ static void tcase__run(struct t *t, const struct tcase *c)
 	T_CHECK_EQ(t, rc, 0);
 	if (!rc)
 		rc = probe__init(&p, &g.vm, ((uint64_t)c->mb + SCAN_SLACK_MB) << 8);
+	p.deferred = c->deferred;
+	p.clear_late = c->clear_late;
+	p.chunk_pages = c->chunk_pages ? c->chunk_pages : DIRTY_CLEAR_CHUNK_PAGES;
+	if (!rc && c->deferred)
+		rc = deferred__first_sync(t, &p);
 	struct plan pl = PLAN_DEFAULT;
 	if (c->rounds)
 		pl.rounds = c->rounds;
@@ -397,8 +454,15 @@ static void tcase__run(struct t *t, const struct tcase *c)
 		rc = probe__final(&p);
 	T_CHECK_EQ(t, rc, 0);
 	probe__print(&p, c->name, &g);
-	if (!rc)
+	T_CHECK_EQ(t, p.clear_rc, 0);
+	if (!rc && !c->clear_late)
 		probe__check(t, &p, c->name);
+	if (!rc && c->clear_late) {
+		/* the negative control: the same checks see the loss */
+		printf("#   %s (negative control): late=%" PRIu64 " mismatches=%" PRIu64 "\n",
+		       c->name, p.late, p.mismatches);
+		T_CHECK(t, p.late + p.mismatches > 0);
+	}
 	if (c->expect_ring_full)
 		T_CHECK(t, guest__ring_full_exits(&g) > 0);
 	T_CHECK(t, !guest__console_has(&g, "verify BAD"));
@@ -484,6 +548,31 @@ static void t_ring4096_stress(struct t *t)
 	tcase__run(t, &c);
 }
 
+/* Deferred clear with 4 MiB chunks (64 of them in the 256 MiB guest). */
+static void t_bitmap_deferred_verify(struct t *t)
+{
+	static const struct tcase c = { .name = "bitmap_deferred_verify", .workload = "verify",
+					.mb = 16, .deferred = true, .chunk_pages = 1024 };
+	tcase__run(t, &c);
+}
+
+static void t_bitmap_deferred_stress_smp(struct t *t)
+{
+	static const struct tcase c = { .name = "bitmap_deferred_stress_smp", .workload = "stress",
+					.mb = 64, .smp = true, .deferred = true, .chunk_pages = 1024 };
+	tcase__run(t, &c);
+}
+
+/* Negative control: each chunk re-protected 3 ms after its pages were
+ * copied: the guest's writes in between are never reported. */
+static void t_bitmap_deferred_clear_late(struct t *t)
+{
+	static const struct tcase c = { .name = "bitmap_deferred_clear_late", .workload = "verify",
+					.mb = 16, .deferred = true, .clear_late = true,
+					.chunk_pages = 1024, .rounds = 500 };
+	tcase__run(t, &c);
+}
+
 /* ---------------------------------------------------------------- dirty__mark */
 
 static bool bitmap_equal(const struct bitmap *a, const struct bitmap *b)
@@ -502,7 +591,7 @@ static void mark__exact(struct t *t, struct guest *g)
 		goto out;
 	}
 	vm__pause_vcpus(&g->vm);
-	T_CHECK(t, dirty__sync(g->vm.dirty, &got, false) >= 0);   /* drain */
+	T_CHECK(t, dirty__sync(g->vm.dirty, &got, 0) >= 0);   /* drain */
 	bitmap__clear_all(&got);
 	uint64_t base = MARK_GPA >> RAM_PAGE_SHIFT;
 	dirty__mark(g->vm.dirty, MARK_GPA + 100, 1);               /* one byte */
@@ -514,11 +603,11 @@ static void mark__exact(struct t *t, struct guest *g)
 	bitmap__set_range(&want, base + 2, 2);
 	bitmap__set_range(&want, base + 10, 5);
 	bitmap__set(&want, r->npages - 1);
-	int64_t n = dirty__sync(g->vm.dirty, &got, false);
+	int64_t n = dirty__sync(g->vm.dirty, &got, 0);
 	T_CHECK_EQ(t, n, 9);
 	T_CHECK(t, bitmap_equal(&got, &want));
 	bitmap__clear_all(&got);
-	T_CHECK_EQ(t, dirty__sync(g->vm.dirty, &got, false), 0);  /* consumed */
+	T_CHECK_EQ(t, dirty__sync(g->vm.dirty, &got, 0), 0);  /* consumed */
 	vm__resume_vcpus(&g->vm);
 out:
 	bitmap__free(&got);
@@ -652,7 +741,7 @@ static void start_stop__cycle(struct t *t, struct guest *g, bool bitmap, unsigne
 	if (bitmap)
 		T_CHECK_EQ(t, slot_log_errno(g), ENOENT);
 	bitmap__clear_all(&p.bm);
-	T_CHECK_EQ(t, dirty__sync(g->vm.dirty, &p.bm, true), -EINVAL);
+	T_CHECK_EQ(t, dirty__sync(g->vm.dirty, &p.bm, DIRTY_SYNC_KICK), -EINVAL);
 	T_CHECK_EQ(t, dirty__stop(g->vm.dirty), 0);               /* idempotent */
 	probe__free(&p);
 }
@@ -706,6 +795,9 @@ int main(int argc, char **argv)
 	RUN_CASE(&t, t_ring_small_smp_verify, f);
 	RUN_CASE(&t, t_bitmap_stress_smp, f);
 	RUN_CASE(&t, t_ring4096_stress, f);
+	RUN_CASE(&t, t_bitmap_deferred_verify, f);
+	RUN_CASE(&t, t_bitmap_deferred_stress_smp, f);
+	RUN_CASE(&t, t_bitmap_deferred_clear_late, f);
 	RUN_CASE(&t, t_mark, f);
 	RUN_CASE(&t, t_bitmap_start_stop, f);
 	RUN_CASE(&t, t_ring_start_stop, f);

@@ -211,3 +211,39 @@ def test_clients_and_quit(d, vms, check):
     check("quit_exit_code_0", rc == 0, "exit status %s; %s" % (rc, why(vm)))
     check("quit_socket_removed", not os.path.exists(vm.qmp_path), "socket still there")
     q3.close()
+
+
+def test_introspection(d, vms, check):
+    """x-query-dirty-tracking follows tracking on and off (a dirty-bitmap
+    calc-dirty-rate holds it for its calc-time); x-query-kvm-stats returns
+    KVM's statistics of the VM."""
+    vm, q = running(d, vms, check)
+    if q is None:
+        return
+    t = q.cmd("x-query-dirty-tracking")
+    check("tracking_off", t.get("backend") == "bitmap" and t.get("active") is False
+          and t.get("logging") is False and t.get("users") == 0
+          and t.get("throttle-percentage") == 0, "%r" % t)
+    r = q.cmd_full("calc-dirty-rate", **{"calc-time": 3, "mode": "dirty-bitmap"})
+    check("calc_started", r.get("return") == {}, "reply %r" % r)
+    seen = None
+    deadline = time.time() + 2.5
+    while time.time() < deadline and seen is None:
+        t = q.cmd("x-query-dirty-tracking")
+        if t.get("active"):
+            seen = t
+        time.sleep(0.05)
+    check("tracking_on_while_measuring", seen is not None and seen.get("logging") is True
+          and seen.get("users") == 1, "%r" % (seen or t))
+    deadline = time.time() + kt.slow(10)
+    while time.time() < deadline and q.cmd("query-dirty-rate").get("status") != "measured":
+        time.sleep(0.1)
+    t = q.cmd("x-query-dirty-tracking")
+    check("tracking_off_after", t.get("active") is False and t.get("logging") is False
+          and t.get("users") == 0 and t.get("syncs", 0) >= 1, "%r" % t)
+    s = q.cmd("x-query-kvm-stats")
+    vmst = s.get("vm", {}) if isinstance(s, dict) else {}
+    check("kvm_stats", "pages_4k" in vmst and all(isinstance(v, int) for v in vmst.values()),
+          "%r" % s)
+    r = q.cmd_full("x-query-kvm-stats", bogus=1)
+    check("kvm_stats_bad_arg", r.get("error", {}).get("class") == "GenericError", "%r" % r)

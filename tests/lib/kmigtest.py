@@ -367,6 +367,20 @@ def set_params(qmp, **params):
     qmp.cmd("migrate-set-parameters", **{k.replace("_", "-"): v for k, v in params.items()})
 
 
+def recovered(qmp, user_limits=()):
+    """After a migration ended (cancelled, failed): dirty tracking is off
+    with no user left, KVM no longer logs writes to the memslots, no vCPU
+    throttle is in force and the vCPU dirty limits are the user's
+    (user_limits: query-vcpu-dirty-limit's list as the user set it).
+    Returns (ok, detail) for check()."""
+    t = qmp.cmd("x-query-dirty-tracking")
+    lim = qmp.cmd("query-vcpu-dirty-limit")
+    ok = (isinstance(t, dict) and t.get("active") is False and t.get("logging") is False
+          and t.get("users") == 0 and t.get("pending-pages") == 0
+          and t.get("throttle-percentage") == 0 and lim == list(user_limits))
+    return ok, "x-query-dirty-tracking %r, query-vcpu-dirty-limit %r" % (t, lim)
+
+
 def wait_migration(qmp, timeout=60.0, statuses=MIG_FINAL, interval=0.1):
     """Polls query-migrate until its status is one of statuses; returns the
     last reply (whatever its status, if the timeout passed first)."""

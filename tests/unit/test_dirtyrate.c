@@ -3,7 +3,7 @@
 #include <stdint.h>
 
 #include "harness.h"
-#include "mig/dirtyrate.h"
+#include "mem/dirtyrate.h"
 
 static void t_init_errors(struct t *t)
 {

@@ -5,7 +5,7 @@
 
 #include "harness.h"
 #include "mig/policy.h"
-#include "mig/throttle_math.h"
+#include "kvm/throttle_math.h"
 
 #define N(a) (sizeof(a) / sizeof((a)[0]))
 

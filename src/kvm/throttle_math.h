@@ -17,8 +17,8 @@
  *      under quota (measured < quota * 0.95): sleep' = sleep - (sleep - max(sleep*, 0)) / 2
  *      otherwise (dead band of +-5%):         sleep' = sleep
  *    clamped to [0, DIRTYLIMIT_MAX_SLEEP_FACTOR * run]. */
-#ifndef KMIG_MIG_THROTTLE_MATH_H
-#define KMIG_MIG_THROTTLE_MATH_H
+#ifndef KMIG_KVM_THROTTLE_MATH_H
+#define KMIG_KVM_THROTTLE_MATH_H
 
 #include <stdint.h>
 

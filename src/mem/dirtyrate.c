@@ -1,7 +1,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "mig/dirtyrate.h"
+#include "mem/dirtyrate.h"
 
 /* floor(a * b / c), saturated to UINT64_MAX; c must not be 0. */
 static uint64_t muldiv(uint64_t a, uint64_t b, uint64_t c)

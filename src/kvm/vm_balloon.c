@@ -8,18 +8,18 @@
 #include <sys/ioctl.h>
 
 #include "dev/balloon.h"
-#include "dev/balloon_vm.h"
+#include "kvm/vm_balloon.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
 
-static void balloon_vm__mark(void *ctx, uint64_t gpa, uint64_t len)
+static void vm_balloon__mark(void *ctx, uint64_t gpa, uint64_t len)
 {
 	struct vm *vm = ctx;
 	if (vm->dirty)
 		dirty__mark(vm->dirty, gpa, len);
 }
 
-static void balloon_vm__irq(void *ctx, bool level)
+static void vm_balloon__irq(void *ctx, bool level)
 {
 	struct vm *vm = ctx;
 	struct kvm_irq_level l = { .irq = BALLOON_IRQ, .level = level };
@@ -27,15 +27,15 @@ static void balloon_vm__irq(void *ctx, bool level)
 		log_debug("balloon: KVM_IRQ_LINE %d: %s", level, strerror(errno));
 }
 
-int balloon_vm__attach(struct vm *vm, char *err, size_t errlen)
+int vm_balloon__attach(struct vm *vm, char *err, size_t errlen)
 {
 	vm->pci = calloc(1, sizeof(*vm->pci));
 	if (!vm->pci)
 		return -ENOMEM;
 	pci__init(vm->pci);
 	struct balloon_conf c = {
-		.ram = &vm->ram, .mark = balloon_vm__mark, .mark_ctx = vm,
-		.irq = balloon_vm__irq, .irq_ctx = vm, .irq_line = BALLOON_IRQ,
+		.ram = &vm->ram, .mark = vm_balloon__mark, .mark_ctx = vm,
+		.irq = vm_balloon__irq, .irq_ctx = vm, .irq_line = BALLOON_IRQ,
 		.bar_gpa = BALLOON_BAR_GPA,
 	};
 	int rc = balloon__create(&vm->balloon, &c);
@@ -46,7 +46,7 @@ int balloon_vm__attach(struct vm *vm, char *err, size_t errlen)
 	return rc;
 }
 
-void balloon_vm__detach(struct vm *vm)
+void vm_balloon__detach(struct vm *vm)
 {
 	balloon__destroy(vm->balloon);
 	vm->balloon = NULL;

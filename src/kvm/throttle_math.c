@@ -1,4 +1,4 @@
-#include "mig/throttle_math.h"
+#include "kvm/throttle_math.h"
 
 /* floor(a * b / c), saturated to UINT64_MAX; c == 0 gives UINT64_MAX. */
 static uint64_t muldiv(uint64_t a, uint64_t b, uint64_t c)

@@ -15,8 +15,8 @@
  * (c) Unit conversions.  QEMU reports dirty rates (calc-dirty-rate,
  *     query-dirty-rate, set-vcpu-dirty-limit) in "MB/s" where MB = 2^20
  *     bytes (MiB); so do we.  All conversions truncate, as QEMU's do. */
-#ifndef KMIG_MIG_DIRTYRATE_H
-#define KMIG_MIG_DIRTYRATE_H
+#ifndef KMIG_MEM_DIRTYRATE_H
+#define KMIG_MEM_DIRTYRATE_H
 
 #include <stdbool.h>
 #include <stdint.h>

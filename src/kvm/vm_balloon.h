@@ -2,8 +2,8 @@
  * vm->balloon in slot BALLOON_PCI_SLOT, BAR at BALLOON_BAR_GPA, INTA on
  * GSI BALLOON_IRQ.  attach runs in vm__create after the dirty tracker
  * exists; detach after the vCPU threads are gone (NULL-safe). */
-#ifndef KMIG_DEV_BALLOON_VM_H
-#define KMIG_DEV_BALLOON_VM_H
+#ifndef KMIG_KVM_VM_BALLOON_H
+#define KMIG_KVM_VM_BALLOON_H
 
 #include <stddef.h>
 
@@ -11,7 +11,7 @@
 
 struct vm;
 
-int balloon_vm__attach(struct vm *vm, char *err, size_t errlen) KMIG_MUST_CHECK;
-void balloon_vm__detach(struct vm *vm);
+int vm_balloon__attach(struct vm *vm, char *err, size_t errlen) KMIG_MUST_CHECK;
+void vm_balloon__detach(struct vm *vm);
 
 #endif
