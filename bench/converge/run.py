@@ -76,9 +76,11 @@ QUICK_SIZES = [512]
 QUICK_CONFIGS = ["kmig-ring4096+computed", "qemu-ring4096+ac", "kmig-ring4096+dirty-limit",
                  "qemu-ring4096+vcpu-limit", "kmig-bitmap+computed", "qemu-bitmap+ac"]
 POLICY_TEXT = {
-    "step": "auto-converge, x-cpu-throttle-policy step (QEMU's law)",
-    "computed": "auto-converge, x-cpu-throttle-policy computed",
-    "dirty-limit": "capability dirty-limit (vcpu-dirty-limit, x-vcpu-dirty-limit-period)",
+    "step": "auto-converge, x-cpu-throttle-policy step (QEMU's law), x-final-round off "
+            "(QEMU's switchover): the like-for-like row",
+    "computed": "auto-converge, x-cpu-throttle-policy computed, x-final-round on",
+    "dirty-limit": "capability dirty-limit (vcpu-dirty-limit, x-vcpu-dirty-limit-period), "
+                   "x-final-round on",
     "ac": "auto-converge (QEMU 7.2, default cpu-throttle parameters)",
     "vcpu-limit": "set-vcpu-dirty-limit on every vCPU just before migrate (QEMU 7.2 has no "
                   "dirty-limit capability; emulates 8.1's dirty-limit, which sets the same "
@@ -218,6 +220,9 @@ def one_case(env, d, size, cfg, rep, a):
             caps["dirty-limit"] = policy == "dirty-limit"
             if policy in ("step", "computed"):
                 params["x-cpu-throttle-policy"] = policy
+            # step is the like-for-like row: QEMU's law and QEMU's switchover
+            params["x-final-round"] = (policy != "step" if a.final_round == "policy"
+                                       else a.final_round == "on")
             if policy == "dirty-limit":
                 params["vcpu-dirty-limit"] = quota
                 params["x-vcpu-dirty-limit-period"] = a.dirty_limit_period
@@ -552,6 +557,9 @@ def main():
     ap.add_argument("--settle-lines", type=int, default=5,
                     help="stress reports per vCPU to wait for before migrating")
     ap.add_argument("--poll", type=float, default=0.2, help="query-migrate interval, s")
+    ap.add_argument("--final-round", default="policy", choices=("policy", "on", "off"),
+                    help="kmig x-final-round: policy = off for step rows (like-for-like), "
+                         "on for the others")
     ap.add_argument("--tsc-khz", type=int, default=0)
     ap.add_argument("--build", default=os.path.join(ROOT, os.environ.get("KMIG_BUILD", "build")),
                     help="directory with kmig and guest/kmig-guest.elf")

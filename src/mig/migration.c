@@ -33,6 +33,7 @@ void migration__init(struct migration *m, struct vm *vm, struct control *ctl)
 	m->params.dirty_limit_period_ms = 1000;
 	m->params.vcpu_dirty_limit = 1;
 	m->params.multifd_channels = 2;
+	m->params.final_round = true;
 	calcrate__init(&m->calc, vm);
 	tls_objects__init(&m->tls);
 }

@@ -55,6 +55,10 @@ struct mig_params {
 	/* x-free-page-hint-wait: ms the bulk pass waits at most for free page
 	 * hints before it starts; 0 (default): hints arrive while it sends */
 	uint64_t hint_wait_ms;
+	/* x-final-round: once the policy would switch over with more than a
+	 * quarter of the downtime limit still to send, one more round first
+	 * (policy__final_round); off = QEMU's switchover */
+	bool final_round;
 };
 #define MIG_HINT_WAIT_MAX_MS 10000
 

@@ -73,6 +73,12 @@ bool policy__should_switchover(const struct policy_input *in, uint64_t downtime_
 	       (unsigned __int128)in->bandwidth_bps * downtime_limit_ms;
 }
 
+bool policy__final_round(const struct policy_input *in, uint64_t downtime_limit_ms)
+{
+	uint64_t e = policy__expected_downtime_ms(in->remaining_bytes, in->bandwidth_bps);
+	return e > POLICY_FINAL_ROUND_MIN_MS && e != UINT64_MAX && e * 4 > downtime_limit_ms;
+}
+
 bool policy__period_high(const struct policy_input *in, unsigned threshold_pct)
 {
 	uint64_t limit = sat64((unsigned __int128)in->bytes_sent_period * threshold_pct / 100);

@@ -96,6 +96,14 @@ uint64_t policy__expected_downtime_ms(uint64_t remaining_bytes, uint64_t bandwid
 bool policy__should_switchover(const struct policy_input *in, uint64_t downtime_limit_ms,
 			       uint64_t *expected_downtime_ms);
 
+/* After a switchover decision: whether one more round with the guest
+ * running (and throttled as it is) should come first, so the stop-and-copy
+ * carries only what the guest dirties during that short round.  True when
+ * the expected downtime is more than a quarter of the limit and more than
+ * POLICY_FINAL_ROUND_MIN_MS. */
+#define POLICY_FINAL_ROUND_MIN_MS 20u
+bool policy__final_round(const struct policy_input *in, uint64_t downtime_limit_ms);
+
 /* QEMU's trigger test for one period (see the laws above). */
 bool policy__period_high(const struct policy_input *in, unsigned threshold_pct);
 

@@ -53,6 +53,7 @@ struct sender {
 	uint64_t last_poll_ms;       /* sender__pass's last look at cancel and the return path */
 	uint64_t bandwidth_bps;      /* last measured */
 	bool bulk_done;              /* the first pass is over: nothing is skipped any more */
+	bool final_round;            /* x-final-round: the extra round was taken */
 	uint64_t free_skipped, balloon_skipped; /* pages the bulk pass did not send */
 	/* x-verify with a balloon: pages the bulk pass skipped (hinted free
 	 * or ballooned) that no sync has reported written since.  The

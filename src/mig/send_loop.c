@@ -150,6 +150,23 @@ static int sender__setup(struct sender *s, const char *uri)
 }
 
 /* Measures the round, asks the policy; returns 1 to switch over. */
+/* x-final-round: the first time the policy would switch over with much
+ * still to send, one more round goes first (the next decision stands). */
+static bool sender__hold_for_final_round(struct sender *s, const struct policy_input *in,
+					 uint64_t limit_ms)
+{
+	struct migration *m = s->m;
+	pthread_mutex_lock(&m->lock);
+	bool on = m->params.final_round;
+	pthread_mutex_unlock(&m->lock);
+	if (!on || s->final_round || !policy__final_round(in, limit_ms))
+		return false;
+	s->final_round = true;
+	log_debug("migration: one more round before the switchover (%llu KiB left)",
+		  (unsigned long long)(in->remaining_bytes >> 10));
+	return true;
+}
+
 static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64_t ms_round,
 				  uint64_t dirty_pages)
 {
@@ -194,7 +211,7 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 		pthread_mutex_unlock(&m->lock);
 	}
 	if (d.action == POLICY_SWITCHOVER)
-		return 1;
+		return sender__hold_for_final_round(s, &in, pp.downtime_limit_ms) ? 0 : 1;
 	if (d.action == POLICY_SET_THROTTLE && limit) {
 		if (!m->limit_set) {
 			dirtylimit__save(&vm->dirtylimit, m->user_limits);

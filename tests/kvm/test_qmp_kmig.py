@@ -247,3 +247,26 @@ def test_introspection(d, vms, check):
           "%r" % s)
     r = q.cmd_full("x-query-kvm-stats", bogus=1)
     check("kvm_stats_bad_arg", r.get("error", {}).get("class") == "GenericError", "%r" % r)
+
+
+def test_kmig_migration_parameters(d, vms, check):
+    """kmig's own migration parameters: defaults, set, read back, refused."""
+    vm, q = running(d, vms, check)
+    if q is None:
+        return
+    p = q.cmd("query-migrate-parameters")
+    check("defaults", p.get("x-final-round") is True and p.get("x-free-page-hint-wait") == 0,
+          "%r" % p)
+    r = q.cmd_full("migrate-set-parameters", **{"x-final-round": False,
+                                                "x-free-page-hint-wait": 2000})
+    p = q.cmd("query-migrate-parameters")
+    check("set", r.get("return") == {} and p.get("x-final-round") is False
+          and p.get("x-free-page-hint-wait") == 2000, "%r %r" % (r, p))
+    r = q.cmd_full("migrate-set-parameters", **{"x-free-page-hint-wait": 10001})
+    check("hint_wait_range", r.get("error", {}).get("desc") ==
+          "Parameter 'x-free-page-hint-wait' expects a value from 0 to 10000", "%r" % r)
+    r = q.cmd_full("migrate-set-parameters", **{"x-final-round": 1})
+    check("final_round_type", "error" in r, "%r" % r)
+    p = q.cmd("query-migrate-parameters")
+    check("unchanged_after_refusal", p.get("x-final-round") is False
+          and p.get("x-free-page-hint-wait") == 2000, "%r" % p)

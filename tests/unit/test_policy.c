@@ -215,6 +215,32 @@ static void t_switchover_table(struct t *t)
 	}
 }
 
+static void t_final_round_table(struct t *t)
+{
+	static const struct {
+		uint64_t remaining, bw, limit;
+		int want;
+	} rows[] = {
+		{ 0, 125000000, 300, 0 },                  /* nothing left */
+		{ 37500000, 125000000, 300, 1 },           /* 300 ms of 300 */
+		{ 9375000, 125000000, 300, 0 },            /* 75 ms: a quarter, not more */
+		{ 9375001, 125000000, 300, 1 },            /* 76 ms (rounded up) */
+		{ 2500000, 125000000, 300, 0 },            /* 20 ms: too small to bother */
+		{ 2500001, 125000000, 40, 1 },             /* 21 ms of 40 */
+		{ 4096, 0, 300, 0 },                        /* no bandwidth: unknown */
+		{ UINT64_MAX, 1, 2000000, 0 },              /* saturated: unknown */
+		{ 125000000, 125000000, 2000, 1 },          /* 1000 ms of 2000 */
+		{ 3125000, 125000000, 100, 0 },             /* 25 ms of 100: a quarter */
+	};
+
+	for (unsigned i = 0; i < N(rows); i++) {
+		struct policy_input in = {
+			.remaining_bytes = rows[i].remaining, .bandwidth_bps = rows[i].bw,
+		};
+		T_CHECK_EQ(t, policy__final_round(&in, rows[i].limit), rows[i].want);
+	}
+}
+
 static void t_needed_pct_table(struct t *t)
 {
 	static const struct { uint64_t rate, bw; unsigned thr, want; } rows[] = {
@@ -706,6 +732,7 @@ int main(void)
 	T_RUN(&t, t_dirtylimit_release_and_noise);
 	T_RUN(&t, t_params);
 	T_RUN(&t, t_switchover_table);
+	T_RUN(&t, t_final_round_table);
 	T_RUN(&t, t_needed_pct_table);
 	T_RUN(&t, t_period_high_table);
 	T_RUN(&t, t_step_two_high_periods);
