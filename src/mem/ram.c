@@ -22,14 +22,32 @@ static int ram__register(struct ram *r, const struct ram_block *b, bool log)
 	return 0;
 }
 
+/* An anonymous mapping whose start is 2 MiB aligned, so every 2 MiB of
+ * guest-physical memory (blocks start at multiples of 2 MiB) lies in one
+ * 2 MiB of host memory: a transparent huge page can back it and KVM can
+ * map it with one 2 MiB entry.  NULL with errno set on failure. */
+static void *ram__map_aligned(uint64_t size)
+{
+	const uint64_t huge = 2ull << 20;
+	uint8_t *p = mmap(NULL, size + huge, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	uint64_t head = (huge - ((uintptr_t)p & (huge - 1))) & (huge - 1);
+	if (head)
+		munmap(p, head);
+	if (huge - head)
+		munmap(p + head + size, huge - head);
+	return p + head;
+}
+
 int ram__create(struct ram *r, int vm_fd, uint64_t size)
 {
 	memset(r, 0, sizeof(*r));
 	if (size < RAM_MIN_SIZE || size > RAM_MAX_SIZE || size % (2ull << 20))
 		return -EINVAL;
-	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (p == MAP_FAILED)
+	void *p = ram__map_aligned(size);
+	if (!p)
 		return -errno;
 	madvise(p, size, MADV_HUGEPAGE);
 	r->vm_fd = vm_fd;

@@ -6,6 +6,9 @@
  *   S >  3 GiB: block 0 = [0, 3 GiB), block 1 = [4 GiB, 4 GiB + S - 3 GiB)
  * The hole [3 GiB, 4 GiB) holds the LAPIC, IOAPIC and device MMIO.
  *
+ * The mapping starts on a 2 MiB boundary, so huge pages can back it (and
+ * KVM map it with 2 MiB entries) once dirty logging is off.
+ *
  * Blocks never change after ram__create; any thread may read the layout.
  * ram__set_logging toggles KVM_MEM_LOG_DIRTY_PAGES on every slot and must
  * not race with itself (the dirty tracker serialises it). */
