@@ -21,6 +21,7 @@ pkgs=(
   libgnutls28-dev      # TLS 1.3 for the migration streams (PSK and X.509)
   gnutls-bin           # certtool and psktool: the tests' certificates and keys
   libtsan2             # ThreadSanitizer runtime for make TSAN=1 (gcc)
+  python3-matplotlib   # bench/report/plot.py: PNG plots of the benchmark results
 )
 missing=()
 for p in "${pkgs[@]}"; do

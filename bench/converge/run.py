@@ -238,11 +238,16 @@ def one_case(env, d, size, cfg, rep, a):
         t_mig = time.monotonic()
         q.cmd("migrate", uri=uri)
         last, max_thr, samples = None, 0, 0
-        max_limit_sleep, limit_rates = 0, []
+        max_limit_sleep, limit_rates, timeline = 0, [], []
         while True:
             src.poll_lines()
             r = q.cmd("query-migrate")
             samples += 1
+            ram = r.get("ram", {})
+            # [s since migrate, status, bytes sent, bytes left, dirty pages/s, throttle %]
+            timeline.append([round(time.monotonic() - t_mig, 3), r.get("status"),
+                             ram.get("transferred"), ram.get("remaining"),
+                             ram.get("dirty-pages-rate"), r.get("cpu-throttle-percentage")])
             max_thr = max(max_thr, r.get("cpu-throttle-percentage", 0) or 0)
             max_limit_sleep = max(max_limit_sleep,
                                   r.get("dirty-limit-throttle-time-per-round", 0) or 0)
@@ -261,6 +266,7 @@ def one_case(env, d, size, cfg, rep, a):
         res["wall_s"] = t_end - t_mig
         res["max_throttle_pct"] = max_thr
         res["polls"] = samples
+        res["timeline"] = timeline
         if quota is not None:
             res["max_dirty_limit_sleep_us_per_round"] = max_limit_sleep or None
             res["vcpu_dirty_limit_samples"] = limit_rates

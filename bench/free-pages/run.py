@@ -11,6 +11,10 @@ Modes:
   hints      virtio-balloon free page hinting: kmig --balloon,
              QEMU -device virtio-balloon-pci,disable-legacy=on,
              free-page-hint=on,iothread=io0 -object iothread,id=io0;
+             the bulk pass starts at once and hints arrive while it sends;
+  hints-wait kmig only: hints, with x-free-page-hint-wait=2000 (the bulk
+             pass first waits up to 2 s for the hints, kmig's behaviour
+             before hinting ran alongside the pass);
   reporting  free page reporting (free pages discarded on the host before
              the migration, then sent as zero pages): kmig --balloon,
              QEMU ...,free-page-reporting=on.
@@ -42,7 +46,8 @@ import run as mig  # noqa: E402  (Proc, vm_args, host_info, snapshot_binaries, .
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 MIB = 1 << 20
-MODES = ("none", "hints", "reporting")
+MODES = ("none", "hints", "hints-wait", "reporting")
+HINT_WAIT_MS = 2000
 VMMS = ("kmig", "qemu")
 QEMU_BALLOON = "virtio-balloon-pci,disable-legacy=on,%s"
 
@@ -50,7 +55,7 @@ QEMU_BALLOON = "virtio-balloon-pci,disable-legacy=on,%s"
 def cmdline(case, mode, a):
     wl = "workload=idle" if case == "booted" else "workload=fill-free mb=%d" % a.fill_mb
     cl = "%s report_ms=1000 tsc_khz=%d" % (wl, a.tsc_khz)
-    if mode == "hints":
+    if mode in ("hints", "hints-wait"):
         cl += " balloon=1 balloon_hint=1 balloon_report=0"
     elif mode == "reporting":
         cl += " balloon=1 balloon_hint=0 balloon_report=1"
@@ -112,6 +117,8 @@ def one_run(env, vmm, case, mode, rep, a):
             return res
         q = src.qmp()
         q.cmd("migrate-set-parameters", **{"max-bandwidth": a.bandwidth or mig.QEMU_UNLIMITED})
+        if mode == "hints-wait":
+            q.cmd("migrate-set-parameters", **{"x-free-page-hint-wait": HINT_WAIT_MS})
         q.cmd("migrate", uri=uri)
         deadline = time.monotonic() + a.cap
         r = {}
@@ -207,6 +214,8 @@ def main():
             for case in a.cases.split(","):
                 for mode in a.modes.split(","):
                     for vmm in a.vmms.split(","):
+                        if vmm != "kmig" and mode == "hints-wait":
+                            continue
                         r = one_run(env, vmm, case, mode, rep, a)
                         print("# %s" % json.dumps(r), flush=True)
                         runs.append(r)
