@@ -1,4 +1,4 @@
-/* kvm_stats__parse: the header and descriptor block of KVM_GET_STATS_FD,
+/* kvm_stats__parse (src/kvm/kvm_stats.c): the header and descriptor block of KVM_GET_STATS_FD,
  * built here as KVM lays it out, well-formed and broken. */
 #include <errno.h>
 #include <linux/kvm.h>
