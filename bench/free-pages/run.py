@@ -219,19 +219,11 @@ def main():
                         r = one_run(env, vmm, case, mode, rep, a)
                         print("# %s" % json.dumps(r), flush=True)
                         runs.append(r)
-        info["loadavg_end"] = mig.loadavg()
         summary = summarize(runs)
-        doc = {"benchmark": "free-pages", "info": info, "binaries": bins,
-               "params": {"memory": a.memory, "fill_mb": a.fill_mb, "bandwidth": a.bandwidth,
-                          "reps": a.reps, "tsc_khz": a.tsc_khz,
-                          "qemu_hints": QEMU_BALLOON % "free-page-hint=on,iothread=io0",
-                          "qemu_reporting": QEMU_BALLOON % "free-page-reporting=on"},
-               "summary": summary, "runs": runs}
-        os.makedirs(os.path.dirname(a.out), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(table(summary))
-        print("wrote %s" % a.out)
+        mig.save_results(a, "free-pages", info, bins, runs, summary, table(summary),
+                         qemu_devices={
+                             "hints": QEMU_BALLOON % "free-page-hint=on,iothread=io0",
+                             "reporting": QEMU_BALLOON % "free-page-reporting=on"})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

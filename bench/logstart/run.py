@@ -27,7 +27,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "bench", "migrate"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
-import kmigtest as kt  # noqa: E402,F401  (imported by run as well)
 import run as mig  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -145,16 +144,8 @@ def main():
                     r = one_run(env, vmm, gib, rep, a)
                     print("# %s" % json.dumps(r), flush=True)
                     runs.append(r)
-        info["loadavg_end"] = mig.loadavg()
         summary = summarize(runs)
-        doc = {"benchmark": "logstart", "info": info, "binaries": bins,
-               "params": {k: v for k, v in vars(a).items() if k != "out"},
-               "summary": summary, "runs": runs}
-        os.makedirs(os.path.dirname(a.out), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(table(summary))
-        print("wrote %s" % a.out)
+        mig.save_results(a, "logstart", info, bins, runs, summary, table(summary))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

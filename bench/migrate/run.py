@@ -438,6 +438,22 @@ def one_case(env, d, wl_name, bw_name, cfg_name, rep, a):
 
 # ------------------------------------------------------------ summary, table
 
+def save_results(a, name, info, bins, runs, summary, table_text, **extra):
+    """The end of a benchmark run: load average at the end, the JSON at
+    a.out (info, binaries, params = the command line's options, summary,
+    runs, any extra keys) and the table on stdout."""
+    info["loadavg_end"] = loadavg()
+    doc = {"benchmark": name, "info": info, "binaries": bins,
+           "params": {k: v for k, v in vars(a).items() if k != "out"}}
+    doc.update(extra)
+    doc.update(summary=summary, runs=runs)
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(table_text)
+    print("wrote %s" % a.out)
+
+
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None

@@ -28,7 +28,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "bench", "migrate"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
-import kmigtest as kt  # noqa: E402
 import run as mig  # noqa: E402  (Proc, vm_args, host_info, snapshot_binaries, ...)
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -247,16 +246,8 @@ def main():
                     brief = {k: v for k, v in r.items() if k not in ("samples", "reports")}
                     print("# %s" % json.dumps(brief), flush=True)
                     runs.append(r)
-        info["loadavg_end"] = mig.loadavg()
         summary = summarize(runs)
-        doc = {"benchmark": "recovery", "info": info, "binaries": bins,
-               "params": {k: v for k, v in vars(a).items() if k != "out"},
-               "summary": summary, "runs": runs}
-        os.makedirs(os.path.dirname(a.out), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(table(summary))
-        print("wrote %s" % a.out)
+        mig.save_results(a, "recovery", info, bins, runs, summary, table(summary))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -237,15 +237,10 @@ static void dirty__defer_block(struct dirty *d, unsigned b, uint64_t npages)
 		bitmap__set(&d->pending_chunks, c);
 		__atomic_store_n(&d->any_pending, true, __ATOMIC_RELAXED);
 	}
-	/* pending's words for the block, replaced (first_page is a multiple
-	 * of 64 for every block: ram.c aligns blocks to 2 MiB) */
+	/* pending's words for the block, replaced: blocks are multiples of
+	 * 2 MiB and start at one (ram.h), so both ends fall on whole words */
 	memcpy(d->pending.words + blk->first_page / 64, d->kvm_bitmap,
 	       (npages / 64) * sizeof(uint64_t));
-	if (npages % 64) {
-		uint64_t w = blk->first_page / 64 + npages / 64;
-		uint64_t mask = (1ull << (npages % 64)) - 1;
-		d->pending.words[w] = (d->pending.words[w] & ~mask) | (d->kvm_bitmap[npages / 64] & mask);
-	}
 }
 
 /* Bitmap backend: fetch each slot's log into acc; re-protect the pages it

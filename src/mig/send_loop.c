@@ -139,8 +139,9 @@ static int sender__setup(struct sender *s, const char *uri)
 		return rc;
 	}
 	s->tracking = true;
-	/* Collect (and re-protect, chunk by chunk) what tracking reports at
-	 * once, e.g. KVM_DIRTY_LOG_INITIALLY_SET: the bulk pass sends all. */
+	/* Collect what tracking reports at once (KVM_DIRTY_LOG_INITIALLY_SET:
+	 * everything) without protecting it: the bulk pass sends all and
+	 * re-protects each chunk as it reaches it. */
 	int64_t got = dirty__sync(m->vm->dirty, &m->todo, DIRTY_SYNC_DEFER_CLEAR);
 	if (got < 0)
 		return (int)got;
@@ -149,7 +150,6 @@ static int sender__setup(struct sender *s, const char *uri)
 	return 0;
 }
 
-/* Measures the round, asks the policy; returns 1 to switch over. */
 /* x-final-round: the first time the policy would switch over with much
  * still to send, one more round goes first (the next decision stands). */
 static bool sender__hold_for_final_round(struct sender *s, const struct policy_input *in,
@@ -167,6 +167,7 @@ static bool sender__hold_for_final_round(struct sender *s, const struct policy_i
 	return true;
 }
 
+/* Measures the round, asks the policy; returns 1 to switch over. */
 static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64_t ms_round,
 				  uint64_t dirty_pages)
 {
