@@ -5,7 +5,8 @@ static int refill_on;		/* fill-free with refill_ms: idle_run refills */
 static u64 refill_sweep;	/* pages over which the refills' position moves */
 static void refill_step(u64 g);
 
-#define CHUNK 4096		/* pages between two looks at the clock */
+#define CHUNK 64		/* pages between two looks at the clock: 256 KiB, so a
+				 * heavily throttled vCPU still reports on time */
 
 struct gib_stats {
 	u64 sum, n, max;	/* completed GiBs in this report period, in cycles */

@@ -27,9 +27,9 @@ struct run_opts {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kmig run --kernel FILE [--cmdline S] [--memory SIZE] [--cpus N]\n"
+		"usage: kmig run --kernel FILE [--initrd FILE] [--cmdline S] [--memory SIZE] [--cpus N]\n"
 		"                [--console stdio|file:PATH|none] [--qmp unix:PATH]\n"
-		"                [--dirty-ring ENTRIES] [--reaper fixed|adaptive] [--balloon]\n"
+		"                [--dirty-ring ENTRIES|auto] [--reaper fixed|adaptive] [--balloon]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
 		"                [--object tls-creds-psk,id=ID,dir=DIR[,username=NAME]]\n"
 		"                [--object tls-creds-x509,id=ID,dir=DIR[,verify-peer=on|off]]\n"
@@ -63,6 +63,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 {
 	static const struct option longopts[] = {
 		{ "kernel", required_argument, 0, 'k' }, { "cmdline", required_argument, 0, 'c' },
+		{ "initrd", required_argument, 0, 'I' },
 		{ "memory", required_argument, 0, 'm' }, { "cpus", required_argument, 0, 'n' },
 		{ "console", required_argument, 0, 'o' }, { "qmp", required_argument, 0, 'q' },
 		{ "dirty-ring", required_argument, 0, 'r' }, { "incoming", required_argument, 0, 'i' },
@@ -77,11 +78,13 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 	memset(o, 0, sizeof(*o));
 	o->vm.mem_size = 1ull << 30;
 	o->vm.cpus = 1;
+	o->vm.dirty_ring = VM_DIRTY_RING_AUTO;
 	o->console = "stdio";
 	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'k': o->vm.kernel = optarg; break;
 		case 'c': o->vm.cmdline = optarg; break;
+		case 'I': o->vm.initrd = optarg; break;
 		case 'm':
 			if (units__parse_size(optarg, MiB, &v))
 				die("--memory %s: not a size (e.g. 512M, 2G)", optarg);
@@ -101,9 +104,14 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 			o->qmp = optarg + 5;
 			break;
 		case 'r':
+			if (!strcmp(optarg, "auto")) {
+				o->vm.dirty_ring = VM_DIRTY_RING_AUTO;
+				break;
+			}
 			if (units__parse_u64(optarg, 0, 65536, &v) || (v & (v - 1)) ||
 			    (v && v < 256))
-				die("--dirty-ring %s: 0 (bitmap) or a power of two from 256 to 65536", optarg);
+				die("--dirty-ring %s: auto, 0 (bitmap) or a power of two from 256 to 65536",
+				    optarg);
 			o->vm.dirty_ring = (uint32_t)v;
 			break;
 		case 'i': o->incoming = optarg; break;
@@ -130,6 +138,8 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		die("unexpected argument: %s", argv[optind]);
 	if (!o->vm.kernel && !o->incoming)
 		die("--kernel FILE is required");
+	if (o->vm.initrd && !o->vm.kernel)
+		die("--initrd needs --kernel (an incoming VM gets its RAM by migration)");
 	o->vm.incoming = o->incoming != NULL;
 	open_console(o->console, &o->vm.console_fd);
 }

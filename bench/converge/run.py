@@ -64,7 +64,12 @@ CONFIGS = {
     # not in the full set (--configs): the seed's other ring size for QEMU
     "qemu-ring65536+ac": ("qemu", 65536, "ac"),
     "qemu-ring65536+vcpu-limit": ("qemu", 65536, "vcpu-limit"),
+    # post-copy (bench/postcopy): after the bulk pass, or by itself (hybrid)
+    "kmig-ring4096+postcopy": ("kmig", 4096, "postcopy"),
+    "kmig-ring4096+hybrid": ("kmig", 4096, "hybrid"),
+    "qemu-ring4096+postcopy": ("qemu", 4096, "postcopy"),
 }
+POSTCOPY = ("postcopy", "hybrid")
 # run order: QEMU rows spread among kmig rows, so outside load hits both alike
 FULL_CONFIGS = ["kmig-bitmap+step", "qemu-bitmap+ac", "kmig-bitmap+computed",
                 "kmig-ring4096+step", "qemu-ring4096+ac", "kmig-ring4096+computed",
@@ -82,6 +87,12 @@ POLICY_TEXT = {
     "dirty-limit": "capability dirty-limit (vcpu-dirty-limit, x-vcpu-dirty-limit-period), "
                    "x-final-round on",
     "ac": "auto-converge (QEMU 7.2, default cpu-throttle parameters)",
+    "postcopy": "postcopy-ram on both sides, migrate-start-postcopy once the bulk pass is "
+                "over (dirty-sync-count 1 in kmig, 2 in QEMU, which counts its setup sync), "
+                "max-postcopy-bandwidth = max-bandwidth, no auto-converge",
+    "hybrid": "postcopy-ram on both sides and x-postcopy-auto: kmig switches by itself "
+              "(policies.md \"Hybrid\"), max-postcopy-bandwidth = max-bandwidth, "
+              "auto-converge on (it throttles only if pre-copy goes on)",
     "vcpu-limit": "set-vcpu-dirty-limit on every vCPU just before migrate (QEMU 7.2 has no "
                   "dirty-limit capability; emulates 8.1's dirty-limit, which sets the same "
                   "limit only after two high rounds)",
@@ -214,7 +225,17 @@ def one_case(env, d, size, cfg, rep, a):
             return res
         q = src.qmp()
         params = {"max-bandwidth": a.bandwidth, "downtime-limit": a.downtime}
-        caps = {"auto-converge": policy in ("step", "computed", "ac")}
+        caps = {"auto-converge": policy in ("step", "computed", "ac", "hybrid")}
+        if policy in POSTCOPY:
+            # the same link after the switch: max-postcopy-bandwidth too
+            params["max-postcopy-bandwidth"] = a.bandwidth
+            caps["postcopy-ram"] = True
+            dcaps = [{"capability": "postcopy-ram", "state": True}]
+            if vmm == "qemu":   # QEMU measures how long vCPUs waited for pages
+                dcaps.append({"capability": "postcopy-blocktime", "state": True})
+            dst.qmp().cmd("migrate-set-capabilities", capabilities=dcaps)
+            if policy == "hybrid":
+                caps["x-postcopy-auto"] = True
         quota = dirty_limit_mbps(a) if policy in ("dirty-limit", "vcpu-limit") else None
         if vmm == "kmig":
             caps["dirty-limit"] = policy == "dirty-limit"
@@ -239,11 +260,19 @@ def one_case(env, d, size, cfg, rep, a):
         q.cmd("migrate", uri=uri)
         last, max_thr, samples = None, 0, 0
         max_limit_sleep, limit_rates, timeline = 0, [], []
+        pc_asked = False
         while True:
             src.poll_lines()
             r = q.cmd("query-migrate")
             samples += 1
             ram = r.get("ram", {})
+            if policy == "postcopy" and not pc_asked and ram.get("dirty-sync-count", 0) >= (
+                    1 if vmm == "kmig" else 2):
+                q.cmd("migrate-start-postcopy")
+                pc_asked = True
+                res["postcopy_asked_s"] = round(time.monotonic() - t_mig, 3)
+            if r.get("status") == "postcopy-active" and "postcopy_active_s" not in res:
+                res["postcopy_active_s"] = round(time.monotonic() - t_mig, 3)
             # [s since migrate, status, bytes sent, bytes left, dirty pages/s, throttle %]
             timeline.append([round(time.monotonic() - t_mig, 3), r.get("status"),
                              ram.get("transferred"), ram.get("remaining"),
@@ -261,7 +290,7 @@ def one_case(env, d, size, cfg, rep, a):
             last = r
             if r.get("status") in kt.MIG_FINAL or time.monotonic() - t_mig > a.cap:
                 break
-            time.sleep(a.poll)
+            mb.poll_consoles((src, dst), a.poll)
         t_end = time.monotonic()
         res["wall_s"] = t_end - t_mig
         res["max_throttle_pct"] = max_thr
@@ -302,18 +331,31 @@ def one_case(env, d, size, cfg, rep, a):
                         "final_throttle_pct": last.get("cpu-throttle-percentage"),
                         "error_desc": last.get("error-desc")})
             res["query_final"] = last
-        time.sleep(0.3)
-        src.poll_lines()
-        res["guest"] = slowdown(src.seen, t_start, t_end)
+        mb.poll_consoles((src, dst), 0.3)
+        if policy in POSTCOPY:
+            # the guest runs at the destination from the switch on: its
+            # pace there counts (its lines continue the source's)
+            res["guest"] = slowdown(sorted(src.seen + dst.seen), t_start, t_end)
+            try:
+                dq = dst.qmp().cmd("query-migrate")
+                res["dst_query_final"] = dq
+                res["postcopy_dst"] = dq.get("x-postcopy")
+                res["postcopy_blocktime_ms"] = dq.get("postcopy-blocktime")
+            except (OSError, EOFError, RuntimeError) as e:
+                res["dst_query_error"] = repr(e)
+            res["postcopy_requests"] = last.get("ram", {}).get("postcopy-requests")
+            res["postcopy_bytes"] = last.get("ram", {}).get("postcopy-bytes")
+        else:
+            res["guest"] = slowdown(src.seen, t_start, t_end)
         if res["status"] == "completed":
             deadline = time.monotonic() + 5
             res["dst_resumed"] = False
             while time.monotonic() < deadline:
-                dst.poll_lines()
+                mb.poll_consoles((src, dst), mb.POLL_LINES_S)
                 if any(l.startswith("stress ") for _, l in dst.seen):
                     res["dst_resumed"] = True
                     break
-                time.sleep(0.1)
+            res["guest_switchover_gap_ms"] = mb.switchover_gap(src.seen, dst.seen)
         return res
     except (OSError, EOFError, RuntimeError) as e:
         res.update(status="error", error=repr(e), src_out=src.output()[-500:],
@@ -354,8 +396,12 @@ def summarize(runs, cap):
         use = conv if conv else [r for r in rs if r.get("status") != "error"]
         for f in ("total_time_ms", "downtime_ms", "sent_bytes", "dirty_sync_count",
                   "max_throttle_pct", "wall_s", "max_dirty_limit_sleep_us_per_round",
-                  "limited_vcpu_rate_mbps"):
+                  "limited_vcpu_rate_mbps", "guest_switchover_gap_ms"):
             s["median_" + f] = med(r.get(f) for r in use)
+        # the spread of the completed runs' total time and guest-seen switchover
+        for f in ("total_time_ms", "guest_switchover_gap_ms"):
+            v = [r[f] for r in conv if r.get(f) is not None]
+            s["min_" + f], s["max_" + f] = (min(v), max(v)) if v else (None, None)
         # time: query-migrate's total-time when completed, else at least the cap
         s["time_s"] = (s["median_total_time_ms"] / 1000.0 if conv and
                        s["median_total_time_ms"] is not None else
@@ -370,8 +416,50 @@ def summarize(runs, cap):
                                       if x.get("max_report_gap_ms") is not None), default=None)
         s["median_baseline_ms_per_gib"] = med(x.get("baseline_ms_per_gib") for x in g)
         s["dst_resumed"] = all(r.get("dst_resumed") for r in conv) if conv else None
+        if r0["policy"] in POSTCOPY:
+            pd = [r.get("postcopy_dst") or {} for r in conv]
+            s["median_postcopy_active_s"] = med(r.get("postcopy_active_s") for r in conv)
+            s["median_postcopy_requests"] = med(r.get("postcopy_requests") for r in conv)
+            s["median_postcopy_bytes"] = med(r.get("postcopy_bytes") for r in conv)
+            s["median_latency_p50_us"] = med(x.get("latency-p50-us") for x in pd)
+            s["median_latency_p99_us"] = med(x.get("latency-p99-us") for x in pd)
+            s["median_postcopy_blocktime_ms"] = med(r.get("postcopy_blocktime_ms") for r in conv)
         out.append(s)
     return out
+
+
+def postcopy_table(summary):
+    """The post-copy rows (bench/postcopy) beside the best pre-copy row."""
+    rows = [s for s in summary if s["policy"] in POSTCOPY or s["config"] ==
+            "kmig-ring4096+dirty-limit"]
+    if not any(s["policy"] in POSTCOPY for s in rows):
+        return []
+    lines = ["", "Post-copy beside kmig's best pre-copy (medians):", "",
+             "| stress | config | status | total (s) | switch at (s) | downtime (ms) | "
+             "s below ½ pace | worst max ms/GiB | requests | request latency p50 / p99 (µs) "
+             "| QEMU blocktime (ms) | sent (MiB) | after switch (MiB) | runs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in rows:
+        lines.append("| %d MiB | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s | %s | %s | %d |" % (
+            s["stress_mib"], s["config"], status_text(s, 0),
+            fmt(s["time_s"], "≥%.0f" if s["time_is_lower_bound"] else "%.1f"),
+            fmt(s.get("median_postcopy_active_s"), "%.1f"), fmt(s["median_downtime_ms"], "%d"),
+            fmt(s["median_s_below_half_pace"], "%.1f"), fmt(s["worst_max_ms_per_gib"], "%.0f"),
+            fmt(s.get("median_postcopy_requests"), "%d"),
+            fmt(s.get("median_latency_p50_us"), "%d"), fmt(s.get("median_latency_p99_us"), "%d"),
+            fmt(s.get("median_postcopy_blocktime_ms"), "%d"),
+            fmt(s["median_sent_bytes"] and s["median_sent_bytes"] / MIB, "%.0f"),
+            fmt(s.get("median_postcopy_bytes") and s["median_postcopy_bytes"] / MIB, "%.0f"),
+            s["runs"]))
+    lines += ["", "switch at: seconds from migrate to the first poll in postcopy-active.  "
+              "downtime: the source's figure (kmig: from its stop to the destination's "
+              "RP_RUNNING; QEMU: its own).  Guest pace from the stress lines of the source "
+              "and, after the switch, of the destination (the same report sequence).  "
+              "request latency: kmig's destination, from a page request to the page's "
+              "placement (histogram buckets, within 19 %).  QEMU blocktime: QEMU's "
+              "destination with capability postcopy-blocktime (total time vCPUs waited "
+              "for pages); kmig does not measure that."]
+    return lines
 
 
 def best(rows):
@@ -418,6 +506,14 @@ def fmt(x, f, none="–"):
     return none if x is None else f % x
 
 
+def spread(s, f, div, form):
+    """' (min–max)' of a summary row's completed runs, when there are two or more."""
+    lo, hi = s.get("min_" + f), s.get("max_" + f)
+    if lo is None or s["completed"] < 2:
+        return ""
+    return " (%s–%s)" % (form % (lo / div), form % (hi / div))
+
+
 def status_text(s, cap):
     if s["completed"] == s["runs"]:
         return "completed"
@@ -446,15 +542,16 @@ def tables(summary, heads, info, a, cfg):
                  " ".join("%.2f" % x for x in info.get("loadavg_end", []))),
              ""]
     # 1. the seed's Test2 shape, with more columns
-    lines += ["| stress | tracking | VMM | policy | status | total (s) | downtime (ms) | sent (MiB) "
+    lines += ["| stress | tracking | VMM | policy | status | total (s) (min–max) | downtime (ms) "
+              "| guest gap (ms) (max) | sent (MiB) "
               "| syncs | max throttle | worst max ms/GiB (base) | s below ½ pace | longest report "
               "gap (ms) | total / QEMU best | runs |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     qbest = {h["stress_mib"]: h for h in heads}
     for size in sorted(set(s["stress_mib"] for s in summary)):
         rows = [s for s in summary if s["stress_mib"] == size]
         rows.sort(key=lambda s: (s["vmm"] != "kmig", s["dirty_ring"],
-                                 ["step", "computed", "dirty-limit", "ac", "vcpu-limit"]
+                                 ["step", "computed", "dirty-limit", "ac", "vcpu-limit", "postcopy", "hybrid"]
                                  .index(s["policy"])))
         qb = next((s for s in rows if s["config"] == qbest[size].get("qemu_best")), None)
         for s in rows:
@@ -468,11 +565,16 @@ def tables(summary, heads, info, a, cfg):
                 ratio = ("≤%.2f×" if qb["time_is_lower_bound"] else "%.2f×") % (
                     s["time_s"] / qb["time_s"])
             lines.append("| %d MiB | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s "
-                         "| %s | %d |" % (
+                         "| %s | %s | %d |" % (
                              size, s["tracking"], s["vmm"], s["policy"],
                              status_text(s, a.cap),
-                             fmt(s["time_s"], "≥%.0f" if lb else "%.1f"),
+                             fmt(s["time_s"], "≥%.0f" if lb else "%.1f") + spread(
+                                 s, "total_time_ms", 1000.0, "%.1f"),
                              fmt(None if lb else s["median_downtime_ms"], "%d"),
+                             fmt(s.get("median_guest_switchover_gap_ms"), "%d") + (
+                                 " (%d)" % s["max_guest_switchover_gap_ms"]
+                                 if s.get("max_guest_switchover_gap_ms") is not None and
+                                 s["completed"] > 1 else ""),
                              fmt(s["median_sent_bytes"] / MIB if s["median_sent_bytes"]
                                  else None, "≥%.0f" if lb else "%.0f"),
                              fmt(s["median_dirty_sync_count"], "%d"), throttle_text(s), guest,
@@ -518,6 +620,34 @@ def tables(summary, heads, info, a, cfg):
                          fmt(h["ratio_sent_bytes"], "%.2f×"),
                          "yes" if h["goal_time_le_half"] else "no",
                          "yes" if h["goal_shorter_slowdown"] else "no"))
+    # 4. like for like: kmig's step policy (QEMU's law, QEMU's switchover) vs QEMU
+    lines += ["", "Like for like: kmig `step` (QEMU's throttle law, x-final-round off) against "
+              "QEMU auto-converge on the same tracking (medians; guest gap: see below):", "",
+              "| stress | tracking | time kmig / QEMU (s) | ratio | downtime kmig / QEMU (ms) "
+              "| guest gap kmig / QEMU (ms) | sent kmig / QEMU (MiB) |",
+              "|---|---|---|---|---|---|---|"]
+    for size in sizes:
+        for kc, qc, tr in (("kmig-bitmap+step", "qemu-bitmap+ac", "bitmap"),
+                           ("kmig-ring4096+step", "qemu-ring4096+ac", "ring 4096")):
+            k = next((x for x in summary if x["stress_mib"] == size and x["config"] == kc), None)
+            q = next((x for x in summary if x["stress_mib"] == size and x["config"] == qc), None)
+            if not k or not q:
+                continue
+
+            def t(x):
+                return fmt(x["time_s"], "≥%.0f" if x["time_is_lower_bound"] else "%.1f")
+
+            def dt(x, f):
+                return "–" if x["time_is_lower_bound"] else fmt(x.get(f), "%d")
+            ratio = "–"
+            if not k["time_is_lower_bound"] and not q["time_is_lower_bound"] and q["time_s"]:
+                ratio = "%.2f×" % (k["time_s"] / q["time_s"])
+            lines.append("| %d MiB | %s | %s / %s | %s | %s / %s | %s / %s | %s / %s |" % (
+                size, tr, t(k), t(q), ratio, dt(k, "median_downtime_ms"),
+                dt(q, "median_downtime_ms"), dt(k, "median_guest_switchover_gap_ms"),
+                dt(q, "median_guest_switchover_gap_ms"),
+                fmt(k["median_sent_bytes"] and k["median_sent_bytes"] / MIB, "%.0f"),
+                fmt(q["median_sent_bytes"] and q["median_sent_bytes"] / MIB, "%.0f")))
     lines += ["",
               "total: query-migrate's total-time (each VMM measures itself); downtime: "
               "query-migrate's downtime; sent: ram.transferred; medians over the runs.  A cell "
@@ -529,11 +659,17 @@ def tables(summary, heads, info, a, cfg):
               "worst max_ms_per_gib while migrating (the pre-migration median ms/GiB in "
               "brackets), the seconds in which some vCPU ran below half its pre-migration pace "
               "(union over vCPUs), and the longest gap between two reports of one vCPU.  "
+              "guest gap: host ms from the last stress line of vCPU 0 on the source console "
+              "to its first on the destination's (consoles read every 5 ms): the pause the "
+              "guest saw is at most this and at least this less one report period; its max "
+              "over the runs in brackets.  "
               "QEMU vcpu-limit: QEMU 7.2 has no dirty-limit migration capability, so "
               "`set-vcpu-dirty-limit` (%s MB/s per vCPU) is called on the source just before "
               "`migrate` (its slowdown window starts there); 8.1's capability would apply the "
               "same limit only after two high rounds." % (
-                  a.cap, a.poll, REPORT_MS, fmt(cfg.get("vcpu_dirty_limit_mbps"), "%d"))]
+                  a.cap, a.poll, cfg.get("stress_report_ms", REPORT_MS),
+                  fmt(cfg.get("vcpu_dirty_limit_mbps"), "%d"))]
+    lines += postcopy_table(summary)
     return "\n".join(lines)
 
 
@@ -560,7 +696,7 @@ def main():
                     help="kmig x-vcpu-dirty-limit-period, ms")
     ap.add_argument("--reaper", default="adaptive", choices=("adaptive", "fixed"),
                     help="kmig's dirty-ring reaper")
-    ap.add_argument("--settle-lines", type=int, default=5,
+    ap.add_argument("--settle-lines", type=int, default=mb.SETTLE_LINES,
                     help="stress reports per vCPU to wait for before migrating")
     ap.add_argument("--poll", type=float, default=0.2, help="query-migrate interval, s")
     ap.add_argument("--final-round", default="policy", choices=("policy", "on", "off"),

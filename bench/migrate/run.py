@@ -38,7 +38,8 @@ import kmigtest as kt  # noqa: E402  (QMP client and console follower)
 QBOOT = "/usr/share/qemu/qboot.rom"
 MIB = 1 << 20
 QEMU_UNLIMITED = 100 * 1000 * 1000 * 1000     # 100 GB/s: QEMU has no "0 = unlimited"
-REPORT_MS = 500                               # stress report period in the guest
+REPORT_MS = 50                                # stress report period in the guest (ms)
+SETTLE_LINES = 2500 // REPORT_MS              # reports before migrating: 2.5 s
 
 # name: (vmm, dirty ring entries, auto-converge policy or None)
 CONFIGS = {
@@ -183,8 +184,8 @@ def vm_args(env, vmm, ring, cmdline, memory, cpus, d, name, incoming=None):
         args = [env["kmig"], "run", "--kernel", env["guest"], "--cmdline", cmdline,
                 "--memory", memory, "--cpus", str(cpus), "--console", "file:" + console,
                 "--qmp", "unix:" + qmp]
-        if ring:
-            args += ["--dirty-ring", str(ring)]
+        # always explicit: 0 is the bitmap whatever kmig's default backend
+        args += ["--dirty-ring", str(ring)]
         if incoming:
             args += ["--incoming", incoming]
         return args
@@ -295,16 +296,36 @@ def slowdown(seen, t_start, t_end):
                         for l in lines]}
 
 
-def switchover_gap(src_seen, dst_seen):
-    """The guest's view of the switchover: from cpu 0's last stress report
-    on the source to its first on the destination, in guest ms (its clock
-    runs on across the migration).  The pause itself is at most this and at
-    least this less one report period."""
-    src = [l["t_ms"] for l in stress_lines(src_seen) if l["cpu"] == 0]
-    dst = [l["t_ms"] for l in stress_lines(dst_seen) if l["cpu"] == 0]
+def switchover_gap(src_seen, dst_seen, prefix="stress cpu=0 "):
+    """The switchover as seen from outside the guest: host milliseconds from
+    the source console's last line starting with prefix to the destination
+    console's first, each stamped when the poller first saw it (every
+    POLL_LINES_S while migrating).  Host time, not the guest's clock: QEMU
+    restores the guest TSC as it was at the pause, kmig advances it by the
+    pause, so a gap in guest time would hide QEMU's downtime and not kmig's.
+    The guest's pause is at most this and at least this less one report
+    period (whichever VMM, as the guest reports on a TSC schedule)."""
+    src = [t for t, l in src_seen if l.startswith(prefix)]
+    dst = [t for t, l in dst_seen if l.startswith(prefix)]
     if not src or not dst or dst[0] < src[-1]:
         return None
-    return dst[0] - src[-1]
+    return round((dst[0] - src[-1]) * 1000.0, 1)
+
+
+POLL_LINES_S = 0.005
+
+
+def poll_consoles(procs, seconds):
+    """Sleeps for seconds while reading the procs' consoles every POLL_LINES_S,
+    so each line's host time stamp is within a few ms of when it was written."""
+    end = time.monotonic() + seconds
+    while True:
+        for p in procs:
+            p.poll_lines()
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(POLL_LINES_S, left))
 
 
 # ------------------------------------------------------------ one migration
@@ -373,7 +394,7 @@ def one_case(env, d, wl_name, bw_name, cfg_name, rep, a):
             last = r
             if time.monotonic() - t_start > a.cap:
                 break
-            time.sleep(a.poll)
+            poll_consoles((src, dst), a.poll)
         t_end = time.monotonic()
         res["wall_s"] = t_end - t_start
         res["max_throttle_pct"] = max_thr
@@ -408,8 +429,7 @@ def one_case(env, d, wl_name, bw_name, cfg_name, rep, a):
                         "error_desc": last.get("error-desc")})
             res["query_final"] = last
         # the source's last lines, then the guest pace
-        time.sleep(0.3)
-        src.poll_lines()
+        poll_consoles((src, dst), 0.3)
         if workload == "stress":
             res["guest"] = slowdown(src.seen, t_start, t_end)
         if res["status"] == "completed":
@@ -417,11 +437,10 @@ def one_case(env, d, wl_name, bw_name, cfg_name, rep, a):
             deadline = time.monotonic() + 5
             res["dst_resumed"] = False
             while time.monotonic() < deadline:
-                dst.poll_lines()
+                poll_consoles((src, dst), POLL_LINES_S)
                 if any(re.match(r"^(stress|heartbeat) ", l) for _, l in dst.seen):
                     res["dst_resumed"] = True
                     break
-                time.sleep(0.1)
             if workload == "stress":
                 res["guest_switchover_gap_ms"] = switchover_gap(src.seen, dst.seen)
         return res
@@ -547,8 +566,9 @@ def table(summary, info, a):
     lines += ["",
               "total/downtime/setup: query-migrate's total-time, downtime, setup-time; sent: "
               "ram.transferred; values are medians over the runs.  Guest gap (stress only): "
-              "from cpu 0's last report on the source to its first on the destination, by "
-              "the guest's clock: the downtime the guest saw, plus up to one report period.  "
+              "host ms from cpu 0's last report on the source console to its first on the "
+              "destination's (consoles read every 5 ms): the pause the guest saw, plus up to "
+              "one report period.  "
               "Guest columns (stress "
               "only): worst max_ms_per_gib reported by the source guest while migrating (its "
               "pre-migration median ms/GiB in brackets) and seconds of reports below half the "
@@ -575,7 +595,7 @@ def main():
     ap.add_argument("--configs", default=",".join(FULL["configs"]),
                     help="comma list of " + ", ".join(CONFIGS))
     ap.add_argument("--only", default=None, help="regex on 'workload bandwidth config'")
-    ap.add_argument("--settle-lines", type=int, default=5,
+    ap.add_argument("--settle-lines", type=int, default=SETTLE_LINES,
                     help="stress reports to wait for before migrating (report every %d ms)"
                     % REPORT_MS)
     ap.add_argument("--poll", type=float, default=0.2, help="query-migrate interval, s")

@@ -42,6 +42,7 @@ CONFIGS = {
     "qemu-ring-step": ("qemu", 4096, "step"),
 }
 OUTCOMES = ("cancel", "dst-killed")
+REPORT_MS = 500     # pace report period: recovery_s wants four whole reports in a row
 PAGE_STATS = ("pages_4k", "pages_2m", "pages_1g")
 
 
@@ -109,7 +110,7 @@ def one_run(env, cfg, outcome, rep, a):
     vmm, ring, policy = CONFIGS[cfg]
     d = tempfile.mkdtemp(prefix="rec-", dir=env["tmp"])
     uri = "tcp:127.0.0.1:%d" % mig.free_port()
-    cl = "workload=stress mb=%d report_ms=%d tsc_khz=%d" % (a.stress_mb, mig.REPORT_MS,
+    cl = "workload=stress mb=%d report_ms=%d tsc_khz=%d" % (a.stress_mb, REPORT_MS,
                                                               env["tsc_khz"])
     res = {"config": cfg, "outcome": outcome, "rep": rep, "vmm": vmm, "ring": ring,
            "policy": policy, "loadavg": mig.loadavg()}

@@ -1,6 +1,8 @@
 /* `kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS] [--tls-creds ID]
- *  [--auto-converge step|computed] [--verify] [--json]`: drives a migration
- * through the source's QMP socket and shows its progress. */
+ *  [--auto-converge step|computed] [--postcopy auto|after-pass|off]
+ *  [--dest-qmp unix:PATH] [--verify] [--json]`: drives a migration through
+ * the source's QMP socket (and, for post-copy, sets the destination's
+ * capability through its own) and shows its progress. */
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -10,8 +12,11 @@
 #include "base/units.h"
 #include "ctl/client.h"
 
+enum pc_mode { PC_OFF, PC_AFTER_PASS, PC_AUTO };
+
 struct migrate_opts {
-	const char *qmp, *uri, *policy, *compression, *tls_creds, *tls_hostname;
+	const char *qmp, *uri, *policy, *compression, *tls_creds, *tls_hostname, *dest_qmp;
+	enum pc_mode postcopy;
 	uint64_t bandwidth_mbs, downtime_ms, dirty_limit;
 	bool have_bw, have_dt, json, verify;
 	uint64_t multifd;            /* channels; 0 = off */
@@ -26,6 +31,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "compression", required_argument, 0, 'c' },
 		{ "dirty-limit", required_argument, 0, 'l' }, { "multifd", required_argument, 0, 'm' },
 		{ "tls-creds", required_argument, 0, 't' }, { "tls-hostname", required_argument, 0, 'H' },
+		{ "postcopy", required_argument, 0, 'p' }, { "dest-qmp", required_argument, 0, 'D' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -66,6 +72,19 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 				die("--compression %s: expected none, zstd or lz4", optarg);
 			o->compression = optarg;
 			break;
+		case 'p':
+			if (!strcmp(optarg, "auto"))
+				o->postcopy = PC_AUTO;
+			else if (!strcmp(optarg, "after-pass"))
+				o->postcopy = PC_AFTER_PASS;
+			else if (strcmp(optarg, "off"))
+				die("--postcopy %s: expected auto, after-pass or off", optarg);
+			break;
+		case 'D':
+			if (strncmp(optarg, "unix:", 5) || !optarg[5])
+				die("--dest-qmp %s: expected unix:PATH", optarg);
+			o->dest_qmp = optarg + 5;
+			break;
 		case 'j': o->json = true; break;
 		case 't': o->tls_creds = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;
@@ -73,7 +92,8 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 			fprintf(stderr, "usage: kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] "
 					"[--downtime MS] [--auto-converge step|computed] [--dirty-limit MB/s] "
 					"[--multifd N] [--compression none|zstd|lz4] [--tls-creds ID] "
-					"[--tls-hostname NAME] [--verify] [--json]\n");
+					"[--tls-hostname NAME] [--postcopy auto|after-pass|off] "
+					"[--dest-qmp unix:PATH] [--verify] [--json]\n");
 			return -1;
 		}
 	}
@@ -106,16 +126,39 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 	if (!r)
 		return -1;
 	json_decref(r);
-	json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b}]}", "capabilities",
+	/* pause-before-switchover off: this client never sends migrate-continue */
+	json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},"
+				 "{s:s,s:b},{s:s,s:b}]}", "capabilities",
 				 "capability", "auto-converge", "state", o->policy != NULL,
 				 "capability", "x-verify", "state", o->verify,
 				 "capability", "dirty-limit", "state", o->dirty_limit != 0,
-				 "capability", "multifd", "state", o->multifd != 0);
+				 "capability", "multifd", "state", o->multifd != 0,
+				 "capability", "pause-before-switchover", "state", 0,
+				 "capability", "postcopy-ram", "state", o->postcopy != PC_OFF,
+				 "capability", "x-postcopy-auto", "state", o->postcopy == PC_AUTO);
 	r = qmp_client__call(c, "migrate-set-capabilities", caps, err, n);
 	if (!r)
 		return -1;
 	json_decref(r);
 	r = qmp_client__call(c, "migrate", json_pack("{s:s}", "uri", o->uri), err, n);
+	if (!r)
+		return -1;
+	json_decref(r);
+	return 0;
+}
+
+/* Post-copy needs the capability at the destination too. */
+static int migrate__dest_caps(const struct migrate_opts *o, char *err, size_t n)
+{
+	struct qmp_client d;
+	if (o->postcopy == PC_OFF || !o->dest_qmp)
+		return 0;
+	if (qmp_client__connect(&d, o->dest_qmp, err, n))
+		return -1;
+	json_t *r = qmp_client__call(&d, "migrate-set-capabilities",
+				     json_pack("{s:[{s:s,s:b}]}", "capabilities",
+					       "capability", "postcopy-ram", "state", 1), err, n);
+	qmp_client__close(&d);
 	if (!r)
 		return -1;
 	json_decref(r);
@@ -140,9 +183,17 @@ static void migrate__progress(json_t *q, bool tty)
 	}
 	else
 		snprintf(slow, sizeof(slow), "throttle %2lld%%", jint(q, "cpu-throttle-percentage"));
+	const char *st = json_string_value(json_object_get(q, "status"));
+	if (!strcmp(st, "postcopy-active")) {   /* the guest runs there: no rates here */
+		fprintf(stderr, "%spostcopy-active  %7.1f%% of RAM sent  %6.0f Mbit/s  "
+			"remaining %6lld MiB  pages asked for %7lld%s", tty ? "\r" : "", pct,
+			json_real_value(json_object_get(ram, "mbps")), rem >> 20,
+			jint(ram, "postcopy-requests"), tty ? "          " : "\n");
+		return;
+	}
 	fprintf(stderr, "%s%-9s %7.1f%% of RAM sent  %6.0f Mbit/s  dirty %7lld pages/s  "
 		"expected downtime %5lld ms  remaining %6lld MiB  %s%s",
-		tty ? "\r" : "", json_string_value(json_object_get(q, "status")), pct,
+		tty ? "\r" : "", st, pct,
 		json_real_value(json_object_get(ram, "mbps")), jint(ram, "dirty-pages-rate"),
 		jint(q, "expected-downtime"), rem >> 20, slow, tty ? "" : "\n");
 }
@@ -156,6 +207,9 @@ static void migrate__summary(json_t *q)
 	printf("sent %lld MiB (%lld pages, %lld zero pages), %lld dirty syncs, %.0f Mbit/s\n",
 	       jint(ram, "transferred") >> 20, jint(ram, "normal"), jint(ram, "duplicate"),
 	       jint(ram, "dirty-sync-count"), json_real_value(json_object_get(ram, "mbps")));
+	if (jint(ram, "postcopy-bytes"))
+		printf("post-copy: %lld MiB after the switch, %lld pages asked for by the destination\n",
+		       jint(ram, "postcopy-bytes") >> 20, jint(ram, "postcopy-requests"));
 	const char *e = json_string_value(json_object_get(q, "error-desc"));
 	if (e)
 		printf("error: %s\n", e);
@@ -168,9 +222,11 @@ int client__migrate_main(int argc, char **argv)
 	char err[512];
 	if (migrate__parse(argc, argv, &o))
 		return 2;
+	if (migrate__dest_caps(&o, err, sizeof(err)))
+		die("destination: %s", err);
 	if (qmp_client__connect(&c, o.qmp, err, sizeof(err)) || migrate__setup(&c, &o, err, sizeof(err)))
 		die("%s", err);
-	bool tty = isatty(STDERR_FILENO);
+	bool tty = isatty(STDERR_FILENO), asked = false;
 	json_t *q = NULL;
 	for (;;) {
 		json_decref(q);
@@ -180,6 +236,15 @@ int client__migrate_main(int argc, char **argv)
 		const char *st = json_string_value(json_object_get(q, "status"));
 		if (!strcmp(st, "completed") || !strcmp(st, "failed") || !strcmp(st, "cancelled"))
 			break;
+		/* after-pass: post-copy once the bulk pass is over */
+		if (o.postcopy == PC_AFTER_PASS && !asked &&
+		    jint(json_object_get(q, "ram"), "dirty-sync-count") >= 1) {
+			json_t *r = qmp_client__call(&c, "migrate-start-postcopy", NULL, err, sizeof(err));
+			if (!r)
+				die("migrate-start-postcopy: %s", err);
+			json_decref(r);
+			asked = true;
+		}
 		if (!o.json)
 			migrate__progress(q, tty);
 		usleep(250000);

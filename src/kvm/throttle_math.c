@@ -23,6 +23,25 @@ uint64_t throttle__sleep_ns(unsigned pct, uint64_t timeslice_ns)
 	return muldiv(timeslice_ns, pct, 100 - pct);
 }
 
+uint64_t throttle__slice_ns(uint64_t sleep10_ns)
+{
+	if (sleep10_ns <= THROTTLE_MAX_STALL_NS)
+		return THROTTLE_TIMESLICE_NS;
+	uint64_t s = muldiv(THROTTLE_TIMESLICE_NS, THROTTLE_MAX_STALL_NS, sleep10_ns);
+	return s < THROTTLE_MIN_SLICE_NS ? THROTTLE_MIN_SLICE_NS : s;
+}
+
+uint64_t throttle__scaled_sleep_ns(uint64_t sleep10_ns, uint64_t slice_ns)
+{
+	return muldiv(sleep10_ns, slice_ns, THROTTLE_TIMESLICE_NS);
+}
+
+uint64_t throttle__run_sleep_ns(uint64_t sleep10_ns, uint64_t slice_ns, uint64_t run_ns)
+{
+	uint64_t cap = slice_ns > UINT64_MAX / 2 ? UINT64_MAX : 2 * slice_ns;
+	return throttle__scaled_sleep_ns(sleep10_ns, run_ns < cap ? run_ns : cap);
+}
+
 uint64_t throttle__cycle_ns(unsigned pct, uint64_t timeslice_ns)
 {
 	if (pct > THROTTLE_PCT_MAX)

@@ -54,7 +54,7 @@ static void vcpu__seg(struct kvm_segment *s, uint16_t sel, uint8_t type, uint8_t
 		.type = type, .present = 1, .dpl = 0, .db = 1, .s = s_bit, .l = 0, .g = 1 };
 }
 
-int vcpu__setup_pvh(struct vcpu *v, uint32_t entry, uint32_t start_info)
+int vcpu__setup_entry32(struct vcpu *v, uint32_t entry, uint32_t ebx, uint32_t esi)
 {
 	struct kvm_sregs sr;
 	if (ioctl(v->fd, KVM_GET_SREGS, &sr) < 0)
@@ -70,7 +70,7 @@ int vcpu__setup_pvh(struct vcpu *v, uint32_t entry, uint32_t start_info)
 	sr.efer = 0;
 	if (ioctl(v->fd, KVM_SET_SREGS, &sr) < 0)
 		return -errno;
-	struct kvm_regs r = { .rip = entry, .rbx = start_info, .rflags = 0x2 };
+	struct kvm_regs r = { .rip = entry, .rbx = ebx, .rsi = esi, .rflags = 0x2 };
 	if (ioctl(v->fd, KVM_SET_REGS, &r) < 0)
 		return -errno;
 	return 0;
@@ -204,14 +204,21 @@ static void vcpu__sleep(struct vcpu *v, uint64_t ns)
 	ts.tv_sec += t / 1000000000ull;
 	ts.tv_nsec = t % 1000000000ull;
 	pthread_mutex_lock(&vm->lock);
+	if (vm->sleep_watch && !v->sleep_seen) {
+		v->sleep_seen = true;        /* vm__await_throttle_sleeps */
+		pthread_cond_broadcast(&vm->cond);
+	}
 	while (!vcpu__must_park(vm) &&
 	       pthread_cond_timedwait(&vm->cond, &vm->lock, &ts) != ETIMEDOUT)
 		;
 	pthread_mutex_unlock(&vm->lock);
 }
 
-/* cpu-throttle and dirty-limit: after each 10 ms run slice, sleep the
- * larger of the two sleeps (the throttle timer kicks us once per slice). */
+/* cpu-throttle and dirty-limit: after each run slice (10 ms, shorter above
+ * a 100 ms sleep: throttle_math.h) sleep the larger of the two sleeps,
+ * scaled to the run measured, so that the share of time asleep is the
+ * throttle's whatever the kick's latency.  The throttle thread kicks each
+ * vCPU when its slice is due (throttle_due_ns). */
 static void vcpu__throttle(struct vcpu *v)
 {
 	unsigned pct = atomic_load(&v->vm->throttle_pct);
@@ -219,13 +226,24 @@ static void vcpu__throttle(struct vcpu *v)
 	if (!pct && !limit)
 		return;
 	uint64_t now = time__now_ns();
-	if (now - v->last_throttle_ns < THROTTLE_TIMESLICE_NS)
+	uint64_t sleep10 = throttle__sleep_ns(pct, THROTTLE_TIMESLICE_NS);
+	if (limit > sleep10)
+		sleep10 = limit;
+	uint64_t slice = throttle__slice_ns(sleep10);
+	uint64_t run = now - v->last_throttle_ns;
+	if (run > THROTTLE_STALE_NS) {
+		/* the throttle (re)started: a first slice begins now */
+		v->last_throttle_ns = now;
+		atomic_store(&v->throttle_due_ns, now + slice);
 		return;
-	uint64_t sleep = throttle__sleep_ns(pct, THROTTLE_TIMESLICE_NS);
-	if (limit > sleep)
-		sleep = limit;
-	vcpu__sleep(v, sleep);
+	}
+	if (run < slice) {
+		atomic_store(&v->throttle_due_ns, v->last_throttle_ns + slice);
+		return;
+	}
+	vcpu__sleep(v, throttle__run_sleep_ns(sleep10, slice, run));
 	v->last_throttle_ns = time__now_ns();
+	atomic_store(&v->throttle_due_ns, v->last_throttle_ns + slice);
 	atomic_fetch_add(&v->throttle_ns, v->last_throttle_ns - now);
 }
 

@@ -27,8 +27,12 @@ struct vcpu {
 	/* under vm->lock */
 	uint64_t kick_req, kick_ack;
 	bool parked;
-	/* throttling */
+	bool sleep_seen;             /* began a throttle sleep since vm->sleep_watch */
+	/* throttling: the current run slice began at last_throttle_ns (vCPU
+	 * thread only) and ends at throttle_due_ns, when the throttle thread
+	 * kicks this vCPU into its sleep */
 	uint64_t last_throttle_ns;
+	atomic_ullong throttle_due_ns;
 	/* statistics */
 	atomic_ullong exits;
 	atomic_ullong throttle_ns;   /* time slept for throttling / dirty limit */
@@ -39,8 +43,9 @@ struct vcpu {
 
 /* Creates the vCPU fd, maps kvm_run, sets CPUID. */
 int vcpu__create(struct vcpu *v, struct vm *vm, unsigned index) KMIG_MUST_CHECK;
-/* Sets the registers of the boot vCPU for the PVH entry. */
-int vcpu__setup_pvh(struct vcpu *v, uint32_t entry, uint32_t start_info) KMIG_MUST_CHECK;
+/* Sets the boot vCPU for a 32-bit entry (PVH or the Linux boot protocol):
+ * flat protected mode, paging and interrupts off, %ebx and %esi given. */
+int vcpu__setup_entry32(struct vcpu *v, uint32_t entry, uint32_t ebx, uint32_t esi) KMIG_MUST_CHECK;
 int vcpu__start(struct vcpu *v) KMIG_MUST_CHECK;
 void vcpu__destroy(struct vcpu *v);
 /* Sends the kick signal (caller holds vm->lock and has bumped kick_req). */

@@ -78,6 +78,10 @@ static int vm__setup_platform(struct vm *vm, char *err, size_t errlen)
 		snprintf(err, errlen, "KVM_GET_SUPPORTED_CPUID failed: %s", strerror(-rc));
 		return rc;
 	}
+	if (vm->cfg.dirty_ring == VM_DIRTY_RING_AUTO) {
+		vm->cfg.dirty_ring = dirty__ring_acq_rel_max(vm->vm_fd) >= VM_DIRTY_RING_DEFAULT ?
+				     VM_DIRTY_RING_DEFAULT : 0;
+	}
 	if (vm->cfg.dirty_ring) {
 		bool acq_rel;
 		rc = dirty__enable_ring_cap(vm->vm_fd, vm->cfg.dirty_ring, &acq_rel);
@@ -179,9 +183,9 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 		rc = vm__create_vcpus(vm, err, errlen);
 	if (!rc && !cfg->incoming) {
 		struct boot_info bi;
-		rc = boot__load_pvh(&vm->ram, cfg->kernel, cfg->cmdline, &bi, err, errlen);
+		rc = boot__load(&vm->ram, cfg->kernel, cfg->initrd, cfg->cmdline, &bi, err, errlen);
 		if (!rc)
-			rc = vcpu__setup_pvh(&vm->vcpus[0], bi.entry, (uint32_t)bi.start_info);
+			rc = vcpu__setup_entry32(&vm->vcpus[0], bi.entry, bi.ebx, bi.esi);
 	}
 	if (!rc)
 		rc = vm__create_tracker(vm, err, errlen);
@@ -207,17 +211,22 @@ int vm__start(struct vm *vm, bool start_paused)
 	return throttle__start(&vm->throttle, vm);
 }
 
-void vm__destroy(struct vm *vm)
+void vm__request_quit(struct vm *vm)
 {
-	throttle__stop(&vm->throttle);
-	if (vm->throttle.vm)
-		dirtylimit__destroy(&vm->dirtylimit);
 	pthread_mutex_lock(&vm->lock);
 	vm->quit = true;
 	pthread_cond_broadcast(&vm->cond);
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)
 		vcpu__signal(&vm->vcpus[i]);
 	pthread_mutex_unlock(&vm->lock);
+}
+
+void vm__destroy(struct vm *vm)
+{
+	throttle__stop(&vm->throttle);
+	if (vm->throttle.vm)
+		dirtylimit__destroy(&vm->dirtylimit);
+	vm__request_quit(vm);
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)
 		if (vm->vcpus[i].thread_started)
 			pthread_join(vm->vcpus[i].thread, NULL);
@@ -243,6 +252,37 @@ static bool vm__all_parked(struct vm *vm)
 		if (vm->vcpus[i].thread_started && !vm->vcpus[i].parked)
 			return false;
 	return true;
+}
+
+static bool vm__sleeps_seen(struct vm *vm)
+{
+	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
+		struct vcpu *v = &vm->vcpus[i];
+		bool throttled = atomic_load(&vm->throttle_pct) || atomic_load(&v->limit_sleep_ns);
+		if (v->thread_started && !v->parked && throttled && !v->sleep_seen)
+			return false;
+	}
+	return true;
+}
+
+int vm__await_throttle_sleeps(struct vm *vm, uint64_t timeout_ns)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t t = (uint64_t)ts.tv_nsec + timeout_ns;
+	ts.tv_sec += (time_t)(t / 1000000000ull);
+	ts.tv_nsec = (long)(t % 1000000000ull);
+	int rc = 0;
+	pthread_mutex_lock(&vm->lock);
+	vm->sleep_watch = true;
+	for (unsigned i = 0; i < vm->nr_vcpus; i++)
+		vm->vcpus[i].sleep_seen = false;
+	while (!vm__sleeps_seen(vm) && !rc)
+		if (pthread_cond_timedwait(&vm->cond, &vm->lock, &ts) == ETIMEDOUT)
+			rc = vm__sleeps_seen(vm) ? 0 : -ETIMEDOUT;
+	vm->sleep_watch = false;
+	pthread_mutex_unlock(&vm->lock);
+	return rc;
 }
 
 void vm__pause_vcpus(struct vm *vm)
@@ -302,6 +342,16 @@ void vm__kick_all(struct vm *vm)
 {
 	pthread_mutex_lock(&vm->lock);
 	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
+		vm->vcpus[i].kick_req++;
+		vcpu__signal(&vm->vcpus[i]);
+	}
+	pthread_mutex_unlock(&vm->lock);
+}
+
+void vm__kick(struct vm *vm, unsigned i)
+{
+	pthread_mutex_lock(&vm->lock);
+	if (i < vm->nr_vcpus) {
 		vm->vcpus[i].kick_req++;
 		vcpu__signal(&vm->vcpus[i]);
 	}

@@ -43,17 +43,24 @@ enum vm_status {
 const char *vm_status__name(enum vm_status s);
 
 struct vm_config {
-	const char *kernel;
+	const char *kernel;          /* PVH ELF or bzImage (x86/boot.h) */
+	const char *initrd;          /* NULL: none */
 	const char *cmdline;
 	uint64_t mem_size;
 	unsigned cpus;
 	int console_fd;          /* -1: console discarded */
-	uint32_t dirty_ring;     /* entries per vCPU ring; 0 = bitmap tracking */
+	uint32_t dirty_ring;     /* entries per vCPU ring; 0 = bitmap tracking;
+				  * VM_DIRTY_RING_AUTO = VM_DIRTY_RING_DEFAULT entries where
+				  * KVM has the acquire/release ring, else the bitmap
+				  * (vm__create sets the one it chose) */
 	bool incoming;           /* do not load a kernel: RAM and state arrive by migration */
 	bool reaper_fixed;       /* ring reaper every 1 s (QEMU's way) instead of adaptive */
 	bool balloon;            /* PCI bus with a virtio-balloon (kvm/vm_balloon.h) */
 	uint64_t clear_chunk_pages; /* dirty tracker's deferred-clear chunk; 0 = default */
 };
+
+#define VM_DIRTY_RING_AUTO    UINT32_MAX
+#define VM_DIRTY_RING_DEFAULT 4096u
 
 struct dirty;                    /* mem/dirty.h */
 struct pci_bus;                  /* dev/pci.h */
@@ -85,6 +92,7 @@ struct vm {
 	unsigned pause_depth;        /* under lock: >0 parks every vCPU */
 	bool failed;                 /* under lock: a guest failure parked the VM */
 	bool quit;                   /* under lock: vCPU threads exit */
+	bool sleep_watch;            /* under lock: vCPUs note a throttle sleep's start */
 	atomic_int exit_code;        /* process exit status once shut down */
 	bool run_after_migration;    /* source: was running at switchover; destination: resume */
 	struct vm_tsc_in {           /* destination: the source's TSC sample (state_tsc.c) */
@@ -110,16 +118,27 @@ struct vm {
 int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t errlen) KMIG_MUST_CHECK;
 /* Starts the vCPU threads; with start_paused the VM begins paused (depth 1). */
 int vm__start(struct vm *vm, bool start_paused) KMIG_MUST_CHECK;
+/* Tells every vCPU thread to exit (kicked out of KVM_RUN); for the end of
+ * the process only: nothing runs the guest after it. */
+void vm__request_quit(struct vm *vm);
 /* Stops and joins vCPU threads, frees everything. */
 void vm__destroy(struct vm *vm);
 
 void vm__pause_vcpus(struct vm *vm);
 void vm__resume_vcpus(struct vm *vm);
+/* Waits, at most timeout_ns, until every throttled vCPU that runs has
+ * just begun a throttle sleep (it then sleeps on, so a pause that follows
+ * at once starts where the guest last ran, not part-way into a sleep).
+ * Returns at once when no vCPU is throttled; -ETIMEDOUT when some vCPU
+ * did not get there in time (nothing is changed either way). */
+int vm__await_throttle_sleeps(struct vm *vm, uint64_t timeout_ns);
 /* Every running vCPU leaves KVM_RUN at least once before this returns
  * (pending dirty-ring entries are then visible); parked vCPUs count. */
 void vm__kick_all_sync(struct vm *vm);
 /* Interrupts KVM_RUN of every vCPU without waiting. */
 void vm__kick_all(struct vm *vm);
+/* Kicks vCPU i out of KVM_RUN without waiting (any thread). */
+void vm__kick(struct vm *vm, unsigned i);
 
 enum vm_status vm__status(struct vm *vm);
 void vm__set_status(struct vm *vm, enum vm_status s);

@@ -69,6 +69,9 @@ struct dirty_stats {
 	uint64_t users;              /* dirty__start calls not yet stopped */
 };
 
+/* The most entries per vCPU ring KVM offers with acquire/release semantics
+ * (KVM_CAP_DIRTY_LOG_RING_ACQ_REL) on vm_fd; 0 when it has no such ring. */
+uint32_t dirty__ring_acq_rel_max(int vm_fd);
 /* Enables the ring capability on vm->vm_fd; must run before vCPUs exist.
  * entries 0 = bitmap backend.  Returns -errno, -ENOTSUP if KVM lacks it. */
 int dirty__enable_ring_cap(int vm_fd, uint32_t entries, bool *acq_rel) KMIG_MUST_CHECK;

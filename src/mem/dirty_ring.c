@@ -13,6 +13,12 @@
 
 #define RESET_TRIES 8
 
+uint32_t dirty__ring_acq_rel_max(int vm_fd)
+{
+	int max = ioctl(vm_fd, KVM_CHECK_EXTENSION, KVM_CAP_DIRTY_LOG_RING_ACQ_REL);
+	return max > 0 ? (uint32_t)((unsigned)max / sizeof(struct kvm_dirty_gfn)) : 0;
+}
+
 int dirty__enable_ring_cap(int vm_fd, uint32_t entries, bool *acq_rel)
 {
 	if (entries & (entries - 1))

@@ -12,6 +12,7 @@
 #include "kvm/vm.h"
 #include "mig/migration.h"
 #include "mig/multifd.h"
+#include "mig/postcopy.h"
 #include "mig/recv.h"
 #include "mig/send_impl.h"
 #include "state/state.h"
@@ -34,6 +35,9 @@ struct incoming {
 	bool multifd;
 	bool connected;              /* under m->lock: stream holds a connection */
 	bool cancelled;              /* under m->lock */
+	struct postcopy_dst pc;      /* capability postcopy-ram */
+	bool pc_ready;               /* pc initialised */
+	bool postcopy;               /* POSTCOPY came: the guest runs here */
 };
 
 /* migration__cancel_incoming, under m->lock: unblock whatever the incoming
@@ -134,6 +138,95 @@ static int incoming__on_state(void *ctx, uint32_t id, uint32_t ver, uint32_t ins
 	return 0;
 }
 
+/* Every state section this VM has arrived (at END, or at POSTCOPY). */
+static int incoming__state_complete(struct incoming *in)
+{
+	for (int k = 0; k < in->nexpected; k++)
+		if (!in->loaded[k])
+			return mig_recv__fail(&in->recv, -EPROTO,
+					      "state section %s (%u) instance %u missing (%u of %d arrived)",
+					      state__name((uint32_t)(in->expected[k] >> 32)),
+					      (unsigned)(in->expected[k] >> 32),
+					      (unsigned)(in->expected[k] & 0xffffffffu), in->sections,
+					      in->nexpected);
+	return 0;
+}
+
+/* Runs the guest here (the source stopped it running) or leaves it paused
+ * for `cont`; false if the VM left inmigrate meanwhile. */
+static bool incoming__resume(struct incoming *in)
+{
+	struct migration *m = in->m;
+	struct vm *vm = m->vm;
+	if (!vm->run_after_migration) {
+		vm__set_status(vm, VM_STATUS_PAUSED);
+		return true;
+	}
+	if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING))
+		return false;
+	control__event(m->ctl, "RESUME", NULL);
+	return true;
+}
+
+/* ---- post-copy hooks (mig_recv_ops) ---- */
+
+static int incoming__on_discard(void *ctx, uint32_t block, uint64_t offset)
+{
+	struct incoming *in = ctx;
+	return postcopy_dst__discard(&in->pc, incoming__page(in, block, offset));
+}
+
+static int incoming__place_page(void *ctx, uint32_t block, uint64_t offset, const void *data)
+{
+	struct incoming *in = ctx;
+	return postcopy_dst__place(&in->pc, incoming__page(in, block, offset), data);
+}
+
+static int incoming__place_zero(void *ctx, uint32_t block, uint64_t offset)
+{
+	struct incoming *in = ctx;
+	return postcopy_dst__place_zero(&in->pc, incoming__page(in, block, offset));
+}
+
+/* POSTCOPY: the state is complete; RAM goes under userfaultfd, the guest
+ * runs, the source learns it (RP_RUNNING). */
+static int incoming__on_postcopy(void *ctx)
+{
+	struct incoming *in = ctx;
+	char err[256] = "";
+	if (in->multifd || in->stream.tls)
+		return mig_recv__fail(&in->recv, -EPROTO, "post-copy over %s is not supported",
+				      in->multifd ? "multifd channels" : "TLS");
+	int rc = incoming__state_complete(in);
+	if (rc)
+		return rc;
+	rc = postcopy_dst__start(&in->pc, err, sizeof(err));
+	if (rc)
+		return mig_recv__fail(&in->recv, rc, "%s", err);
+	in->postcopy = true;
+	if (!incoming__resume(in))
+		return mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it could run");
+	uint8_t rec[PROTO_HDR_SIZE];
+	ssize_t n = proto__encode_empty(rec, sizeof(rec), PROTO_RP_RUNNING);
+	rc = n < 0 ? (int)n : postcopy_dst__reply(&in->pc, rec, (size_t)n);
+	if (rc)
+		return mig_recv__fail(&in->recv, rc, "cannot tell the source the guest runs");
+	migration__set_status(in->m, MIG_POSTCOPY_ACTIVE);
+	log_info("incoming migration: post-copy, the guest runs here");
+	return 0;
+}
+
+static void incoming__postcopy_stats(struct incoming *in)
+{
+	pthread_mutex_lock(&in->m->lock);
+	in->m->stats.postcopy_faults = atomic_load(&in->pc.faults);
+	in->m->stats.postcopy_asked = atomic_load(&in->pc.requests);
+	in->m->stats.postcopy_zero_mapped = atomic_load(&in->pc.zero_mapped);
+	in->m->stats.postcopy_lat_p50_us = postcopy_dst__latency_us(&in->pc, 50);
+	in->m->stats.postcopy_lat_p99_us = postcopy_dst__latency_us(&in->pc, 99);
+	pthread_mutex_unlock(&in->m->lock);
+}
+
 /* Loads the whole stream; 0 when the guest may resume. */
 static int incoming__load(struct incoming *in)
 {
@@ -144,14 +237,9 @@ static int incoming__load(struct incoming *in)
 	}
 	if (rc)
 		return rc;
-	for (int k = 0; k < in->nexpected; k++)
-		if (!in->loaded[k])
-			return mig_recv__fail(&in->recv, -EPROTO,
-					      "state section %s (%u) instance %u missing (%u of %d arrived)",
-					      state__name((uint32_t)(in->expected[k] >> 32)),
-					      (unsigned)(in->expected[k] >> 32),
-					      (unsigned)(in->expected[k] & 0xffffffffu), in->sections,
-					      in->nexpected);
+	rc = incoming__state_complete(in);
+	if (rc)
+		return rc;
 	if (mig_recv__checksum_present(&in->recv) && !mig_recv__checksum_ok(&in->recv))
 		return mig_recv__fail(&in->recv, -EIO, "guest RAM checksum mismatch (x-verify)");
 	return 0;
@@ -222,14 +310,22 @@ static void incoming__linger(struct incoming *in)
 static void incoming__finish(struct incoming *in, int rc, bool connected)
 {
 	struct migration *m = in->m;
-	struct vm *vm = m->vm;
-	if (!rc && vm->run_after_migration) {
-		if (vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING))
-			control__event(m->ctl, "RESUME", NULL);
-		else            /* RP_OK only once the guest runs here */
-			rc = mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it could run");
-	} else if (!rc) {
-		vm__set_status(vm, VM_STATUS_PAUSED); /* the source was stopped: `cont` runs it */
+	if (in->postcopy) {
+		/* every page is in: RAM is plain memory again.  After a failure
+		 * it stays registered, so a missing page is never zero-filled */
+		if (!rc) {
+			postcopy_dst__finish(&in->pc);
+		} else {
+			int fd = postcopy_dst__release(&in->pc);
+			pthread_mutex_lock(&m->lock);
+			m->pc_uffd = fd;
+			pthread_mutex_unlock(&m->lock);
+		}
+		incoming__postcopy_stats(in);
+		postcopy_dst__free(&in->pc);
+		in->pc_ready = false;
+	} else if (!rc && !incoming__resume(in)) {   /* RP_OK only once the guest runs here */
+		rc = mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it could run");
 	}
 	if (connected) {
 		int r2 = mig_recv__reply(&in->recv, &in->stream);
@@ -240,12 +336,19 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 			incoming__linger(in);
 	}
 	if (rc) {
+		if (in->postcopy)
+			migration__set_error(m, "post-copy broke off with the guest running here "
+					     "(%s): it cannot go on without the pages it lacks",
+					     mig_recv__error(&in->recv));
 		if (connected && mig_recv__error(&in->recv)[0])
 			migration__set_error(m, "%s", mig_recv__error(&in->recv));
 		migration__set_error(m, "%s", strerror(-rc));
 		log_err("incoming migration failed: %s", m->error);
 		migration__set_status(m, MIG_FAILED);
-		atomic_store(&m->ctl->incoming_failed, true);
+		/* a destination that never ran the guest exits; one that ran it
+		 * stays, with the guest and its state as they are */
+		if (!in->postcopy)
+			atomic_store(&m->ctl->incoming_failed, true);
 		control__wake(m->ctl);
 		return;
 	}
@@ -265,6 +368,27 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 		 (unsigned long long)pages, (unsigned long long)zero,
 		 (unsigned long long)bytes);
 	migration__set_status(m, MIG_COMPLETED);
+}
+
+/* postcopy-ram as it is when the source connects (a destination may set
+ * it while it listens): the post-copy hooks and their state. */
+static int incoming__postcopy_ops(struct incoming *in, struct mig_recv_ops *ops)
+{
+	struct migration *m = in->m;
+	pthread_mutex_lock(&m->lock);
+	bool postcopy = m->params.cap_postcopy_ram;
+	pthread_mutex_unlock(&m->lock);
+	if (!postcopy)
+		return 0;
+	ops->on_discard = incoming__on_discard;
+	ops->on_postcopy = incoming__on_postcopy;
+	ops->place_page = incoming__place_page;
+	ops->place_zero = incoming__place_zero;
+	int rc = postcopy_dst__init(&in->pc, &m->vm->ram, &in->stream, &in->written);
+	in->pc_ready = rc == 0;
+	if (rc)
+		migration__set_error(m, "out of memory for post-copy");
+	return rc;
 }
 
 void *migration__incoming_thread(void *arg)
@@ -301,7 +425,9 @@ void *migration__incoming_thread(void *arg)
 		m->stats.start_ms = time__now_ms();
 		pthread_mutex_unlock(&m->lock);
 		migration__set_status(m, MIG_ACTIVE);
-		rc = mig_recv__init(&in->recv, &in->pr, &ops);
+		rc = incoming__postcopy_ops(in, &ops);
+		if (!rc)
+			rc = mig_recv__init(&in->recv, &in->pr, &ops);
 		if (!rc)
 			rc = incoming__load(in);
 	}
@@ -320,6 +446,8 @@ void *migration__incoming_thread(void *arg)
 		mig_recv__free(&in->recv);
 		mig_stream__close(&in->stream);
 	}
+	if (in->pc_ready)
+		postcopy_dst__free(&in->pc);
 	bitmap__free(&in->written);
 	free(in);
 	return NULL;

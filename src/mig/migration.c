@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/timeutil.h"
 #include "ctl/control.h"
@@ -16,19 +17,22 @@
 const char *mig_status__name(enum mig_status s)
 {
 	static const char *const names[] = { "none", "setup", "active", "device", "completed",
-					      "cancelling", "cancelled", "failed" };
+					      "cancelling", "cancelled", "failed", "pre-switchover",
+					      "postcopy-active" };
 	return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "none";
 }
 
 void migration__init(struct migration *m, struct vm *vm, struct control *ctl)
 {
 	memset(m, 0, sizeof(*m));
+	m->pc_uffd = -1;
 	m->vm = vm;
 	m->ctl = ctl;
 	pthread_mutex_init(&m->lock, NULL);
+	pthread_cond_init(&m->cont_cond, NULL);
 	m->params.max_bandwidth = MIG_DEFAULT_BANDWIDTH;
 	policy__params_default(&m->params.policy);
-	m->params.throttle_policy = POLICY_STEP;
+	m->params.throttle_policy = POLICY_COMPUTED;
 	m->params.cap_zero_detect = true;
 	m->params.dirty_limit_period_ms = 1000;
 	m->params.vcpu_dirty_limit = 1;
@@ -53,12 +57,19 @@ static void migration__join(struct migration *m)
 
 void migration__stop_threads(struct migration *m)
 {
-	migration__cancel(m);
+	migration__cancel(m, true);
 	migration__join(m);
 	if (m->in_running) {
 		migration__cancel_incoming(m);
 		pthread_join(m->in_thread, NULL);
 		m->in_running = false;
+	}
+	if (m->pc_uffd >= 0) {
+		/* vCPUs that wait for pages that will never come: they leave as
+		 * the faults complete (the guest is never run again) */
+		vm__request_quit(m->vm);
+		close(m->pc_uffd);
+		m->pc_uffd = -1;
 	}
 	calcrate__stop(&m->calc);
 }
@@ -69,7 +80,17 @@ void migration__destroy(struct migration *m)
 	bitmap__free(&m->todo);
 	calcrate__destroy(&m->calc);
 	tls_objects__destroy(&m->tls);
+	pthread_cond_destroy(&m->cont_cond);
 	pthread_mutex_destroy(&m->lock);
+}
+
+/* After a status change: MIGRATION (capability events) and a wake-up of
+ * the control loop. */
+static void migration__announce(struct migration *m, enum mig_status s, bool events)
+{
+	if (events)
+		control__event(m->ctl, "MIGRATION", json_pack("{s:s}", "status", mig_status__name(s)));
+	control__wake(m->ctl);
 }
 
 void migration__set_status(struct migration *m, enum mig_status s)
@@ -78,9 +99,20 @@ void migration__set_status(struct migration *m, enum mig_status s)
 	m->status = s;
 	bool events = m->params.cap_events;
 	pthread_mutex_unlock(&m->lock);
-	if (events)
-		control__event(m->ctl, "MIGRATION", json_pack("{s:s}", "status", mig_status__name(s)));
-	control__wake(m->ctl);
+	migration__announce(m, s, events);
+}
+
+bool migration__advance(struct migration *m, enum mig_status from, enum mig_status to)
+{
+	pthread_mutex_lock(&m->lock);
+	bool ok = m->status == from;
+	if (ok)
+		m->status = to;
+	bool events = m->params.cap_events;
+	pthread_mutex_unlock(&m->lock);
+	if (ok)
+		migration__announce(m, to, events);
+	return ok;
 }
 
 void migration__set_error(struct migration *m, const char *fmt, ...)
@@ -96,9 +128,10 @@ void migration__set_error(struct migration *m, const char *fmt, ...)
 	pthread_mutex_unlock(&m->lock);
 }
 
-static bool migration__busy(enum mig_status s)
+bool mig_status__busy(enum mig_status s)
 {
-	return s == MIG_SETUP || s == MIG_ACTIVE || s == MIG_DEVICE || s == MIG_CANCELLING;
+	return s == MIG_SETUP || s == MIG_ACTIVE || s == MIG_PRE_SWITCHOVER || s == MIG_DEVICE ||
+	       s == MIG_POSTCOPY_ACTIVE || s == MIG_CANCELLING;
 }
 
 int migration__start(struct migration *m, const char *uri, char *err, size_t errlen)
@@ -107,7 +140,7 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 	enum mig_status st = m->status;
 	pthread_mutex_unlock(&m->lock);
 	enum vm_status vs = vm__status(m->vm);
-	if (migration__busy(st)) {
+	if (mig_status__busy(st)) {
 		snprintf(err, errlen, "There's a migration process in progress");
 		return -EBUSY;
 	}
@@ -141,8 +174,10 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 	m->stats.total = m->vm->ram.size;
 	m->error[0] = 0;
 	m->confirmed = false;
+	m->cont = false;
 	pthread_mutex_unlock(&m->lock);
 	atomic_store(&m->cancel, false);
+	atomic_store(&m->postcopy_start, false);
 	migration__set_status(m, MIG_SETUP);
 	pthread_mutex_lock(&m->lock);
 	m->thread_running = true; /* before the thread exists: cancel sees it */
@@ -159,17 +194,22 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 	return 0;
 }
 
-void migration__cancel(struct migration *m)
+bool migration__cancel(struct migration *m, bool quitting)
 {
 	/* check and change the status at once: the migration thread may be
 	 * finishing.  After END has gone out the destination may already run
 	 * the guest: a cancel then stops waiting for its confirmation and the
 	 * guest stays paused here (see sender__cleanup) */
 	pthread_mutex_lock(&m->lock);
-	bool busy = m->thread_running && (m->status == MIG_SETUP || m->status == MIG_ACTIVE ||
-					  m->status == MIG_DEVICE) && !m->confirmed;
+	if (m->status == MIG_POSTCOPY_ACTIVE && !quitting) {
+		pthread_mutex_unlock(&m->lock);
+		return false;   /* the destination runs the guest: no way back */
+	}
+	bool busy = m->thread_running && mig_status__busy(m->status) &&
+		    m->status != MIG_CANCELLING && !m->confirmed;
 	if (busy) {
 		atomic_store(&m->cancel, true);
+		pthread_cond_broadcast(&m->cont_cond);
 		m->status = MIG_CANCELLING;
 		if (m->stream_open)
 			mig_stream__shutdown(&m->stream);
@@ -180,6 +220,75 @@ void migration__cancel(struct migration *m)
 	pthread_mutex_unlock(&m->lock);
 	if (busy && events)
 		control__event(m->ctl, "MIGRATION", json_pack("{s:s}", "status", "cancelling"));
+	return true;
+}
+
+int migration__continue(struct migration *m, const char *state, char *err, size_t errlen)
+{
+	unsigned k = 0;
+	while (k <= MIG_POSTCOPY_ACTIVE && strcmp(state, mig_status__name((enum mig_status)k)))
+		k++;
+	if (k > MIG_POSTCOPY_ACTIVE) {
+		snprintf(err, errlen, "Parameter 'state' does not accept value '%.64s'", state);
+		utf8__sanitize(err);
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&m->lock);
+	enum mig_status s = m->status;
+	bool ok = s == (enum mig_status)k;   /* as QEMU: only pre-switchover waits for it */
+	if (ok && s == MIG_PRE_SWITCHOVER) {
+		m->cont = true;
+		pthread_cond_broadcast(&m->cont_cond);
+	}
+	pthread_mutex_unlock(&m->lock);
+	if (!ok)
+		snprintf(err, errlen, "Migration not in expected state: %s", mig_status__name(s));
+	return ok ? 0 : -EINVAL;
+}
+
+int migration__start_postcopy(struct migration *m, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&m->lock);
+	struct mig_params p = m->params;
+	enum mig_status s = m->status;
+	bool running = m->thread_running;
+	pthread_mutex_unlock(&m->lock);
+	const char *why = NULL;
+	if (!p.cap_postcopy_ram)
+		why = "Enable postcopy with migrate_set_capability before the start of migration";
+	else if (!running || (s != MIG_SETUP && s != MIG_ACTIVE))
+		why = "Postcopy must be started after migration has been started";
+	else if (p.cap_multifd)
+		why = "post-copy does not work with multifd yet";
+	else if (p.tls_creds[0])
+		why = "post-copy does not work with TLS yet";
+	else if (p.cap_verify)
+		why = "post-copy does not work with x-verify yet (the guest checks its own pages)";
+	else if (m->vm->balloon)
+		why = "post-copy does not work with a virtio-balloon yet";
+	if (why) {
+		snprintf(err, errlen, "%s", why);
+		return -EINVAL;
+	}
+	atomic_store(&m->postcopy_start, true);
+	return 0;
+}
+
+int migration__pre_switchover(struct migration *m)
+{
+	pthread_mutex_lock(&m->lock);
+	bool pause = m->params.cap_pause_before_switchover;
+	pthread_mutex_unlock(&m->lock);
+	if (!pause)
+		return 0;
+	if (!migration__advance(m, MIG_ACTIVE, MIG_PRE_SWITCHOVER))
+		return -ECANCELED;   /* a cancel came first */
+	pthread_mutex_lock(&m->lock);
+	while (!m->cont && !atomic_load(&m->cancel))
+		pthread_cond_wait(&m->cont_cond, &m->lock);
+	bool go = m->cont && !atomic_load(&m->cancel);
+	pthread_mutex_unlock(&m->lock);
+	return go ? 0 : -ECANCELED;
 }
 
 void migration__cancel_incoming(struct migration *m)
@@ -223,12 +332,31 @@ json_t *migration__query(struct migration *m)
 				 st.total_ms : time__now_ms() - st.start_ms;
 		json_object_set_new(r, "total-time", json_integer((json_int_t)total));
 		json_object_set_new(r, "setup-time", json_integer((json_int_t)st.setup_ms));
-		if (done)
+		if (done) {
 			json_object_set_new(r, "downtime", json_integer((json_int_t)st.downtime_ms));
+			json_object_set_new(r, "x-switchover-throttle-wait",
+					    json_pack("{s:I, s:b}", "us", (json_int_t)st.switchover_wait_us,
+						      "timed-out", st.switchover_wait_timed_out));
+		}
 		else if (st.expected_downtime_ms <= INT64_MAX) /* UINT64_MAX: not measured yet */
 			json_object_set_new(r, "expected-downtime",
 					    json_integer((json_int_t)st.expected_downtime_ms));
-		json_object_set_new(r, "ram", migration__ram_json(&st));
+		json_t *ram = migration__ram_json(&st);
+		if (m->params.cap_postcopy_ram) {
+			uint64_t pre = st.precopy_bytes + st.downtime_bytes;
+			json_object_set_new(ram, "postcopy-requests",
+					    json_integer((json_int_t)st.postcopy_requests));
+			json_object_set_new(ram, "postcopy-bytes", json_integer(
+				(json_int_t)(st.postcopy && st.transferred > pre ? st.transferred - pre : 0)));
+		}
+		json_object_set_new(r, "ram", ram);
+		if (st.postcopy_faults)
+			json_object_set_new(r, "x-postcopy", json_pack("{s:I, s:I, s:I, s:I, s:I}",
+				"faults", (json_int_t)st.postcopy_faults,
+				"requested", (json_int_t)st.postcopy_asked,
+				"zero-mapped", (json_int_t)st.postcopy_zero_mapped,
+				"latency-p50-us", (json_int_t)st.postcopy_lat_p50_us,
+				"latency-p99-us", (json_int_t)st.postcopy_lat_p99_us));
 		json_object_set_new(r, "cpu-throttle-percentage", json_integer(st.throttle_pct));
 		json_object_set_new(r, "x-dirty-rate-peak", json_integer((json_int_t)st.dirty_rate_peak));
 		json_object_set_new(r, "x-iterations", json_integer((json_int_t)st.iteration));

@@ -32,20 +32,31 @@ struct vm;
 enum mig_status {
 	MIG_NONE, MIG_SETUP, MIG_ACTIVE, MIG_DEVICE, MIG_COMPLETED,
 	MIG_CANCELLING, MIG_CANCELLED, MIG_FAILED,
+	MIG_PRE_SWITCHOVER, /* pause-before-switchover: vCPUs stopped, waiting for migrate-continue */
+	MIG_POSTCOPY_ACTIVE, /* post-copy: the destination runs the guest, pages follow */
 };
+/* setup, active, pre-switchover, device, postcopy-active or cancelling: a
+ * migration is under way */
+bool mig_status__busy(enum mig_status s);
 const char *mig_status__name(enum mig_status s);
 
 struct mig_params {
 	uint64_t max_bandwidth;      /* bytes/s; 0 = unlimited */
+	uint64_t max_postcopy_bandwidth; /* bytes/s after the switch to post-copy; 0 = unlimited */
 	struct policy_params policy; /* downtime-limit and auto-converge knobs */
 	bool cap_events;             /* MIGRATION / MIGRATION_PASS events */
 	bool cap_auto_converge;
 	bool cap_verify;             /* x-verify: whole-RAM hash checked on the destination */
 	bool cap_zero_detect;        /* send all-zero pages as offsets only (default on) */
 	enum policy_kind throttle_policy; /* x-cpu-throttle-policy: step | computed */
+	bool throttle_policy_set;         /* named by the user (else QEMU's step-law
+					   * parameters choose step) */
 	bool cap_dirty_limit;        /* dirty-limit: limit vCPU dirty rates instead of throttling */
 	enum proto_comp compression; /* x-compression: none | zstd | lz4 */
 	bool cap_multifd;            /* multifd: pages over parallel channels */
+	bool cap_pause_before_switchover; /* stop in pre-switchover until migrate-continue */
+	bool cap_postcopy_ram;       /* postcopy-ram: migrate-start-postcopy may switch */
+	bool cap_postcopy_auto;      /* x-postcopy-auto: switch by itself (policy__postcopy_now) */
 	unsigned multifd_channels;   /* multifd-channels */
 	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */
 	uint64_t vcpu_dirty_limit;   /* vcpu-dirty-limit, MB/s */
@@ -74,6 +85,13 @@ struct mig_stats {
 	uint64_t iteration;
 	uint64_t free_skipped, balloon_skipped; /* bulk pass: hinted free, ballooned */
 	uint64_t limit_sleep_us, limit_ring_full_us; /* dirty-limit, last round */
+	uint64_t switchover_wait_us; /* for throttled vCPUs to begin a sleep */
+	bool postcopy;               /* the migration went post-copy */
+	uint64_t postcopy_requests;  /* RP_REQ received (source) */
+	uint64_t postcopy_faults;    /* destination: faults, pages asked for, mapped as zero */
+	uint64_t postcopy_asked, postcopy_zero_mapped;
+	uint64_t postcopy_lat_p50_us, postcopy_lat_p99_us; /* RP_REQ to placement */
+	bool switchover_wait_timed_out;
 };
 
 struct migration {
@@ -97,12 +115,17 @@ struct migration {
 	bool mf_open;                /* under lock: mf may be shut down by cancel */
 	struct bitmap todo;          /* pages still to send */
 	struct policy_state pstate;
+	pthread_cond_t cont_cond;    /* with lock: migrate-continue or a cancel came */
+	bool cont;                   /* under lock: migrate-continue came */
+	atomic_bool postcopy_start;  /* migrate-start-postcopy came */
 	/* incoming */
 	pthread_t in_thread;
 	bool in_running;
 	void (*in_cancel)(void *ctx); /* under lock: unblocks the incoming thread */
 	void *in_ctx;
 	bool in_cancelled;            /* under lock: a cancel came, maybe before in_cancel */
+	int pc_uffd;                  /* under lock: a failed post-copy's userfaultfd, kept
+				       * until the process ends (-1: none) */
 	bool confirmed;              /* under lock: RP_OK arrived, a cancel is too late */
 	char in_uri[256];
 	char out_uri[256];
@@ -117,10 +140,26 @@ void migration__destroy(struct migration *m);
 
 /* Starts an outgoing migration to uri in the background. */
 int migration__start(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
-/* Requests cancellation (setup, active or device, until the destination's
+/* Requests cancellation (setup, active, pre-switchover or device, until the destination's
  * RP_OK has arrived); the thread cleans up.  After END the guest then stays
- * paused here (the destination may run it). */
-void migration__cancel(struct migration *m);
+ * paused here (the destination may run it).  Returns false, doing nothing,
+ * in postcopy-active unless quitting: the destination runs the guest and
+ * the source cannot take it back (quit and SIGTERM end it anyway, the
+ * guest paused here). */
+bool migration__cancel(struct migration *m, bool quitting);
+/* migrate-continue: lets a migration waiting in pre-switchover go on.
+ * -EINVAL (err says why) unless the status is `state` (QEMU's rule: the
+ * same name in any other status is accepted and does nothing; an unknown
+ * name is refused). */
+int migration__continue(struct migration *m, const char *state, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* migrate-start-postcopy: -EINVAL (err says why) unless an outgoing
+ * migration is active with postcopy-ram and nothing post-copy cannot
+ * carry yet (multifd, TLS, x-verify, a virtio-balloon). */
+int migration__start_postcopy(struct migration *m, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* Migration thread, vCPUs already stopped: with pause-before-switchover,
+ * status pre-switchover until migrate-continue (0) or a cancel
+ * (-ECANCELED); without it, 0 at once. */
+int migration__pre_switchover(struct migration *m) KMIG_MUST_CHECK;
 /* Unblocks an incoming migration (listening or loading): it fails. */
 void migration__cancel_incoming(struct migration *m);
 /* Cancels and joins every migration thread (outgoing, incoming,
@@ -132,10 +171,13 @@ int migration__incoming(struct migration *m, const char *uri, char *err, size_t 
 json_t *migration__query(struct migration *m);
 /* Sets the status and emits MIGRATION when the capability is on. */
 void migration__set_status(struct migration *m, enum mig_status s);
+/* The same, only if the status is `from` (a cancel's `cancelling` is not
+ * overwritten); false if it was not. */
+bool migration__advance(struct migration *m, enum mig_status from, enum mig_status to) KMIG_MUST_CHECK;
 /* Records a failure description (first one wins until the next start). */
 void migration__set_error(struct migration *m, const char *fmt, ...) KMIG_PRINTF(2, 3);
 
-/* Registers migrate, migrate_cancel, query-migrate, migrate-incoming,
+/* Registers migrate, migrate_cancel, migrate-continue, query-migrate, migrate-incoming,
  * migrate-set/query-parameters and -capabilities (mig/qmp_mig.c). */
 int migration__register_qmp(struct migration *m) KMIG_MUST_CHECK;
 /* Registers calc-dirty-rate, query-dirty-rate and the vCPU dirty-limit

@@ -9,6 +9,15 @@
 #define MULTIFD_REC_CAP (PROTO_HDR_SIZE + 16 + MULTIFD_BATCH * 8 + 256 * (8 + PROTO_PAGE_SIZE))
 #define MULTIFD_MAX_PAGES 256        /* pages per PAGES record */
 
+/* One channel's share of the limit (0 = unlimited stays unlimited; a
+ * limit below the channel count must not become 0). */
+static uint64_t multifd__share(uint64_t rate, unsigned n)
+{
+	if (!rate || !n)
+		return rate;
+	return rate / n ? rate / n : 1;
+}
+
 static void chan__fail(struct multifd_send_chan *c, int rc)
 {
 	int zero = 0;
@@ -139,7 +148,7 @@ int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
 	mf->comp = comp;
 	mf->tls = tls;
 	for (unsigned i = 0; i < n; i++) {
-		int rc = chan__open(mf, i, n, uri, rate / n, err, errlen);
+		int rc = chan__open(mf, i, n, uri, multifd__share(rate, n), err, errlen);
 		if (rc) {
 			chan__free(&mf->chan[i]);
 			return rc;
@@ -211,7 +220,7 @@ void multifd_send__set_rate(struct multifd_send *mf, uint64_t rate)
 {
 	for (unsigned i = 0; i < mf->n; i++)
 		if (mf->chan[i].open)
-			mig_stream__set_rate(&mf->chan[i].stream, rate / mf->n);
+			mig_stream__set_rate(&mf->chan[i].stream, multifd__share(rate, mf->n));
 }
 
 uint64_t multifd_send__bytes(struct multifd_send *mf)

@@ -79,6 +79,24 @@ bool policy__final_round(const struct policy_input *in, uint64_t downtime_limit_
 	return e > POLICY_FINAL_ROUND_MIN_MS && e != UINT64_MAX && e * 4 > downtime_limit_ms;
 }
 
+bool policy__postcopy_now(const struct policy_input *in, uint64_t downtime_limit_ms)
+{
+	uint64_t bw = in->bandwidth_bps, rate = in->dirty_rate_bps;
+	if (!bw || !rate || policy__should_switchover(in, downtime_limit_ms, 0))
+		return false;
+	if (rate >= bw)
+		return true;    /* r >= 1: the rest never shrinks */
+	unsigned __int128 target = (unsigned __int128)bw * downtime_limit_ms;
+	unsigned __int128 rest = (unsigned __int128)in->remaining_bytes * 1000;
+	for (unsigned n = 0; n < POLICY_POSTCOPY_ROUNDS; n++) {
+		/* rest * rate / bw without overflow (rate < bw) */
+		rest = rest / bw * rate + rest % bw * rate / bw;
+		if (rest <= target)
+			return false;
+	}
+	return true;
+}
+
 bool policy__period_high(const struct policy_input *in, unsigned threshold_pct)
 {
 	uint64_t limit = sat64((unsigned __int128)in->bytes_sent_period * threshold_pct / 100);

@@ -104,6 +104,17 @@ bool policy__should_switchover(const struct policy_input *in, uint64_t downtime_
 #define POLICY_FINAL_ROUND_MIN_MS 20u
 bool policy__final_round(const struct policy_input *in, uint64_t downtime_limit_ms);
 
+/* Hybrid (capability x-postcopy-auto), asked after the bulk pass when the
+ * switchover test failed: whether to switch to post-copy now because
+ * pre-copy would not get the rest under the downtime limit within
+ * POLICY_POSTCOPY_ROUNDS more rounds at the measured rates, unthrottled.
+ * A round sends what is left at the bandwidth while the guest dirties at
+ * its rate, so with r = dirty_rate / bandwidth the rest after n rounds is
+ * remaining * r^n (r >= 1: never less).  False when a rate is unknown (0)
+ * or the switchover test passes already. */
+#define POLICY_POSTCOPY_ROUNDS 3u
+bool policy__postcopy_now(const struct policy_input *in, uint64_t downtime_limit_ms);
+
 /* QEMU's trigger test for one period (see the laws above). */
 bool policy__period_high(const struct policy_input *in, unsigned threshold_pct);
 

@@ -22,6 +22,10 @@ const char *proto__type_name(uint32_t type)
 	case PROTO_RP_OK:   return "RP_OK";
 	case PROTO_RP_FAIL: return "RP_FAIL";
 	case PROTO_RP_PING: return "RP_PING";
+	case PROTO_DISCARD: return "DISCARD";
+	case PROTO_POSTCOPY: return "POSTCOPY";
+	case PROTO_RP_REQ:  return "RP_REQ";
+	case PROTO_RP_RUNNING: return "RP_RUNNING";
 	default:            return "unknown";
 	}
 }
@@ -74,8 +78,14 @@ const char *proto__header_problem(const struct proto_hdr *h)
 			return "END length does not match its checksum flag";
 		break;
 	case PROTO_RP_OK:
+	case PROTO_RP_RUNNING:
+	case PROTO_POSTCOPY:
 		if (h->length != 0)
-			return "RP_OK must have an empty payload";
+			return "record must have an empty payload";
+		break;
+	case PROTO_RP_REQ:
+		if (h->length != 16)
+			return "RP_REQ length must be 16";
 		break;
 	case PROTO_ERROR:
 	case PROTO_RP_FAIL:
@@ -193,13 +203,13 @@ ssize_t proto__encode_pages(void *buf, size_t cap, uint32_t block, uint32_t coun
 	return head + (ssize_t)data_len;
 }
 
-ssize_t proto__encode_zero(void *buf, size_t cap, uint32_t block, uint32_t count,
-			   const uint64_t *offsets)
+static ssize_t proto__encode_offsets(void *buf, size_t cap, uint32_t type, uint32_t block,
+				     uint32_t count, const uint64_t *offsets)
 {
 	if (proto__check_run(count, PROTO_MAX_ZERO))
 		return -EINVAL;
 	uint64_t len = 8 + 8ull * count;
-	uint8_t *p = proto__begin(buf, cap, PROTO_ZERO, 0, len);
+	uint8_t *p = proto__begin(buf, cap, type, 0, len);
 	if (!p)
 		return -ENOSPC;
 	le__put32(p, block);
@@ -207,6 +217,36 @@ ssize_t proto__encode_zero(void *buf, size_t cap, uint32_t block, uint32_t count
 	for (uint32_t i = 0; i < count; i++)
 		le__put64(p + 8 + 8 * (size_t)i, offsets[i]);
 	return proto__rec_size(len);
+}
+
+ssize_t proto__encode_zero(void *buf, size_t cap, uint32_t block, uint32_t count,
+			   const uint64_t *offsets)
+{
+	return proto__encode_offsets(buf, cap, PROTO_ZERO, block, count, offsets);
+}
+
+ssize_t proto__encode_discard(void *buf, size_t cap, uint32_t block, uint32_t count,
+			      const uint64_t *offsets)
+{
+	return proto__encode_offsets(buf, cap, PROTO_DISCARD, block, count, offsets);
+}
+
+ssize_t proto__encode_empty(void *buf, size_t cap, uint32_t type)
+{
+	if (type != PROTO_POSTCOPY && type != PROTO_RP_RUNNING && type != PROTO_RP_OK)
+		return -EINVAL;
+	return proto__begin(buf, cap, type, 0, 0) ? (ssize_t)PROTO_HDR_SIZE : -ENOSPC;
+}
+
+ssize_t proto__encode_rp_req(void *buf, size_t cap, uint32_t block, uint64_t offset)
+{
+	uint8_t *p = proto__begin(buf, cap, PROTO_RP_REQ, 0, 16);
+	if (!p)
+		return -ENOSPC;
+	le__put32(p, block);
+	le__put32(p + 4, 0);
+	le__put64(p + 8, offset);
+	return proto__rec_size(16);
 }
 
 ssize_t proto__encode_state(void *buf, size_t cap, uint32_t id, uint32_t version,
@@ -374,15 +414,22 @@ int proto__decode_pages(const void *payload, size_t len, uint32_t flags,
 	return 0;
 }
 
-int proto__decode_zero(const void *payload, size_t len, struct proto_pages *pg,
-		       const char **why)
+/* ZERO and DISCARD: a run of offsets and nothing after it. */
+static int proto__decode_offsets(const void *payload, size_t len, struct proto_pages *pg,
+				 const char **why, const char *trailing)
 {
 	int used = proto__decode_run(payload, len, PROTO_MAX_ZERO, pg, why);
 	if (used < 0)
 		return used;
 	if ((size_t)used != len)
-		return proto__bad(why, "ZERO record has trailing bytes");
+		return proto__bad(why, trailing);
 	return 0;
+}
+
+int proto__decode_zero(const void *payload, size_t len, struct proto_pages *pg,
+		       const char **why)
+{
+	return proto__decode_offsets(payload, len, pg, why, "ZERO record has trailing bytes");
 }
 
 int proto__decode_state(const void *payload, size_t len, struct proto_state *st,
@@ -431,6 +478,25 @@ int proto__decode_channel(const void *p, size_t len, uint32_t *index, uint32_t *
 int proto__decode_rp_ping(const void *p, size_t len, uint64_t *cookie, const char **why)
 {
 	return proto__decode_u64(p, len, cookie, why);
+}
+
+int proto__decode_discard(const void *payload, size_t len, struct proto_pages *pg,
+			  const char **why)
+{
+	return proto__decode_offsets(payload, len, pg, why, "DISCARD record has trailing bytes");
+}
+
+int proto__decode_rp_req(const void *payload, size_t len, uint32_t *block, uint64_t *offset,
+			 const char **why)
+{
+	const uint8_t *p = payload;
+	if (len != 16)
+		return proto__bad(why, "RP_REQ length must be 16");
+	if (le__get32(p + 4))
+		return proto__bad(why, "RP_REQ reserved word is not zero");
+	*block = le__get32(p);
+	*offset = le__get64(p + 8);
+	return 0;
 }
 
 int proto__decode_end(const void *p, size_t len, uint32_t flags, uint8_t *hash,

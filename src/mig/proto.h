@@ -51,9 +51,13 @@ enum proto_type {
 	PROTO_END     = 6,
 	PROTO_ERROR   = 7,
 	PROTO_CHANNEL = 8,      /* multifd: u32 channel index, u32 extra channels */
+	PROTO_DISCARD = 9,      /* post-copy: pages whose copy at the destination is stale */
+	PROTO_POSTCOPY = 10,    /* post-copy: state complete, the destination runs now */
 	PROTO_RP_OK   = 0x101,
 	PROTO_RP_FAIL = 0x102,
 	PROTO_RP_PING = 0x103,
+	PROTO_RP_REQ  = 0x104,  /* post-copy: u32 block, u32 0, u64 offset of a page wanted */
+	PROTO_RP_RUNNING = 0x105, /* post-copy: the destination's guest runs */
 };
 
 /* Header flag bits.  Each type allows only the bits listed in
@@ -171,6 +175,12 @@ ssize_t proto__encode_error(void *buf, size_t cap, uint32_t code, const char *ms
 ssize_t proto__encode_rp_ok(void *buf, size_t cap) KMIG_MUST_CHECK;
 ssize_t proto__encode_rp_fail(void *buf, size_t cap, uint32_t code, const char *msg) KMIG_MUST_CHECK;
 ssize_t proto__encode_rp_ping(void *buf, size_t cap, uint64_t cookie) KMIG_MUST_CHECK;
+/* Post-copy.  DISCARD has ZERO's payload (at most PROTO_MAX_ZERO offsets);
+ * POSTCOPY and RP_RUNNING are empty; RP_REQ names one page. */
+ssize_t proto__encode_discard(void *buf, size_t cap, uint32_t block, uint32_t count,
+			      const uint64_t *offsets) KMIG_MUST_CHECK;
+ssize_t proto__encode_empty(void *buf, size_t cap, uint32_t type) KMIG_MUST_CHECK;
+ssize_t proto__encode_rp_req(void *buf, size_t cap, uint32_t block, uint64_t offset) KMIG_MUST_CHECK;
 
 /* Upper bound of an uncompressed PAGES record of count pages. */
 static inline size_t proto__pages_record_size(uint32_t count)
@@ -201,6 +211,11 @@ int proto__decode_error(const void *p, size_t len, struct proto_error *e,
 			const char **why) KMIG_MUST_CHECK;
 int proto__decode_rp_ping(const void *p, size_t len, uint64_t *cookie,
 			  const char **why) KMIG_MUST_CHECK;
+int proto__decode_discard(const void *p, size_t len, struct proto_pages *pg,
+			  const char **why) KMIG_MUST_CHECK;
+/* The offset is not checked here (the receiver checks it against RAM). */
+int proto__decode_rp_req(const void *p, size_t len, uint32_t *block, uint64_t *offset,
+			 const char **why) KMIG_MUST_CHECK;
 
 /* ---- RAM layout and checksum ---- */
 /* NULL if the START layout equals ram exactly (same block count, and each

@@ -35,9 +35,34 @@ static json_t *cmd_migrate_incoming(void *ctx, json_t *args, struct qmp_error *e
 
 static json_t *cmd_migrate_cancel(void *ctx, json_t *args, struct qmp_error *err)
 {
+	struct migration *m = ctx;
 	if (qmp_arg__check_known(args, NULL, err))
 		return NULL;
-	migration__cancel(ctx);
+	if (!migration__cancel(m, false))
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Postcopy migration can't be cancelled: "
+			       "the destination runs the guest");
+	return NULL;
+}
+
+static json_t *cmd_start_postcopy(void *ctx, json_t *args, struct qmp_error *err)
+{
+	char why[160];
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
+	if (migration__start_postcopy(ctx, why, sizeof(why)))
+		qmp_error__set(err, QMP_ERROR_GENERIC, "%s", why);
+	return NULL;
+}
+
+static json_t *cmd_migrate_continue(void *ctx, json_t *args, struct qmp_error *err)
+{
+	static const char *const known[] = { "state", NULL };
+	const char *state = NULL;
+	char why[128];
+	if (qmp_arg__check_known(args, known, err) || qmp_arg__str(args, "state", &state, true, err) < 0)
+		return NULL;
+	if (migration__continue(ctx, state, why, sizeof(why)))
+		qmp_error__set(err, QMP_ERROR_GENERIC, "%s", why);
 	return NULL;
 }
 
@@ -59,8 +84,9 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
 	static const char *const comp_names[] = { "none", "zstd", "lz4" };
-	return json_pack("{s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:I, s:b}",
+	return json_pack("{s:I, s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:I, s:b}",
 			 "max-bandwidth", (json_int_t)p.max_bandwidth,
+			 "max-postcopy-bandwidth", (json_int_t)p.max_postcopy_bandwidth,
 			 "downtime-limit", (json_int_t)p.policy.downtime_limit_ms,
 			 "throttle-trigger-threshold", p.policy.throttle_trigger_threshold,
 			 "cpu-throttle-initial", p.policy.cpu_throttle_initial,
@@ -136,7 +162,7 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct migration *m = ctx;
 	static const char *const known[] = {
-		"max-bandwidth", "downtime-limit", "throttle-trigger-threshold",
+		"max-bandwidth", "max-postcopy-bandwidth", "downtime-limit", "throttle-trigger-threshold",
 		"cpu-throttle-initial", "cpu-throttle-increment", "cpu-throttle-tailslow",
 		"max-cpu-throttle", "x-cpu-throttle-policy", "x-vcpu-dirty-limit-period",
 		"vcpu-dirty-limit", "x-compression", "multifd-channels", "tls-creds",
@@ -148,6 +174,7 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 	if (qmp_arg__check_known(args, known, err) ||
 	    qmp_arg__str(args, "x-compression", &comp, false, err) < 0 ||
 	    qmp_arg__uint(args, "max-bandwidth", &p.max_bandwidth, false, err) < 0 ||
+	    qmp_arg__uint(args, "max-postcopy-bandwidth", &p.max_postcopy_bandwidth, false, err) < 0 ||
 	    qmp_arg__uint(args, "downtime-limit", &p.policy.downtime_limit_ms, false, err) < 0 ||
 	    params_uint(args, "throttle-trigger-threshold", 100, &p.policy.throttle_trigger_threshold, err) < 0 ||
 	    params_uint(args, "cpu-throttle-initial", 99, &p.policy.cpu_throttle_initial, err) < 0 ||
@@ -189,6 +216,7 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 		}
 	}
 	if (pol) {
+		p.throttle_policy_set = true;
 		if (!strcmp(pol, "step"))
 			p.throttle_policy = POLICY_STEP;
 		else if (!strcmp(pol, "computed"))
@@ -199,17 +227,25 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 			return NULL;
 		}
 	}
+	/* QEMU's step-law knobs ask for QEMU's law, unless a policy was named */
+	if (!p.throttle_policy_set &&
+	    (json_object_get(args, "cpu-throttle-initial") ||
+	     json_object_get(args, "cpu-throttle-increment") ||
+	     json_object_get(args, "cpu-throttle-tailslow")))
+		p.throttle_policy = POLICY_STEP;
 	if (policy__params_check(&p.policy)) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Migration parameters out of range");
 		return NULL;
 	}
 	pthread_mutex_lock(&m->lock);
 	m->params = p;
-	pthread_mutex_unlock(&m->lock);
-	mig_stream__set_rate(&m->stream, p.max_bandwidth);
-	pthread_mutex_lock(&m->lock);
-	if (m->mf_open)
-		multifd_send__set_rate(&m->mf, p.max_bandwidth);
+	if (m->status == MIG_POSTCOPY_ACTIVE) {
+		mig_stream__set_rate(&m->stream, p.max_postcopy_bandwidth);
+	} else if (m->status != MIG_DEVICE) {   /* the stop-and-copy runs unlimited */
+		mig_stream__set_rate(&m->stream, p.max_bandwidth);
+		if (m->mf_open)
+			multifd_send__set_rate(&m->mf, p.max_bandwidth);
+	}
 	pthread_mutex_unlock(&m->lock);
 	return NULL;
 }
@@ -226,6 +262,9 @@ static const struct cap_desc caps[] = {
 	{ "zero-blocks", offsetof(struct mig_params, cap_zero_detect) },
 	{ "dirty-limit", offsetof(struct mig_params, cap_dirty_limit) },
 	{ "multifd", offsetof(struct mig_params, cap_multifd) },
+	{ "pause-before-switchover", offsetof(struct mig_params, cap_pause_before_switchover) },
+	{ "postcopy-ram", offsetof(struct mig_params, cap_postcopy_ram) },
+	{ "x-postcopy-auto", offsetof(struct mig_params, cap_postcopy_auto) },
 };
 #define NCAPS (sizeof(caps) / sizeof(caps[0]))
 
@@ -256,8 +295,9 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 		return NULL;
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
-	bool busy = m->status == MIG_SETUP || m->status == MIG_ACTIVE || m->status == MIG_DEVICE ||
-		    m->status == MIG_CANCELLING;
+	/* a destination may still set them while it waits for the source */
+	bool busy = mig_status__busy(m->status) &&
+		    !(m->status == MIG_SETUP && vm__status(m->vm) == VM_STATUS_INMIGRATE);
 	pthread_mutex_unlock(&m->lock);
 	if (busy) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "There's a migration process in progress");
@@ -281,6 +321,14 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 		}
 		*(bool *)((char *)&p + caps[c].offset) = state;
 	}
+	if (p.cap_postcopy_auto && !p.cap_postcopy_ram) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "x-postcopy-auto needs postcopy-ram");
+		return NULL;
+	}
+	if (p.cap_postcopy_ram && p.cap_multifd) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "postcopy-ram does not work with multifd yet");
+		return NULL;
+	}
 	if (p.cap_dirty_limit && p.cap_auto_converge) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "dirty-limit conflicts with auto-converge: "
 			       "enable one of them");
@@ -303,6 +351,8 @@ int migration__register_qmp(struct migration *m)
 		{ "migrate", cmd_migrate },
 		{ "migrate-incoming", cmd_migrate_incoming },
 		{ "migrate_cancel", cmd_migrate_cancel },
+		{ "migrate-continue", cmd_migrate_continue },
+		{ "migrate-start-postcopy", cmd_start_postcopy },
 		{ "query-migrate", cmd_query_migrate },
 		{ "migrate-set-parameters", cmd_set_params },
 		{ "query-migrate-parameters", cmd_query_params },

@@ -51,6 +51,7 @@ const char *mig_recv__state_name(enum mig_recv_state st)
 	switch (st) {
 	case MIG_RECV_WAIT_START: return "wait-start";
 	case MIG_RECV_RAM:        return "ram";
+	case MIG_RECV_POSTCOPY:   return "postcopy";
 	case MIG_RECV_DONE:       return "done";
 	case MIG_RECV_FAILED:     return "failed";
 	}
@@ -75,6 +76,19 @@ int mig_recv__fail(struct mig_recv *r, int err, const char *fmt, ...)
 	int e = recv__vfail(r, err, fmt, ap);
 	va_end(ap);
 	return e;
+}
+
+static int recv__hook_ret(int rc)
+{
+	return rc < 0 ? rc : -EINVAL;
+}
+
+static int recv__placing_failed(struct mig_recv *r, const char *what, int rc, uint32_t block,
+				uint64_t off)
+{
+	rc = recv__hook_ret(rc);
+	return mig_recv__fail(r, rc, "%s: placing block %" PRIu32 " offset 0x%" PRIx64
+			      " failed: %s", what, block, off, strerror(-rc));
 }
 
 /* Checks block and every offset of a PAGES/ZERO run against guest RAM. */
@@ -138,7 +152,15 @@ static int recv__pages(struct mig_recv *r, const struct proto_hdr *h, const void
 	uint8_t *host = r->ram->blocks[pg.block].host;
 	for (uint32_t i = 0; i < pg.count; i++) {
 		uint64_t off = proto__offset(&pg, i);
-		memcpy(host + off, data + (size_t)i * PROTO_PAGE_SIZE, PROTO_PAGE_SIZE);
+		const uint8_t *src = data + (size_t)i * PROTO_PAGE_SIZE;
+		if (r->state == MIG_RECV_POSTCOPY) {
+			int rc = r->ops.place_page(r->ops.ctx, pg.block, off, src);
+			if (rc)
+				return recv__placing_failed(r, "PAGES", rc, pg.block, off);
+			r->stats.postcopy_pages++;
+			continue;
+		}
+		memcpy(host + off, src, PROTO_PAGE_SIZE);
 		if (r->ops.on_page_written)
 			r->ops.on_page_written(r->ops.ctx, pg.block, off);
 	}
@@ -156,11 +178,6 @@ static bool recv__page_is_zero(const uint8_t *p)
 	return acc == 0;
 }
 
-static int recv__hook_ret(int rc)
-{
-	return rc < 0 ? rc : -EINVAL;
-}
-
 static int recv__zero(struct mig_recv *r, const struct proto_hdr *h, const void *p)
 {
 	struct proto_pages pg;
@@ -173,6 +190,13 @@ static int recv__zero(struct mig_recv *r, const struct proto_hdr *h, const void 
 	uint8_t *host = r->ram->blocks[pg.block].host;
 	for (uint32_t i = 0; i < pg.count; i++) {
 		uint64_t off = proto__offset(&pg, i);
+		if (r->state == MIG_RECV_POSTCOPY) {
+			int rc = r->ops.place_zero(r->ops.ctx, pg.block, off);
+			if (rc)
+				return recv__placing_failed(r, "ZERO", rc, pg.block, off);
+			r->stats.postcopy_pages++;
+			continue;
+		}
 		if (r->ops.on_zero) {
 			int rc = r->ops.on_zero(r->ops.ctx, pg.block, off);
 			if (rc)
@@ -188,6 +212,46 @@ static int recv__zero(struct mig_recv *r, const struct proto_hdr *h, const void 
 			r->ops.on_page_written(r->ops.ctx, pg.block, off);
 	}
 	r->stats.zero_pages += pg.count;
+	return 0;
+}
+
+static bool recv__postcopy_hooks(const struct mig_recv *r)
+{
+	return r->ops.on_discard && r->ops.on_postcopy && r->ops.place_page && r->ops.place_zero;
+}
+
+static int recv__discard(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	struct proto_pages pg;
+	const char *why = NULL;
+	if (!recv__postcopy_hooks(r))
+		return mig_recv__fail(r, -EPROTO, "DISCARD record but post-copy is not enabled here "
+				      "(capability postcopy-ram)");
+	if (proto__decode_discard(p, h->length, &pg, &why))
+		return mig_recv__fail(r, -EPROTO, "DISCARD: %s", why);
+	int e = recv__check_run(r, "DISCARD", &pg);
+	for (uint32_t i = 0; !e && i < pg.count; i++) {
+		uint64_t off = proto__offset(&pg, i);
+		int rc = r->ops.on_discard(r->ops.ctx, pg.block, off);
+		if (rc)
+			e = recv__placing_failed(r, "DISCARD", rc, pg.block, off);
+	}
+	r->stats.discarded += e ? 0 : pg.count;
+	return e;
+}
+
+static int recv__postcopy(struct mig_recv *r)
+{
+	if (!recv__postcopy_hooks(r))
+		return mig_recv__fail(r, -EPROTO, "POSTCOPY record but post-copy is not enabled here "
+				      "(capability postcopy-ram)");
+	int rc = r->ops.on_postcopy(r->ops.ctx);
+	if (rc) {
+		rc = recv__hook_ret(rc);
+		return r->state == MIG_RECV_FAILED ? r->err :
+		       mig_recv__fail(r, rc, "cannot start post-copy: %s", strerror(-rc));
+	}
+	r->state = MIG_RECV_POSTCOPY;
 	return 0;
 }
 
@@ -219,6 +283,9 @@ static int recv__end(struct mig_recv *r, const struct proto_hdr *h, const void *
 	if (proto__decode_end(p, h->length, h->flags, theirs, &has, &why))
 		return mig_recv__fail(r, -EPROTO, "END: %s", why);
 	r->checksum_present = has;
+	if (has && r->state == MIG_RECV_POSTCOPY)
+		return mig_recv__fail(r, -EPROTO, "END: a RAM checksum after post-copy "
+				      "(the guest ran here meanwhile)");
 	if (has) {
 		proto__ram_hash(r->ram, ours);
 		r->checksum_ok = memcmp(ours, theirs, PROTO_HASH_LEN) == 0;
@@ -269,10 +336,19 @@ static bool recv__channel_allows(uint32_t type)
 	return type == PROTO_PAGES || type == PROTO_ZERO || type == PROTO_SYNC;
 }
 
+/* Records the main stream may carry once the guest runs here. */
+static bool recv__postcopy_allows(uint32_t type)
+{
+	return type == PROTO_PAGES || type == PROTO_ZERO || type == PROTO_END;
+}
+
 static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const void *p)
 {
 	if (r->channel && !recv__channel_allows(h->type))
 		return mig_recv__fail(r, -EPROTO, "%s record on a multifd channel",
+				      proto__type_name(h->type));
+	if (r->state == MIG_RECV_POSTCOPY && !recv__postcopy_allows(h->type))
+		return mig_recv__fail(r, -EPROTO, "%s record during post-copy",
 				      proto__type_name(h->type));
 	uint64_t round;
 	const char *why = NULL;
@@ -297,6 +373,10 @@ static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const
 		return 0;
 	case PROTO_CHANNEL:
 		return recv__channel_rec(r, h, p);
+	case PROTO_DISCARD:
+		return recv__discard(r, h, p);
+	case PROTO_POSTCOPY:
+		return recv__postcopy(r);
 	case PROTO_END:
 		return recv__end(r, h, p);
 	default:

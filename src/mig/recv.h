@@ -2,8 +2,10 @@
  * stream (docs/protocol.md, "Receiver state machine").
  *
  *   WAIT_START --START--> RAM --END--> DONE
- *        \                 |  PAGES, ZERO, STATE, SYNC
- *         `---- any error -+--> FAILED  (sticky, with a message)
+ *        \                 |  PAGES, ZERO, STATE, SYNC, DISCARD
+ *         \                +--POSTCOPY--> POSTCOPY --END--> DONE
+ *          \                                 PAGES, ZERO (placed by hooks)
+ *           `---- any error -----------------+--> FAILED  (sticky, with a message)
  *
  * Every record is validated as a whole (header, payload structure, block
  * index, every offset) before anything is written into guest RAM, so a
@@ -35,6 +37,7 @@
 enum mig_recv_state {
 	MIG_RECV_WAIT_START,
 	MIG_RECV_RAM,
+	MIG_RECV_POSTCOPY,      /* the guest runs here; pages arrive on demand */
 	MIG_RECV_DONE,
 	MIG_RECV_FAILED,
 };
@@ -58,6 +61,17 @@ struct mig_recv_ops {
 	 * a CHANNEL record without this hook, or on a channel stream, fails.
 	 * Non-zero return fails as for on_state. */
 	int (*on_channels)(void *ctx, uint32_t count);
+	/* Post-copy (all four, or DISCARD and POSTCOPY records fail with
+	 * -EPROTO).  on_discard: the page's copy here is stale (before
+	 * POSTCOPY only).  on_postcopy: every state section is in, the guest
+	 * may run here.  From then on every page of a PAGES or ZERO record
+	 * goes to place_page (data = the page) or place_zero instead of a
+	 * plain write: the hook places it atomically (userfaultfd).  Non-zero
+	 * returns fail as for on_state. */
+	int (*on_discard)(void *ctx, uint32_t block, uint64_t offset);
+	int (*on_postcopy)(void *ctx);
+	int (*place_page)(void *ctx, uint32_t block, uint64_t offset, const void *data);
+	int (*place_zero)(void *ctx, uint32_t block, uint64_t offset);
 	void *ctx;
 };
 
@@ -70,6 +84,8 @@ struct mig_recv_stats {
 	uint64_t sections;      /* STATE records */
 	uint64_t syncs;         /* SYNC records */
 	uint64_t last_round;    /* round of the last SYNC */
+	uint64_t discarded;     /* pages named by DISCARD records */
+	uint64_t postcopy_pages; /* pages placed after POSTCOPY (of pages + zero_pages) */
 };
 
 struct mig_recv {

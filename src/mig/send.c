@@ -9,12 +9,18 @@
 #include "base/timeutil.h"
 #include "ctl/control.h"
 #include "dev/balloon.h"
+#include "kvm/throttle_math.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
 #include "mig/migration.h"
 #include "mig/proto.h"
 #include "mig/send_impl.h"
 #include "state/state.h"
+
+/* Longest wait at the switchover for throttled vCPUs to begin a sleep:
+ * twice the longest throttle cycle (a sleep scaled to a late kick's run,
+ * at most 2 x THROTTLE_MAX_STALL_NS, and its run slice) */
+#define SWITCHOVER_SLEEP_WAIT_NS (4 * THROTTLE_MAX_STALL_NS + 5 * THROTTLE_TIMESLICE_NS)
 
 static bool sender__page_is_zero(const uint8_t *p)
 {
@@ -78,7 +84,7 @@ int sender__flush(struct sender *s)
 	return rc ? rc : sender__flush_pages(s);
 }
 
-static int sender__page(struct sender *s, uint64_t page)
+int sender__send_page(struct sender *s, uint64_t page)
 {
 	int b = s->ram->nr_blocks > 1 && page >= s->ram->blocks[1].first_page ? 1 : 0;
 	uint64_t off = (page - s->ram->blocks[b].first_page) * RAM_PAGE_SIZE;
@@ -177,7 +183,7 @@ static int sender__poll(struct sender *s, uint64_t n)
 	int rc = sender__check_return_path(s, 0);
 	if (!rc)
 		sender__update_stats(s);
-	return rc;
+	return !rc && sender__postcopy_due(s) ? SENDER_POSTCOPY : rc;
 }
 
 /* Sends every page set in todo, clearing it. */
@@ -200,10 +206,14 @@ int sender__pass(struct sender *s)
 		if (!s->bulk_done && s->m->vm->balloon && sender__skip(s, p)) {
 			if (s->unsent.words)
 				bitmap__set(&s->unsent, p);
-		} else if ((rc = sender__page(s, p)) != 0) {
+		} else if ((rc = sender__send_page(s, p)) != 0) {
 			return rc;
 		}
 		rc = sender__poll(s, ++n);
+		if (rc == SENDER_POSTCOPY) {    /* what was taken from todo goes first */
+			rc = sender__flush(s);
+			return rc ? rc : SENDER_POSTCOPY;
+		}
 		if (rc)
 			return rc;
 	}
@@ -211,7 +221,7 @@ int sender__pass(struct sender *s)
 	return rc ? rc : sender__end_pass(s);
 }
 
-static int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
+int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
 			     const void *data, size_t len)
 {
 	struct sender *s = ctx;
@@ -306,13 +316,30 @@ static int sender__fault_extra(struct sender *s)
 	return rc ? rc : mig_stream__write(s->stream, data, RAM_PAGE_SIZE);
 }
 
-/* Stop-and-copy: the last dirty pages, device state, END, the answer. */
-int sender__switchover(struct sender *s)
+/* The guest stops for the switchover or for post-copy: a throttled guest
+ * as its vCPUs begin a sleep (what it sees of the downtime then starts
+ * where it last ran, not part-way into a sleep; this costs at most one
+ * throttle cycle more of pre-copy), status device (pre-switchover first
+ * when `pre` and the capability asks), vCPUs stopped, the rate limit
+ * lifted, the last sync into todo.  *t0: when the vCPUs stopped. */
+int sender__stop_guest(struct sender *s, bool pre, uint64_t *t0)
 {
 	struct vm *vm = s->m->vm;
-	uint64_t t0 = time__now_ms();
-	uint64_t bytes0 = sender__bytes(s);
-	migration__set_status(s->m, MIG_DEVICE);
+	uint64_t w0 = time__now_ns();
+	int wrc = vm__await_throttle_sleeps(vm, SWITCHOVER_SLEEP_WAIT_NS);
+	uint64_t waited_us = (time__now_ns() - w0) / 1000;
+	if (wrc)
+		log_debug("switchover: a throttled vCPU began no sleep in %llu us",
+			  (unsigned long long)waited_us);
+	*t0 = time__now_ms();
+	pthread_mutex_lock(&s->m->lock);
+	s->m->stats.switchover_wait_us = waited_us;
+	s->m->stats.switchover_wait_timed_out = wrc != 0;
+	bool pause = pre && s->m->params.cap_pause_before_switchover;
+	pthread_mutex_unlock(&s->m->lock);
+	/* a cancel that came during the last round's decision wins */
+	if (atomic_load(&s->m->cancel) || (!pause && !migration__advance(s->m, MIG_ACTIVE, MIG_DEVICE)))
+		return -ECANCELED;
 	/* from here on every flush must leave at once: no Nagle delays */
 	if (mig_stream__set_nodelay(s->stream, true))
 		log_debug("switchover: TCP_NODELAY not set");
@@ -323,19 +350,41 @@ int sender__switchover(struct sender *s)
 	s->paused = true;
 	control__event(s->m->ctl, "STOP", NULL);
 	throttle__set(&vm->throttle, 0);
+	/* pause-before-switchover: wait, stopped, for migrate-continue */
+	int rc = pause ? migration__pre_switchover(s->m) : 0;
+	if (rc)
+		return rc;
+	if (pause && !migration__advance(s->m, MIG_PRE_SWITCHOVER, MIG_DEVICE))
+		return -ECANCELED;
+	/* as QEMU: the guest is stopped, so the rest goes as fast as the link
+	 * allows; max-bandwidth holds again for the next migration */
+	pthread_mutex_lock(&s->m->lock);
+	mig_stream__set_rate(s->stream, 0);
+	if (s->m->mf_open)
+		multifd_send__set_rate(&s->m->mf, 0);
+	pthread_mutex_unlock(&s->m->lock);
 	/* deferred, and never cleared: the vCPUs stay stopped until tracking
 	 * ends, so the downtime spends nothing on write protection */
 	int64_t got = dirty__sync(vm->dirty, &s->m->todo, DIRTY_SYNC_DEFER_CLEAR);
-	int rc = got < 0 ? (int)got : 0;
+	if (got < 0)
+		return (int)got;
 	sender__synced(s);
 	log_debug("switchover: vCPUs stopped and synced after %llu ms",
-		  (unsigned long long)(time__now_ms() - t0));
-	if (!rc) {
-		pthread_mutex_lock(&s->m->lock);     /* query-migrate reads it */
-		s->m->stats.dirty_sync_count++;
-		pthread_mutex_unlock(&s->m->lock);
+		  (unsigned long long)(time__now_ms() - *t0));
+	pthread_mutex_lock(&s->m->lock);     /* query-migrate reads it */
+	s->m->stats.dirty_sync_count++;
+	pthread_mutex_unlock(&s->m->lock);
+	return 0;
+}
+
+/* Stop-and-copy: the last dirty pages, device state, END, the answer. */
+int sender__switchover(struct sender *s)
+{
+	struct vm *vm = s->m->vm;
+	uint64_t t0, bytes0 = sender__bytes(s);
+	int rc = sender__stop_guest(s, true, &t0);
+	if (!rc)
 		rc = sender__pass(s);
-	}
 	if (!rc)
 		rc = sender__fault_extra(s);
 	if (!rc)

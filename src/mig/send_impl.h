@@ -38,6 +38,8 @@ struct sender {
 	bool tracking;              /* we hold dirty tracking on */
 	bool end_sent;              /* END is out: the destination may run the guest */
 	bool dest_refused;          /* the destination answered RP_FAIL */
+	bool postcopy_sent;         /* POSTCOPY is out: the destination may run the guest */
+	bool hybrid_refused;        /* x-postcopy-auto could not switch (said once) */
 	struct multifd_send *mf;    /* parallel channels, or NULL */
 	struct proto_ram pr;        /* guest RAM as the protocol sees it */
 	uint64_t round;             /* passes completed (SYNC numbers) */
@@ -64,10 +66,24 @@ struct sender {
 	struct mig_fault fault;     /* test-only fault injection (fault.h) */
 };
 
+/* sender__pass's answer when migrate-start-postcopy came during it (every
+ * page it took from todo was sent) */
+#define SENDER_POSTCOPY 1
+
 int sender__pass(struct sender *s);
+int sender__stop_guest(struct sender *s, bool pre, uint64_t *t0);
+/* Writes one STATE record (state__save's callback). */
+int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
+		      const void *data, size_t len);
+/* Post-copy from the stop on (send_postcopy.c). */
+int sender__postcopy(struct sender *s);
+/* Whether migrate-start-postcopy asks to switch now (never once stopped). */
+bool sender__postcopy_due(struct sender *s);
 /* After each dirty__sync into m->todo: pages about to be sent leave unsent. */
 void sender__synced(struct sender *s);
 int sender__flush(struct sender *s);
+/* Queues one page (a ZERO offset or PAGES data) in the pending batches. */
+int sender__send_page(struct sender *s, uint64_t page);
 int sender__switchover(struct sender *s);
 int sender__check_return_path(struct sender *s, int timeout_ms);
 /* Bytes written on the main stream and every channel. */

@@ -44,7 +44,7 @@ void sender__update_stats(struct sender *s)
 		st->pages_per_second = (s->zero_pages + s->normal_pages) * 1000 / active;
 	}
 	st->throttle_pct = atomic_load(&m->vm->throttle_pct);
-	if (m->status != MIG_DEVICE)
+	if (m->status == MIG_SETUP || m->status == MIG_ACTIVE)
 		st->precopy_bytes = st->transferred;
 	pthread_mutex_unlock(&m->lock);
 }
@@ -167,6 +167,29 @@ static bool sender__hold_for_final_round(struct sender *s, const struct policy_i
 	return true;
 }
 
+/* x-postcopy-auto: after the bulk pass, post-copy when pre-copy would not
+ * converge soon (policy__postcopy_now); true when it will switch. */
+static bool sender__hybrid(struct sender *s, const struct policy_input *in, uint64_t limit_ms)
+{
+	struct migration *m = s->m;
+	pthread_mutex_lock(&m->lock);
+	bool on = m->params.cap_postcopy_auto;
+	pthread_mutex_unlock(&m->lock);
+	if (!on || !s->bulk_done || s->hybrid_refused || !policy__postcopy_now(in, limit_ms))
+		return false;
+	char why[160];
+	if (migration__start_postcopy(m, why, sizeof(why))) {
+		log_warn("migration: x-postcopy-auto cannot switch: %s", why);
+		s->hybrid_refused = true;
+		return false;
+	}
+	log_info("migration: post-copy (x-postcopy-auto): %llu MB left, dirty rate %llu MB/s, "
+		 "bandwidth %llu MB/s", (unsigned long long)(in->remaining_bytes / 1000000),
+		 (unsigned long long)(in->dirty_rate_bps / 1000000),
+		 (unsigned long long)(in->bandwidth_bps / 1000000));
+	return true;
+}
+
 /* Measures the round, asks the policy; returns 1 to switch over. */
 static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64_t ms_round,
 				  uint64_t dirty_pages)
@@ -213,6 +236,8 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 	}
 	if (d.action == POLICY_SWITCHOVER)
 		return sender__hold_for_final_round(s, &in, pp.downtime_limit_ms) ? 0 : 1;
+	if (sender__hybrid(s, &in, pp.downtime_limit_ms))
+		return 0;       /* post-copy instead of another round (or a throttle) */
 	if (d.action == POLICY_SET_THROTTLE && limit) {
 		if (!m->limit_set) {
 			dirtylimit__save(&vm->dirtylimit, m->user_limits);
@@ -249,8 +274,12 @@ static int sender__iterate(struct sender *s)
 		if (m->params.cap_events) /* after every sync, as QEMU */
 			control__event(m->ctl, "MIGRATION_PASS", json_pack("{s:I}", "pass", (json_int_t)pass));
 		sender__update_stats(s);
+		if (sender__postcopy_due(s))
+			return SENDER_POSTCOPY;
 		if (sender__round_decision(s, out - bytes, now - t, (uint64_t)got))
 			return 0;
+		if (sender__postcopy_due(s))
+			return SENDER_POSTCOPY;
 		if (atomic_load(&m->cancel))
 			return -ECANCELED;
 		t = now;
@@ -286,7 +315,17 @@ static void sender__cleanup(struct sender *s, int rc)
 	}
 	if (m->stream_open && mig_stream__error(s->stream))
 		sender__check_return_path(s, 500); /* the destination may say why */
-	if (s->paused && s->end_sent && !s->dest_refused && s->prev_status == VM_STATUS_RUNNING) {
+	if (s->paused && s->postcopy_sent && !s->dest_refused &&
+	    s->prev_status == VM_STATUS_RUNNING) {
+		/* the destination runs the guest (or may): this copy lacks
+		 * nothing but must not run too, and the destination cannot go
+		 * on without the pages it still lacks */
+		vm__set_status(vm, VM_STATUS_PAUSED);
+		migration__set_error(m, "post-copy failed after the destination started the guest: "
+				     "it cannot go on without the pages it lacks; the guest stays "
+				     "paused here");
+	} else if (s->paused && s->end_sent && !s->dest_refused &&
+		   s->prev_status == VM_STATUS_RUNNING) {
 		/* END went out but the destination never answered: it may be
 		 * running the guest, so this copy must not run too.  It stays
 		 * paused (our pause is kept); `cont` runs it if the destination
@@ -357,7 +396,9 @@ void *migration__send_thread(void *arg)
 		migration__set_status(m, MIG_ACTIVE);
 		rc = sender__iterate(s);
 	}
-	if (!rc)
+	if (rc == SENDER_POSTCOPY)
+		rc = sender__postcopy(s);
+	else if (!rc)
 		rc = sender__switchover(s);
 	if (rc && atomic_load(&m->cancel))
 		rc = -ECANCELED;

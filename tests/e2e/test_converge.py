@@ -56,6 +56,7 @@ import kmigtest as kt
 pytestmark = pytest.mark.kvm
 
 RING = ["--dirty-ring", "4096"]
+BITMAP = ["--dirty-ring", "0"]
 DOWNTIME_LIMIT_MS = 300
 DOWNTIME_SLACK_MS = 700        # see the module docstring
 CONVERGE_TIMEOUT = 45          # s; each converging case takes ~10-30 s natively
@@ -227,11 +228,17 @@ def summary(name, r, seen):
              r.get("x-dirty-rate-peak")))
 
 
-def check_completed(check, src, dst, r, downtime=True):
-    """Completed, downtime honoured."""
+def check_completed(check, src, dst, r, downtime=True, throttled=False):
+    """Completed, downtime honoured; a throttled guest stopped as its vCPUs
+    began a throttle sleep (x-switchover-throttle-wait did not time out)."""
     if not check("completed", r.get("status") == "completed",
                  "query-migrate %r; src %s; dst %s" % (r, dump(src), dump(dst))):
         return False
+    w = r.get("x-switchover-throttle-wait") or {}
+    print("# switchover throttle wait: %r" % w)
+    if throttled:
+        check("stopped_at_sleep", w.get("timed-out") is False and 0 < w.get("us", 0) < 500000,
+              "x-switchover-throttle-wait %r" % w)
     if downtime:
         dt = r.get("downtime")
         check("downtime", isinstance(dt, int)
@@ -266,7 +273,7 @@ def dst_runs_stress(check, src, dst, cpus=1):
 def test_dirty_limit_refused(d, vms, check):
     ring = kt.kmig_vm(d, "ring", "workload=idle", memory="128M", extra=RING)
     vms.append(ring)
-    bm = kt.kmig_vm(d, "bitmap", "workload=idle", memory="128M")
+    bm = kt.kmig_vm(d, "bitmap", "workload=idle", memory="128M", extra=BITMAP)
     vms.append(bm)
     qr, qb = ring.qmp(), bm.qmp()
 
@@ -386,7 +393,7 @@ def test_auto_converge(d, vms, check, policy, cpus, params):
         q.cmd("migrate_cancel")
     thr = [s.get("cpu-throttle-percentage", 0) for s in seen if s.get("status") == "active"]
     check("throttled", max(thr or [0]) > 0, "throttle seen while active: %r" % thr)
-    if not check_completed(check, src, dst, r):
+    if not check_completed(check, src, dst, r, throttled=True):
         return
     dst_runs_stress(check, src, dst, cpus)
 
@@ -430,7 +437,7 @@ def test_dirty_limit(d, vms, check):
     check("no_cpu_throttle", all(s.get("cpu-throttle-percentage", 0) == 0 for s in seen),
           "cpu-throttle-percentage set under dirty-limit: %r"
           % [s.get("cpu-throttle-percentage") for s in seen])
-    if not check_completed(check, src, dst, r):
+    if not check_completed(check, src, dst, r, throttled=True):
         return
     dst_runs_stress(check, src, dst)
     # the destination's guest is not limited

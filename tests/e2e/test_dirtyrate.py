@@ -25,6 +25,7 @@ import kmigtest as kt
 pytestmark = pytest.mark.kvm
 
 RING = ["--dirty-ring", "4096"]
+BITMAP = ["--dirty-ring", "0"]
 STRESS = "workload=stress mb=%d cpus=%d report_ms=250"
 IDLE = "workload=idle report_ms=500"
 
@@ -143,9 +144,9 @@ def test_calc_bitmap(d, vms, check):
     """dirty-bitmap and page-sampling on a bitmap stress VM, the same on an
     idle VM; dirty-ring mode is refused on the bitmap VM."""
     name = "dirtyrate_bitmap"
-    vm = kt.kmig_vm(d, "stress", STRESS % (128, 1), memory="256M")
+    vm = kt.kmig_vm(d, "stress", STRESS % (128, 1), memory="256M", extra=BITMAP)
     vms.append(vm)
-    idle = kt.kmig_vm(d, "idle", IDLE, memory="256M")
+    idle = kt.kmig_vm(d, "idle", IDLE, memory="256M", extra=BITMAP)
     vms.append(idle)
     if not check("boot", vm.console.wait(r"^stress cpu=0", kt.slow(30), proc=vm.proc) is not None
                  and idle.console.wait(r"^heartbeat", kt.slow(30), proc=idle.proc) is not None,
@@ -237,7 +238,7 @@ def test_limit(d, vms, check):
     name = "dirtylimit"
     vm = kt.kmig_vm(d, "stress", STRESS % (128, 2), memory="256M", cpus=2, extra=RING)
     vms.append(vm)
-    bm = kt.kmig_vm(d, "bitmap", IDLE, memory="128M")
+    bm = kt.kmig_vm(d, "bitmap", IDLE, memory="128M", extra=BITMAP)
     vms.append(bm)
     if not check("boot", vm.console.wait(r"^stress cpu=1", kt.slow(30), proc=vm.proc)
                  is not None, dump(vm)):

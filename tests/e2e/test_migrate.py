@@ -13,6 +13,8 @@ import pytest
 
 import kmigtest as kt
 
+BITMAP = ["--dirty-ring", "0"]   # kmig's default is the ring where KVM has it
+
 pytestmark = pytest.mark.kvm
 
 MIB = 1 << 20
@@ -149,9 +151,9 @@ def test_verify(d, vms, check, backend):
     cmd = "workload=verify mb=64 report_ms=300"
     if backend == "mixed":      # --dirty-ring need not match (docs/usage.md)
         src = kt.kmig_vm(d, "src", cmd, memory="256M", extra=ring)
-        dst = kt.kmig_vm(d, "dst", cmd, memory="256M", extra=["--incoming", uri])
+        dst = kt.kmig_vm(d, "dst", cmd, memory="256M", extra=BITMAP + ["--incoming", uri])
     else:
-        src, dst = pair(d, cmd, "256M", uri, extra=ring if backend == "ring" else [])
+        src, dst = pair(d, cmd, "256M", uri, extra=ring if backend == "ring" else BITMAP)
     vms += [src, dst]
     m = src.console.wait(r"^verify ok round=(\d+)", kt.slow(40), proc=src.proc)
     if not check("boot", m is not None, dump(src)):
@@ -266,6 +268,119 @@ def test_events(d, vms, check):
     check("pass_while_active", ia >= 0 and inside, repr(order))
     ts = [e["timestamp"]["seconds"] * 1e6 + e["timestamp"]["microseconds"] for e in evs]
     check("timestamps", ts == sorted(ts), repr(ts))
+
+
+def test_pause_before_switchover(d, vms, check):
+    """QEMU's pause-before-switchover: the migration stops in status
+    pre-switchover with the source's vCPUs stopped (query-status
+    finish-migrate, the guest prints nothing) until migrate-continue; a
+    cancel there resumes the source guest with tracking released, and a
+    second migration continued from there completes with x-verify."""
+    uri = tcp_uri()
+    cmd = "workload=verify mb=16 report_ms=100"
+    src, dst = pair(d, cmd, "256M", uri)
+    vms += [src, dst]
+    if not check("boot", src.console.wait(r"^verify ok round=", kt.slow(40), proc=src.proc)
+                 is not None, dump(src)):
+        return
+    q = src.qmp()
+    early = q.cmd_full("migrate-continue", state="pre-switchover")
+    check("continue_refused_idle", "not in expected state: none" in
+          early.get("error", {}).get("desc", ""), repr(early))
+    kt.set_caps(q, pause_before_switchover=True, events=True, x_verify=True)
+    caps = {c["capability"]: c["state"] for c in q.cmd("query-migrate-capabilities")}
+    check("cap_listed", caps.get("pause-before-switchover") is True, repr(caps))
+    kt.set_params(q, max_bandwidth=1 << 30)
+
+    def reach_pre_switchover(dst, uri):
+        kt.wait_incoming(dst, kt.slow(30))
+        q.cmd("migrate", uri=uri)
+        return kt.wait_migration(q, kt.slow(60), statuses=("pre-switchover",) + kt.MIG_FINAL)
+
+    r = reach_pre_switchover(dst, uri)
+    if not check("pre_switchover", r.get("status") == "pre-switchover", "query-migrate %r" % r):
+        return
+    st = q.cmd("query-status").get("status")
+    check("stopped", st == "finish-migrate", "query-status %r" % st)
+    n = len(src.console.text().splitlines())
+    time.sleep(0.5)
+    check("guest_stopped", len(src.console.text().splitlines()) == n, dump(src))
+    wrong = q.cmd_full("migrate-continue", state="active")
+    check("continue_wrong_state", "not in expected state: pre-switchover" in
+          wrong.get("error", {}).get("desc", ""), repr(wrong))
+    junk = q.cmd_full("migrate-continue", state="sideways")
+    check("continue_unknown_state", "does not accept value 'sideways'" in
+          junk.get("error", {}).get("desc", ""), repr(junk))
+    check("still_waiting", q.cmd("query-migrate").get("status") == "pre-switchover", "")
+    # a cancel while waiting: the source guest runs again
+    q.cmd("migrate_cancel")
+    r = kt.wait_migration(q, kt.slow(10))
+    check("cancelled", r.get("status") == "cancelled", "query-migrate %r" % r)
+    check("src_running", q.cmd("query-status").get("status") == "running", dump(src))
+    ok, why = kt.recovered(q)
+    check("recovered", ok, why)
+    n = len(re.findall(r"^verify ok", src.console.text(), re.M))
+    deadline = time.time() + kt.slow(10)
+    while time.time() < deadline and len(re.findall(r"^verify ok", src.console.text(), re.M)) <= n:
+        time.sleep(0.1)
+    check("guest_resumed", len(re.findall(r"^verify ok", src.console.text(), re.M)) > n, dump(src))
+    # again, to a new destination (the first one failed with the stream),
+    # and continue: it completes
+    check("dst_failed", dst.wait_exit(kt.slow(20)) == 1, dump(dst))
+    uri = tcp_uri()
+    dst = kt.kmig_vm(d, "dst2", cmd, memory="256M", extra=["--incoming", uri])
+    vms.append(dst)
+    q.events.clear()
+    r = reach_pre_switchover(dst, uri)
+    if not check("pre_switchover_again", r.get("status") == "pre-switchover",
+                 "query-migrate %r; dst %s" % (r, dump(dst))):
+        return
+    q.cmd("migrate-continue", state="pre-switchover")
+    r = kt.wait_migration(q, kt.slow(30))
+    if not check("completed", r.get("status") == "completed",
+                 "query-migrate %r; dst %s" % (r, dump(dst))):
+        return
+    q.wait_event("NONEXISTENT", timeout=0.3)
+    statuses = [e["data"]["status"] for e in q.events if e["event"] == "MIGRATION"]
+    check("sequence", statuses == ["setup", "active", "pre-switchover", "device", "completed"],
+          repr(statuses))
+    check("dst_running", dst.qmp().cmd("query-status").get("status") == "running", dump(dst))
+    got = dst.console.wait(r"^verify ok round=", kt.slow(20), start=len(dst.console.lines),
+                           proc=dst.proc)
+    check("dst_verify_ok", got is not None and "verify BAD" not in dst.console.text(), dump(dst))
+
+
+def test_switchover_unlimited(d, vms, check):
+    """The stop-and-copy ignores max-bandwidth, as QEMU's does: the guest
+    is stopped, so what is left goes as fast as the link allows.  An 8 MiB
+    stress set at 4 MB/s with a 3 s downtime limit switches over after the
+    bulk pass with all of it dirty: rate-limited that stop would take about
+    2 s, unlimited on loopback a few ms."""
+    uri = tcp_uri()
+    src, dst = pair(d, "workload=stress mb=8 report_ms=200", "256M", uri)
+    vms += [src, dst]
+    if not check("boot", stress_warm(src), dump(src)):
+        return
+    limit = 4000000
+    r = kt.migrate(src, dst, uri, caps={"auto-converge": False},
+                   params={"max-bandwidth": limit, "downtime-limit": 3000,
+                           "x-final-round": False}, timeout=kt.slow(60))
+    if not check("completed", r.get("status") == "completed", "query-migrate %r" % r):
+        return
+    ram = r["ram"]
+    down, dbytes = r.get("downtime", 0), ram.get("downtime-bytes", 0)
+    print("# switchover_unlimited: %d KiB in %d ms (limit %d B/s)" % (dbytes >> 10, down, limit))
+    check("much_in_stop", dbytes >= 4 * MIB, "query-migrate %r" % r)
+    # unthrottled, the switchover does not wait for throttle sleeps
+    w = r.get("x-switchover-throttle-wait") or {}
+    check("no_sleep_wait", w.get("timed-out") is False and 0 <= w.get("us", -1) < 20000,
+          "x-switchover-throttle-wait %r" % w)
+    # rate-limited, the stop would carry at most the limit per second
+    check("faster_than_limit", dbytes * 1000 > 2 * limit * max(down, 1),
+          "downtime %d ms for %d bytes" % (down, dbytes))
+    # the next migration's limit is the user's again
+    p = src.qmp().cmd("query-migrate-parameters")
+    check("limit_kept", p.get("max-bandwidth") == limit, repr(p))
 
 
 # ------------------------------------------------------------------ (5)

@@ -28,7 +28,7 @@ def rounds(text, cpu):
     ("stress", "ring"),
 ])
 def test_smp(d, vms, check, workload, backend):
-    extra = ["--dirty-ring", "4096"] if backend == "ring" else []
+    extra = ["--dirty-ring", "4096" if backend == "ring" else "0"]
     cmd = "workload=%s mb=64 cpus=2 report_ms=300" % workload
     uri = "tcp:127.0.0.1:%d" % kt.free_port()
     src = kt.kmig_vm(d, "src", cmd, memory="256M", cpus=2, extra=extra)

@@ -61,7 +61,7 @@ def pair(d, name, cmdline, extra=()):
 
 
 @pytest.mark.parametrize("channels,compression,extra", [
-    pytest.param(2, "none", [], id="2_plain"),
+    pytest.param(2, "none", ["--dirty-ring", "0"], id="2_plain"),
     pytest.param(4, "lz4", ["--dirty-ring", "4096"], id="4_lz4_ring"),
 ])
 def test_verify(d, vms, check, channels, compression, extra):

@@ -1,6 +1,7 @@
 /* libFuzzer harness: the migration record decoder and the receiver state
  * machine (main stream and multifd channel) on a fake two-block RAM.
- * Input: byte 0 picks the receiver (even: main stream, odd: channel), then
+ * Input: byte 0 picks the receiver (bit 0: main stream or channel; bit 1:
+ * post-copy hooks, which check each page they are handed lies in RAM), then
  * records back to back, each header taken as it comes (the receiver must
  * refuse a bad one) with its payload cut to what the input holds. */
 #include <stdint.h>
@@ -28,6 +29,24 @@ static int on_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst, const v
 static int on_sync(void *ctx, uint64_t round) { (void)ctx; return round == 7777 ? -5 : 0; }
 static int on_channels(void *ctx, uint32_t count) { (void)ctx; return count > 4 ? -71 : 0; }
 
+static void in_ram(uint32_t block, uint64_t off)
+{
+	uint64_t pages = block ? B1_PAGES : B0_PAGES;
+	if (block > 1 || off % PROTO_PAGE_SIZE || off / PROTO_PAGE_SIZE >= pages)
+		abort();
+}
+static int on_discard(void *c, uint32_t b, uint64_t o) { (void)c; in_ram(b, o); return 0; }
+static int on_postcopy(void *c) { (void)c; return 0; }
+static int place_page(void *c, uint32_t b, uint64_t o, const void *d)
+{
+	(void)c;
+	in_ram(b, o);
+	volatile uint8_t x = ((const uint8_t *)d)[PROTO_PAGE_SIZE - 1]; /* the page is readable */
+	(void)x;
+	return 0;
+}
+static int place_zero(void *c, uint32_t b, uint64_t o) { (void)c; in_ram(b, o); return 0; }
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct proto_ram ram = { .nr_blocks = 2 };
@@ -39,6 +58,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct mig_recv r;
 	if (size < 1)
 		return 0;
+	if (data[0] & 2) {
+		ops.on_discard = on_discard;
+		ops.on_postcopy = on_postcopy;
+		ops.place_page = place_page;
+		ops.place_zero = place_zero;
+	}
 	int rc = data[0] & 1 ? mig_recv__init_channel(&r, &ram, &ops) : mig_recv__init(&r, &ram, &ops);
 	if (rc)
 		abort();

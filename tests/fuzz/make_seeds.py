@@ -42,6 +42,11 @@ def channel(index, count):
     return rec(8, struct.pack("<II", index, count))
 
 
+def discard(block, offsets):
+    return rec(9, struct.pack("<II", block, len(offsets))
+               + b"".join(struct.pack("<Q", o) for o in offsets))
+
+
 def end(checksum=None):
     return rec(6, checksum or b"", 1 if checksum else 0)
 
@@ -54,6 +59,8 @@ def recv_seeds():
         "main_checksum": b"\0" + start() + body + end(bytes(32)),
         "channel": b"\1" + pages(0, [2 * PG], 0x33) + zero(0, [3 * PG]) + sync(1) + sync(2),
         "error": b"\0" + start() + rec(7, struct.pack("<I", 125) + b"cancelled"),
+        "postcopy": b"\2" + start() + body + discard(0, [0, PG]) + rec(10, b"")
+                    + pages(0, [PG], 0x55) + zero(1, [7 * PG]) + end(),
     }
 
 
@@ -95,9 +102,28 @@ def pvh_elf(entry=0x100000, paddr=0x100000, memsz=0x2000):
     return img + bytes(code_off - len(img)) + code
 
 
+def bzimage(setup_sects=2, pm=8192, init_size=0x10000, initrd=4096, cmdline=16):
+    """A bzImage setup header (boot protocol 2.15) and a protected-mode part;
+    the last 8 bytes give fuzz_boot the initrd size and command line length."""
+    img = bytearray((setup_sects + 1) * 512 + pm)
+    img[0x1f1] = setup_sects
+    struct.pack_into("<H", img, 0x1fe, 0xaa55)
+    img[0x200:0x202] = b"\xeb\x6a"
+    img[0x202:0x206] = b"HdrS"
+    struct.pack_into("<H", img, 0x206, 0x020f)
+    img[0x211] = 1
+    struct.pack_into("<I", img, 0x214, 0x100000)
+    struct.pack_into("<I", img, 0x22c, 0x7fffffff)
+    struct.pack_into("<I", img, 0x238, 2047)
+    struct.pack_into("<I", img, 0x260, init_size)
+    struct.pack_into("<IHH", img, len(img) - 8, initrd, cmdline, 0)
+    return bytes(img)
+
+
 def boot_seeds():
     return {"pvh": pvh_elf(), "pvh_high": pvh_elf(entry=0x200000, paddr=0x200000, memsz=0x10000),
-            "not_elf": b"MZ" + bytes(62)}
+            "not_elf": b"MZ" + bytes(62), "bzimage": bzimage(),
+            "bzimage_big_initrd": bzimage(initrd=100 << 20, init_size=16 << 20)}
 
 
 def section(sid, inst, data):

@@ -51,7 +51,7 @@ def check_ready(check, name, vm, mem_mb_max, mem_mb_min):
 
 
 @pytest.mark.parametrize("name, extra", [
-    ("stress", ()),
+    ("stress", ("--dirty-ring", "0")),
     ("dirty_ring_stress", ("--dirty-ring", "4096")),
 ], ids=["bitmap", "dirty_ring"])
 def test_stress(d, vms, check, name, extra):

@@ -64,16 +64,16 @@ def why(vm):
     return "console:\n%s\nkmig output:\n%s" % (vm.console.text()[-1000:], vm.output()[-1500:])
 
 
-def start(d, vms):
-    vm = kt.kmig_vm(d, "q", "workload=idle report_ms=200", memory="256M")
+def start(d, vms, extra=(), name="q"):
+    vm = kt.kmig_vm(d, name, "workload=idle report_ms=200", memory="256M", extra=list(extra))
     vms.append(vm)
     kt.QMP(vm.qmp_path, timeout=kt.slow(30)).close()   # waits for the socket to appear
     return vm
 
 
-def running(d, vms, check):
+def running(d, vms, check, extra=(), name="q"):
     """A VM whose guest beats; its QMP client, or None (a failed check)."""
-    vm = start(d, vms)
+    vm = start(d, vms, extra, name)
     q = kt.QMP(vm.qmp_path)
     if not check("guest_heartbeats", vm.console.wait(HEARTBEAT, timeout=kt.slow(20),
                                                      proc=vm.proc) is not None, why(vm)):
@@ -217,7 +217,7 @@ def test_introspection(d, vms, check):
     """x-query-dirty-tracking follows tracking on and off (a dirty-bitmap
     calc-dirty-rate holds it for its calc-time); x-query-kvm-stats returns
     KVM's statistics of the VM."""
-    vm, q = running(d, vms, check)
+    vm, q = running(d, vms, check, extra=["--dirty-ring", "0"])
     if q is None:
         return
     t = q.cmd("x-query-dirty-tracking")
@@ -270,3 +270,37 @@ def test_kmig_migration_parameters(d, vms, check):
     p = q.cmd("query-migrate-parameters")
     check("unchanged_after_refusal", p.get("x-final-round") is False
           and p.get("x-free-page-hint-wait") == 2000, "%r" % p)
+
+
+def test_throttle_policy_default(d, vms, check):
+    """auto-converge uses the computed throttle unless QEMU's step-law
+    parameters are set without naming a policy; a named policy stays."""
+    vm, q = running(d, vms, check)
+    if q is None:
+        return
+
+    def pol():
+        return q.cmd("query-migrate-parameters").get("x-cpu-throttle-policy")
+    check("default_computed", pol() == "computed", pol())
+    q.cmd("migrate-set-parameters", **{"downtime-limit": 200})
+    check("other_params_keep_it", pol() == "computed", pol())
+    q.cmd("migrate-set-parameters", **{"cpu-throttle-increment": 15})
+    check("qemu_knob_means_step", pol() == "step", pol())
+    q.cmd("migrate-set-parameters", **{"x-cpu-throttle-policy": "computed"})
+    q.cmd("migrate-set-parameters", **{"cpu-throttle-initial": 30})
+    check("named_policy_stays", pol() == "computed", pol())
+
+
+def test_dirty_ring_default(d, vms, check):
+    """With no --dirty-ring, kmig tracks with a 4096-entry ring where KVM has the
+    acquire/release ring (the kernels here do); --dirty-ring 0 is the bitmap."""
+    vm, q = running(d, vms, check)
+    if q is None:
+        return
+    t = q.cmd("x-query-dirty-tracking")
+    check("default_ring", t.get("backend") == "ring", "%r" % t)
+    vm2, q2 = running(d, vms, check, extra=["--dirty-ring", "0"], name="bitmap")
+    if q2 is None:
+        return
+    t = q2.cmd("x-query-dirty-tracking")
+    check("explicit_bitmap", t.get("backend") == "bitmap", "%r" % t)

@@ -142,6 +142,11 @@ class Console:
                     return None
             time.sleep(0.05)
 
+    def partial(self):
+        """The last line so far if it has no newline yet (else "")."""
+        self.poll()
+        return self._part
+
     def count(self, pattern):
         self.poll()
         rx = re.compile(pattern)

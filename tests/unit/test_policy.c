@@ -41,6 +41,50 @@ static void t_throttle_sleep_table(struct t *t)
 	}
 }
 
+/* Above 90% the run slice shrinks: no sleep is longer than 100 ms and the
+ * share of time asleep stays what the percentage says. */
+static void t_throttle_bounded_stall(struct t *t)
+{
+	T_CHECK_EQ(t, throttle__slice_ns(0), THROTTLE_TIMESLICE_NS);
+	T_CHECK_EQ(t, throttle__slice_ns(90000000), THROTTLE_TIMESLICE_NS);  /* 90%: as QEMU */
+	T_CHECK_EQ(t, throttle__slice_ns(THROTTLE_MAX_STALL_NS), THROTTLE_TIMESLICE_NS);
+	/* 99%: 1.0101 ms run, 100 ms sleep (QEMU: 10 ms run, 990 ms sleep) */
+	uint64_t s99 = throttle__sleep_ns(99, THROTTLE_TIMESLICE_NS);
+	T_CHECK_EQ(t, throttle__slice_ns(s99), 1010101);
+	T_CHECK(t, throttle__scaled_sleep_ns(s99, 1010101) <= THROTTLE_MAX_STALL_NS);
+	T_CHECK(t, throttle__scaled_sleep_ns(s99, 1010101) >= THROTTLE_MAX_STALL_NS - 1000);
+	/* a huge dirty-limit sleep: the slice floor */
+	T_CHECK_EQ(t, throttle__slice_ns(UINT64_MAX), THROTTLE_MIN_SLICE_NS);
+	T_CHECK_EQ(t, throttle__scaled_sleep_ns(UINT64_MAX, THROTTLE_TIMESLICE_NS), UINT64_MAX);
+	for (unsigned p = 1; p <= 99; p++) {
+		uint64_t s10 = throttle__sleep_ns(p, THROTTLE_TIMESLICE_NS);
+		uint64_t slice = throttle__slice_ns(s10);
+		uint64_t sleep = throttle__scaled_sleep_ns(s10, slice);
+
+		T_CHECK(t, sleep <= THROTTLE_MAX_STALL_NS);
+		T_CHECK(t, slice <= THROTTLE_TIMESLICE_NS && slice >= THROTTLE_MIN_SLICE_NS);
+		/* asleep p% of each cycle, within rounding */
+		uint64_t pm = sleep * 10000 / (sleep + slice);
+		T_CHECK(t, pm + 5 >= p * 100u && pm <= p * 100u + 5);
+	}
+}
+
+/* The sleep follows the run measured (a late kick), up to twice the slice. */
+static void t_throttle_run_sleep(struct t *t)
+{
+	uint64_t s50 = throttle__sleep_ns(50, THROTTLE_TIMESLICE_NS);       /* 10 ms */
+	T_CHECK_EQ(t, throttle__run_sleep_ns(s50, THROTTLE_TIMESLICE_NS, THROTTLE_TIMESLICE_NS), s50);
+	T_CHECK_EQ(t, throttle__run_sleep_ns(s50, THROTTLE_TIMESLICE_NS, 15000000), 15000000);
+	T_CHECK_EQ(t, throttle__run_sleep_ns(s50, THROTTLE_TIMESLICE_NS, 50000000), 20000000);
+	T_CHECK_EQ(t, throttle__run_sleep_ns(s50, THROTTLE_TIMESLICE_NS, 0), 0);
+	/* 99%: a 1.01 ms slice that ran 1.1 ms sleeps in proportion */
+	uint64_t s99 = throttle__sleep_ns(99, THROTTLE_TIMESLICE_NS);
+	uint64_t sl = throttle__slice_ns(s99);
+	uint64_t z = throttle__run_sleep_ns(s99, sl, 1100000);
+	T_CHECK(t, z > THROTTLE_MAX_STALL_NS && z < THROTTLE_MAX_STALL_NS * 11 / 10);
+	T_CHECK_EQ(t, throttle__run_sleep_ns(UINT64_MAX, UINT64_MAX, UINT64_MAX), UINT64_MAX);
+}
+
 /* ---- dirty limit ---- */
 
 static void t_dirtylimit_special(struct t *t)
@@ -238,6 +282,35 @@ static void t_final_round_table(struct t *t)
 			.remaining_bytes = rows[i].remaining, .bandwidth_bps = rows[i].bw,
 		};
 		T_CHECK_EQ(t, policy__final_round(&in, rows[i].limit), rows[i].want);
+	}
+}
+
+static void t_postcopy_now_table(struct t *t)
+{
+	/* bandwidth 125 MB/s, limit 300 ms: the target is 37.5 MB */
+	static const struct {
+		uint64_t remaining, bw, rate, limit;
+		int want;
+	} rows[] = {
+		{ 37500000, 125000000, 500000000, 300, 0 },   /* switchover test passes */
+		{ 512000000, 125000000, 500000000, 300, 1 },  /* r = 4: never */
+		{ 512000000, 125000000, 125000000, 300, 1 },  /* r = 1: never */
+		{ 512000000, 125000000, 62500000, 300, 1 },   /* r = 1/2: 64 MB after 3 */
+		{ 300000000, 125000000, 62500000, 300, 0 },   /* r = 1/2: 37.5 MB after 3 */
+		{ 300000001, 125000000, 62500000, 300, 1 },   /* just over */
+		{ 512000000, 125000000, 12500000, 300, 0 },   /* r = 1/10: 51.2 MB, 5.1 MB */
+		{ 512000000, 125000000, 0, 300, 0 },          /* rate unknown */
+		{ 512000000, 0, 500000000, 300, 0 },          /* bandwidth unknown */
+		{ UINT64_MAX, 1, UINT64_MAX, 2000000, 1 },    /* no overflow */
+		{ 100000000, 125000000, 500000000, 0, 1 },    /* limit 0: only nothing left */
+	};
+
+	for (unsigned i = 0; i < N(rows); i++) {
+		struct policy_input in = {
+			.remaining_bytes = rows[i].remaining, .bandwidth_bps = rows[i].bw,
+			.dirty_rate_bps = rows[i].rate,
+		};
+		T_CHECK_EQ(t, policy__postcopy_now(&in, rows[i].limit), rows[i].want);
 	}
 }
 
@@ -727,12 +800,15 @@ int main(void)
 	struct t t = {0};
 
 	T_RUN(&t, t_throttle_sleep_table);
+	T_RUN(&t, t_throttle_bounded_stall);
+	T_RUN(&t, t_throttle_run_sleep);
 	T_RUN(&t, t_dirtylimit_special);
 	T_RUN(&t, t_dirtylimit_convergence);
 	T_RUN(&t, t_dirtylimit_release_and_noise);
 	T_RUN(&t, t_params);
 	T_RUN(&t, t_switchover_table);
 	T_RUN(&t, t_final_round_table);
+	T_RUN(&t, t_postcopy_now_table);
 	T_RUN(&t, t_needed_pct_table);
 	T_RUN(&t, t_period_high_table);
 	T_RUN(&t, t_step_two_high_periods);

@@ -236,6 +236,33 @@ static void t_small_records(struct t *t)
 	T_CHECK_EQ(t, h.type, PROTO_RP_PING);
 	T_CHECK_EQ(t, proto__decode_rp_ping(b + 16, h.length, &v, &why), 0);
 	T_CHECK(t, v == 0xdeadbeefcafeull);
+	/* post-copy: DISCARD (ZERO's layout), POSTCOPY and RP_RUNNING (empty), RP_REQ */
+	uint64_t doffs[2] = { 0x3000, 0x9000 };
+	n = proto__encode_discard(b, sizeof(b), 1, 2, doffs);
+	T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
+	T_CHECK(t, h.type == PROTO_DISCARD && !strcmp(proto__type_name(h.type), "DISCARD"));
+	T_CHECK_EQ(t, proto__decode_discard(b + 16, h.length, &pg, &why), 0);
+	T_CHECK(t, pg.block == 1 && pg.count == 2 && proto__offset(&pg, 1) == 0x9000);
+	T_CHECK_EQ(t, proto__decode_discard(b + 16, h.length + 8, &pg, &why), -EPROTO);
+	T_CHECK_EQ(t, proto__encode_discard(b, sizeof(b), 0, 0, doffs), -EINVAL);
+	n = proto__encode_empty(b, sizeof(b), PROTO_POSTCOPY);
+	T_CHECK_EQ(t, n, 16);
+	T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
+	T_CHECK_EQ(t, proto__encode_empty(b, sizeof(b), PROTO_PAGES), -EINVAL);
+	n = proto__encode_empty(b, sizeof(b), PROTO_RP_RUNNING);
+	T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
+	h.length = 1;
+	T_CHECK(t, proto__header_problem(&h) != NULL);    /* empty records stay empty */
+	uint32_t blk;
+	n = proto__encode_rp_req(b, sizeof(b), 1, 0x7000);
+	T_CHECK_EQ(t, n, 32);
+	T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
+	T_CHECK_EQ(t, proto__decode_rp_req(b + 16, h.length, &blk, &v, &why), 0);
+	T_CHECK(t, blk == 1 && v == 0x7000);
+	b[16 + 4] = 1;                                  /* reserved word */
+	T_CHECK_EQ(t, proto__decode_rp_req(b + 16, h.length, &blk, &v, &why), -EPROTO);
+	h.length = 8;
+	T_CHECK(t, proto__header_problem(&h) != NULL);
 	/* END with and without hash */
 	uint8_t hash[32], got[32];
 	for (int i = 0; i < 32; i++)

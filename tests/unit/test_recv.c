@@ -636,6 +636,116 @@ static void t_fuzz(struct t *t)
 	free(dst.mem);
 }
 
+/* post-copy: DISCARD, POSTCOPY, pages placed by hooks afterwards */
+struct pc_hooks {
+	int discards, postcopy, placed, zeroes, place_ret;
+	uint64_t last_off;
+};
+static int pc_discard(void *c, uint32_t b, uint64_t o) { (void)b; ((struct pc_hooks *)c)->discards++; ((struct pc_hooks *)c)->last_off = o; return 0; }
+static int pc_run(void *c) { ((struct pc_hooks *)c)->postcopy++; return 0; }
+static int pc_place(void *c, uint32_t b, uint64_t o, const void *d)
+{
+	struct pc_hooks *h = c;
+	(void)b;
+	(void)d;
+	h->placed++;
+	h->last_off = o;
+	return h->place_ret;
+}
+static int pc_zero(void *c, uint32_t b, uint64_t o) { (void)b; (void)o; ((struct pc_hooks *)c)->zeroes++; return 0; }
+
+static void pc__setup(struct mig_recv *r, struct fake *f, struct pc_hooks *h, bool hooks)
+{
+	fake__init(f, 9);
+	memset(h, 0, sizeof(*h));
+	struct mig_recv_ops ops = { .on_state = NULL, .ctx = h };
+	if (hooks) {
+		ops.on_discard = pc_discard;
+		ops.on_postcopy = pc_run;
+		ops.place_page = pc_place;
+		ops.place_zero = pc_zero;
+	}
+	if (mig_recv__init(r, &f->ram, &ops))
+		abort();
+	uint8_t buf[256];
+	struct proto_start st;
+	proto_start__from_ram(&st, &f->ram);
+	if (feed(r, buf, proto__encode_start(buf, sizeof(buf), &st)))
+		abort();
+}
+
+static void t_postcopy(struct t *t)
+{
+	struct mig_recv r;
+	struct fake f, src;
+	struct pc_hooks h;
+	static uint8_t buf[PROTO_HDR_SIZE + 16 + 2 * (8 + PG)];
+	uint64_t o[2] = { 2 * PG, 7 * PG };
+	fake__init(&src, 1);
+	pc__setup(&r, &f, &h, true);
+	uint8_t *snap = malloc(f.len);
+	memcpy(snap, f.mem, f.len);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_discard(buf, sizeof(buf), 1, 2, o)), 0);
+	T_CHECK(t, h.discards == 2 && h.last_off == 7 * PG);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_empty(buf, sizeof(buf), PROTO_POSTCOPY)), 0);
+	T_CHECK_EQ(t, h.postcopy, 1);
+	T_CHECK_EQ(t, mig_recv__state(&r), MIG_RECV_POSTCOPY);
+	/* pages now go to the hooks, not into RAM */
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_pages(buf, sizeof(buf), 0, 2, o, src.mem)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_zero(buf, sizeof(buf), 1, 1, o)), 0);
+	T_CHECK(t, h.placed == 2 && h.zeroes == 1 && mig_recv__stats(&r)->postcopy_pages == 3);
+	T_CHECK(t, memcmp(snap, f.mem, f.len) == 0);
+	/* state, sync, discard, a second POSTCOPY, an END checksum: refused */
+	struct mig_recv r2;
+	struct fake f2;
+	struct pc_hooks h2;
+	uint8_t hash[PROTO_HASH_LEN] = { 0 };
+	for (int k = 0; k < 5; k++) {
+		pc__setup(&r2, &f2, &h2, true);
+		T_CHECK_EQ(t, feed(&r2, buf, proto__encode_empty(buf, sizeof(buf), PROTO_POSTCOPY)), 0);
+		ssize_t n = k == 0 ? proto__encode_state(buf, sizeof(buf), 1, 1, 0, "x", 1) : k == 1 ? proto__encode_sync(buf, sizeof(buf), 3) :
+			    k == 2 ? proto__encode_discard(buf, sizeof(buf), 0, 1, o) :
+			    k == 3 ? proto__encode_empty(buf, sizeof(buf), PROTO_POSTCOPY) :
+			    proto__encode_end(buf, sizeof(buf), hash);
+		T_CHECK_EQ(t, feed(&r2, buf, n), -EPROTO);
+		T_CHECK(t, strstr(mig_recv__error(&r2), k == 4 ? "checksum" : "during post-copy"));
+		mig_recv__free(&r2);
+		free(f2.mem);
+	}
+	/* END ends it */
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_end(buf, sizeof(buf), NULL)), 0);
+	T_CHECK_EQ(t, mig_recv__state(&r), MIG_RECV_DONE);
+	mig_recv__free(&r);
+	free(f.mem);
+	/* a placing hook that fails fails the stream, naming the page */
+	pc__setup(&r, &f, &h, true);
+	h.place_ret = -EIO;
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_empty(buf, sizeof(buf), PROTO_POSTCOPY)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_pages(buf, sizeof(buf), 0, 1, o, src.mem)), -EIO);
+	T_CHECK(t, strstr(mig_recv__error(&r), "offset 0x2000") != NULL);
+	mig_recv__free(&r);
+	free(f.mem);
+	/* without the hooks (capability off here) DISCARD and POSTCOPY are refused */
+	for (int k = 0; k < 2; k++) {
+		pc__setup(&r, &f, &h, false);
+		ssize_t n = k ? proto__encode_empty(buf, sizeof(buf), PROTO_POSTCOPY)
+			      : proto__encode_discard(buf, sizeof(buf), 0, 1, o);
+		T_CHECK_EQ(t, feed(&r, buf, n), -EPROTO);
+		T_CHECK(t, strstr(mig_recv__error(&r), "postcopy-ram") != NULL);
+		mig_recv__free(&r);
+		free(f.mem);
+	}
+	/* a DISCARD offset outside RAM is refused before any hook runs */
+	pc__setup(&r, &f, &h, true);
+	uint64_t far[1] = { (uint64_t)B1_PAGES * PG };
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_discard(buf, sizeof(buf), 1, 1, far)), -EINVAL);
+	T_CHECK_EQ(t, h.discards, 0);
+	mig_recv__free(&r);
+	free(f.mem);
+	free(src.mem);
+	free(snap);
+}
+
 int main(void)
 {
 	struct t t = {0};
@@ -649,6 +759,7 @@ int main(void)
 	T_RUN(&t, t_reject_compressed);
 	T_RUN(&t, t_reject_hooks_and_checksum);
 	T_RUN(&t, t_stream);
+	T_RUN(&t, t_postcopy);
 	T_RUN(&t, t_fuzz);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);

@@ -1,0 +1,27 @@
+#!/usr/bin/env python3
+"""Post-copy and hybrid migration against kmig's best pre-copy and QEMU 7.2's
+post-copy, on the stress guest of bench/converge (2 GiB, 1 vCPU, 125 MB/s
+before and after the switch, downtime limit 300 ms, cap 120 s):
+
+  kmig-ring4096+dirty-limit  kmig's best pre-copy (bench/results/converge.md)
+  kmig-ring4096+postcopy     migrate-start-postcopy once the bulk pass is over
+  kmig-ring4096+hybrid       x-postcopy-auto: kmig switches by itself
+  qemu-ring4096+postcopy     QEMU 7.2, postcopy-ram, migrate-start-postcopy at
+                             the same point
+
+It is bench/converge/run.py with these configurations (its options apply;
+--reps 3 for the published figures); results in bench/results/postcopy.json
+and .md, with a post-copy table (switch time, request latency, bytes after
+the switch, QEMU's blocktime)."""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CONFIGS = "kmig-ring4096+dirty-limit,kmig-ring4096+postcopy,qemu-ring4096+postcopy,kmig-ring4096+hybrid"
+
+if __name__ == "__main__":
+    args = [sys.executable, os.path.join(ROOT, "bench", "converge", "run.py"),
+            "--configs", CONFIGS, "--sizes", "256,512,1536",
+            "--out", os.path.join(ROOT, "bench", "results", "postcopy.json")] + sys.argv[1:]
+    os.execv(sys.executable, args)

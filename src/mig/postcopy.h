@@ -1,0 +1,108 @@
+/* Post-copy (capability postcopy-ram; docs/protocol.md "Post-copy").
+ *
+ * Destination (struct postcopy_dst): pages whose copy here is stale are
+ * discarded (MADV_DONTNEED) before the guest runs; at POSTCOPY every RAM
+ * block is registered with userfaultfd in missing mode and a fault thread
+ * answers each fault: a page received earlier as zero is mapped at once
+ * (UFFDIO_ZEROPAGE), any other is asked for on the return path (RP_REQ,
+ * once per page).  The receiving thread places each page that arrives with
+ * UFFDIO_COPY, which wakes the vCPUs waiting for it.  No page is ever
+ * filled silently: until every page the source holds has arrived, a
+ * missing page waits for the source.
+ *
+ * Source (struct postcopy_src): a return-path thread reads RP_REQ,
+ * RP_RUNNING and the final RP_OK/RP_FAIL while the migration thread
+ * writes; requested pages are marked in `wanted` for the migration thread
+ * to send ahead of its background push.
+ *
+ * Threads: postcopy_dst__discard, the place and start calls and finish run on the incoming
+ * thread; the fault thread is internal.  postcopy_src's reader is
+ * internal; the other calls are the migration thread's. */
+#ifndef KMIG_MIG_POSTCOPY_H
+#define KMIG_MIG_POSTCOPY_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/bitmap.h"
+#include "base/log.h"
+#include "mig/stream.h"
+
+struct ram;
+
+/* Request latency histogram: bucket b holds latencies in
+ * [2^(b/4), 2^((b+1)/4)) µs (quarter powers of two: a value read back
+ * is within 19 % of the truth); the last bucket takes everything above. */
+#define PC_LAT_BUCKETS 128
+
+struct postcopy_dst {
+	struct ram *ram;
+	struct mig_stream *stream;   /* return path: RP_REQ, RP_RUNNING */
+	pthread_mutex_t wlock;       /* one writer at a time on stream */
+	struct bitmap *valid;        /* pages whose content here is current (incoming's) */
+	struct bitmap requested;     /* RP_REQ sent */
+	int uffd, stop_fd;           /* -1 when not open */
+	pthread_t thread;
+	bool thread_started;
+	uint64_t run_start, run_len; /* pending discard run (VM-wide pages) */
+	_Atomic uint64_t *req_ns;    /* per page: when RP_REQ went (0: not asked) */
+	atomic_ullong lat_hist[PC_LAT_BUCKETS]; /* request to placement, see below */
+	atomic_ullong faults, requests, zero_mapped, placed;
+	atomic_int error;            /* first -errno of the fault thread */
+};
+
+/* valid: the incoming side's bitmap of pages it holds (kept up to date
+ * here from now on). */
+int postcopy_dst__init(struct postcopy_dst *d, struct ram *ram, struct mig_stream *s,
+		       struct bitmap *valid) KMIG_MUST_CHECK;
+/* The page's copy is stale: it becomes missing (batched; flushed by start). */
+int postcopy_dst__discard(struct postcopy_dst *d, uint64_t page) KMIG_MUST_CHECK;
+/* Registers RAM with userfaultfd and starts the fault thread.  err gets a
+ * reason on failure (-ENOSYS: no userfaultfd here). */
+int postcopy_dst__start(struct postcopy_dst *d, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* Writes one return-path record (RP_RUNNING, RP_OK, RP_FAIL) in turn with
+ * the fault thread's requests, and flushes. */
+int postcopy_dst__reply(struct postcopy_dst *d, const void *rec, size_t len) KMIG_MUST_CHECK;
+/* Places a page atomically (already there: 0). */
+int postcopy_dst__place(struct postcopy_dst *d, uint64_t page, const void *data) KMIG_MUST_CHECK;
+int postcopy_dst__place_zero(struct postcopy_dst *d, uint64_t page) KMIG_MUST_CHECK;
+/* Latency percentile (0..100) of the requests answered so far, in µs
+ * (the bucket's lower bound); 0 without any. */
+uint64_t postcopy_dst__latency_us(const struct postcopy_dst *d, unsigned pct);
+/* Every page has arrived: stops the fault thread and unregisters RAM. */
+void postcopy_dst__finish(struct postcopy_dst *d);
+/* After a failure: hands over the userfaultfd (the caller closes it when
+ * the guest will never run again: closing lets waiting faults fill with
+ * zeros); -1 if there is none. */
+int postcopy_dst__release(struct postcopy_dst *d);
+/* Frees; after a failure RAM stays registered (missing pages keep
+ * waiting, they are never filled with zeros) until the process ends. */
+void postcopy_dst__free(struct postcopy_dst *d);
+
+struct postcopy_src {
+	struct mig_stream *stream;
+	const struct ram *ram;
+	struct bitmap wanted;        /* pages the destination asked for, not yet sent */
+	atomic_ullong requests;      /* RP_REQ received */
+	atomic_ullong running_ms;    /* time__now_ms() when RP_RUNNING came, 0 before */
+	atomic_int outcome;          /* 0 while reading; 1 RP_OK; else -errno */
+	atomic_bool refused;         /* the outcome is the destination's RP_FAIL */
+	char error[256];             /* set before outcome, when it is < 0 */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;         /* a request, RP_RUNNING or the outcome */
+	pthread_t thread;
+	bool thread_started;
+};
+
+int postcopy_src__init(struct postcopy_src *q, struct mig_stream *s, const struct ram *ram) KMIG_MUST_CHECK;
+/* Starts the return-path reader. */
+int postcopy_src__start(struct postcopy_src *q) KMIG_MUST_CHECK;
+/* Waits up to timeout_ms for a request or an outcome (0 at once). */
+void postcopy_src__wait(struct postcopy_src *q, int timeout_ms);
+/* Joins the reader (after the stream was closed or shut down, or once
+ * outcome is set) and frees. */
+void postcopy_src__free(struct postcopy_src *q);
+
+#endif

@@ -1,0 +1,260 @@
+"""Post-copy (capability postcopy-ram, migrate-start-postcopy) between two
+kmig processes on this host.
+
+The guest is `verify`: every page it owns certifies itself and is checked
+before each rewrite, so a page the destination lacked and filled with
+anything but the source's last copy shows as "verify BAD".  The stream is
+limited (max-bandwidth) so the switch to post-copy finds pages still to
+send; post-copy itself runs at link speed (max-postcopy-bandwidth 0, QEMU's
+default) except where a test needs it slow.
+
+  verify[ring|bitmap|smp]  switch after the bulk pass: completes, the
+                guest runs on at the destination with every page intact,
+                the destination asked for pages (postcopy-requests > 0) and
+                mapped some as zero without asking;
+  hybrid        x-postcopy-auto: no migrate-start-postcopy; the source
+                switches by itself after the bulk pass (the guest dirties
+                far faster than the limit) and never throttles;
+  during_bulk   switch while the bulk pass is half-way: most of RAM is
+                still at the source when the guest starts at the
+                destination;
+  refusals      migrate-start-postcopy without the capability, before a
+                migration, and migrate_cancel while post-copy runs are
+                refused with QEMU's messages; multifd with postcopy-ram is
+                refused;
+  source_lost   the source is killed during post-copy: the destination
+                fails with a message that it cannot go on, and its guest
+                never sees a page filled with zeros (no "verify BAD").
+"""
+import os
+import re
+import signal
+import time
+
+import pytest
+
+import kmigtest as kt
+
+pytestmark = pytest.mark.kvm
+
+RING = ["--dirty-ring", "4096"]
+BITMAP = ["--dirty-ring", "0"]
+# 64 MiB per vCPU rewritten at full speed, far more than the limit carries
+VERIFY = "workload=verify mb=%d cpus=%d report_ms=300"
+LIMIT = 20000000  # B/s
+
+
+def tcp_uri():
+    return "tcp:127.0.0.1:%d" % kt.free_port()
+
+
+def dump(vm, n=15):
+    return kt.dump(vm, n)
+
+
+def pair(d, vms, cmdline, uri, extra=(), cpus=1, memory="512M"):
+    src = kt.kmig_vm(d, "src", cmdline, memory=memory, cpus=cpus, extra=list(extra))
+    dst = kt.kmig_vm(d, "dst", cmdline, memory=memory, cpus=cpus,
+                     extra=list(extra) + ["--incoming", uri])
+    vms += [src, dst]
+    return src, dst
+
+
+def booted(src, cpus):
+    return all(src.console.wait(r"^verify ok round=\d+ cpu=%d" % c, kt.slow(40), proc=src.proc)
+               is not None for c in range(cpus))
+
+
+def start(src, dst, uri, params=None):
+    """Both sides get postcopy-ram; the source starts migrating."""
+    kt.set_caps(dst.qmp(), postcopy_ram=True)
+    q = src.qmp()
+    kt.set_caps(q, postcopy_ram=True)
+    kt.set_params(q, max_bandwidth=LIMIT, **(params or {}))
+    kt.wait_incoming(dst)
+    q.cmd("migrate", uri=uri)
+    return q
+
+
+def follow(q, timeout):
+    """Polls query-migrate until a final status; returns (last, statuses seen)."""
+    seen = []
+    deadline = time.time() + timeout
+    while True:
+        r = q.cmd("query-migrate")
+        if not seen or seen[-1] != r.get("status"):
+            seen.append(r.get("status"))
+        if r.get("status") in kt.MIG_FINAL or time.time() > deadline:
+            return r, seen
+        time.sleep(0.05)
+
+
+def verify_rounds(console):
+    return [int(x) for x in re.findall(r"^verify ok round=(\d+) cpu=0", console.text(), re.M)]
+
+
+def bad_lines(*vms):
+    return [l for vm in vms for l in vm.console.text().splitlines()
+            if "verify BAD" in l or "bad_pages" in l]
+
+
+def completed_postcopy(check, src, dst, r, seen):
+    """Completed, through postcopy-active."""
+    if not check("completed", r.get("status") == "completed",
+                 "query-migrate %r; src %s; dst %s" % (r, dump(src), dump(dst))):
+        return False
+    check("went_postcopy", "postcopy-active" in seen, repr(seen))
+    return True
+
+
+def check_dst_runs(check, src, dst):
+    """The destination's guest goes on (two more rounds of its own check)
+    with no page wrong; source postmigrate, destination running."""
+    src_round = max(verify_rounds(src.console) or [0])
+    deadline = time.time() + kt.slow(30)
+    rounds = []
+    while time.time() < deadline:
+        rounds = [r for r in verify_rounds(dst.console) if r > src_round]
+        if len(rounds) >= 2 or bad_lines(dst) or dst.proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    check("dst_verify_ok", len(rounds) >= 2, "src last round %d, dst rounds after it %r; %s"
+          % (src_round, rounds, dump(dst)))
+    bad = bad_lines(src, dst)
+    check("no_bad_page", not bad, " / ".join(bad[:5]))
+    check("states", src.qmp().cmd("query-status").get("status") == "postmigrate"
+          and dst.qmp().cmd("query-status").get("status") == "running",
+          "%r %r" % (src.qmp().cmd("query-status"), dst.qmp().cmd("query-status")))
+
+
+@pytest.mark.parametrize("backend,cpus", [("ring", 1), ("bitmap", 1), ("ring", 2)],
+                         ids=["ring", "bitmap", "smp"])
+def test_verify(d, vms, check, backend, cpus):
+    uri = tcp_uri()
+    src, dst = pair(d, vms, VERIFY % (64, cpus), uri, RING if backend == "ring" else BITMAP,
+                    cpus=cpus)
+    if not check("boot", booted(src, cpus), dump(src)):
+        return
+    q = start(src, dst, uri)
+    # after the bulk pass (about 3 s at the limit): the first dirty round
+    deadline = time.time() + kt.slow(60)
+    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
+            "dirty-sync-count", 0) < 1:
+        time.sleep(0.05)
+    q.cmd("migrate-start-postcopy")
+    r, seen = follow(q, kt.slow(60))
+    print("# postcopy_%s: statuses %r, total %s ms, downtime %s ms, requests %s, sent %s MiB"
+          % (backend + ("_smp" if cpus > 1 else ""), seen, r.get("total-time"), r.get("downtime"),
+             r.get("ram", {}).get("postcopy-requests"),
+             r.get("ram", {}).get("transferred", 0) >> 20))
+    if not completed_postcopy(check, src, dst, r, seen):
+        return
+    check("requests", r.get("ram", {}).get("postcopy-requests", 0) > 0, repr(r))
+    dq = dst.qmp().cmd("query-migrate")
+    pc = dq.get("x-postcopy", {})
+    print("# destination: %r" % pc)
+    check("dst_completed", dq.get("status") == "completed", repr(dq))
+    check("dst_faults", pc.get("faults", 0) > 0 and pc.get("requested", 0) > 0, repr(dq))
+    check_dst_runs(check, src, dst)
+
+
+def test_hybrid(d, vms, check):
+    uri = tcp_uri()
+    src, dst = pair(d, vms, VERIFY % (64, 1), uri, RING)
+    if not check("boot", booted(src, 1), dump(src)):
+        return
+    kt.set_caps(src.qmp(), postcopy_ram=True, x_postcopy_auto=True, auto_converge=True)
+    q = start(src, dst, uri)
+    r, seen = follow(q, kt.slow(60))
+    print("# postcopy_hybrid: statuses %r, dirty-sync-count %s, throttle %s, requests %s"
+          % (seen, r.get("ram", {}).get("dirty-sync-count"), r.get("cpu-throttle-percentage"),
+             r.get("ram", {}).get("postcopy-requests")))
+    if not completed_postcopy(check, src, dst, r, seen):
+        return
+    check("one_round", r.get("ram", {}).get("dirty-sync-count", 0) <= 2, repr(r))
+    check("never_throttled", r.get("cpu-throttle-percentage", 0) == 0, repr(r))
+    check_dst_runs(check, src, dst)
+
+
+def test_during_bulk(d, vms, check):
+    uri = tcp_uri()
+    src, dst = pair(d, vms, VERIFY % (128, 1), uri, RING)
+    if not check("boot", booted(src, 1), dump(src)):
+        return
+    q = start(src, dst, uri)
+    # about half of the bulk pass (128 MiB of 512 at 20 MB/s: ~6 s in all)
+    deadline = time.time() + kt.slow(30)
+    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
+            "transferred", 0) < 40 << 20:
+        time.sleep(0.05)
+    sent_before = q.cmd("query-migrate").get("ram", {}).get("transferred", 0)
+    q.cmd("migrate-start-postcopy")
+    r, seen = follow(q, kt.slow(60))
+    print("# postcopy_during_bulk: switched after %d MiB, statuses %r, requests %s"
+          % (sent_before >> 20, seen, r.get("ram", {}).get("postcopy-requests")))
+    if not completed_postcopy(check, src, dst, r, seen):
+        return
+    check("no_dirty_round", r.get("ram", {}).get("dirty-sync-count", 0) <= 2, repr(r))
+    check("requests", r.get("ram", {}).get("postcopy-requests", 0) > 0, repr(r))
+    check_dst_runs(check, src, dst)
+
+
+def test_refusals(d, vms, check):
+    uri = tcp_uri()
+    src, dst = pair(d, vms, VERIFY % (32, 1), uri, RING, memory="256M")
+    if not check("boot", booted(src, 1), dump(src)):
+        return
+    q = src.qmp()
+    e = q.cmd_full("migrate-start-postcopy").get("error", {}).get("desc", "")
+    check("no_capability", "Enable postcopy" in e, e)
+    kt.set_caps(q, postcopy_ram=True)
+    e = q.cmd_full("migrate-start-postcopy").get("error", {}).get("desc", "")
+    check("not_started", "after migration has been started" in e, e)
+    e = q.cmd_full("migrate-set-capabilities", capabilities=[
+        {"capability": "multifd", "state": True}]).get("error", {}).get("desc", "")
+    check("no_multifd", "multifd" in e, e)
+    q.cmd("migrate-set-capabilities", capabilities=[{"capability": "postcopy-ram",
+                                                     "state": False}])
+    q = start(src, dst, uri)
+    q.cmd("migrate-start-postcopy")
+    deadline = time.time() + kt.slow(20)
+    st = None
+    while time.time() < deadline:
+        st = q.cmd("query-migrate").get("status")
+        if st != "active" and st != "setup" and st != "device":
+            break
+        time.sleep(0.01)
+    if st == "postcopy-active":
+        e = q.cmd_full("migrate_cancel").get("error", {}).get("desc", "")
+        check("no_cancel", "can't be cancelled" in e, e)
+    r, seen = follow(q, kt.slow(60))
+    check("completed", r.get("status") == "completed", "%r %r" % (seen, r))
+
+
+def test_source_lost(d, vms, check):
+    uri = tcp_uri()
+    src, dst = pair(d, vms, VERIFY % (128, 1), uri, RING)
+    if not check("boot", booted(src, 1), dump(src)):
+        return
+    # max-postcopy-bandwidth holds the push back (QEMU's parameter), so
+    # the kill lands while most pages are still at the source
+    q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT})
+    deadline = time.time() + kt.slow(30)
+    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
+            "dirty-sync-count", 0) < 1:
+        time.sleep(0.05)
+    q.cmd("migrate-start-postcopy")
+    dq = dst.qmp()
+    deadline = time.time() + kt.slow(20)
+    while time.time() < deadline and dq.cmd("query-migrate").get("status") != "postcopy-active":
+        time.sleep(0.005)
+    os.kill(src.proc.pid, signal.SIGKILL)
+    r = kt.wait_migration(dq, kt.slow(20))
+    print("# source_lost: destination %r" % r)
+    check("dst_failed", r.get("status") == "failed" and "cannot go on" in r.get("error-desc", ""),
+          repr(r))
+    time.sleep(1)
+    check("never_zero_filled", not bad_lines(dst), " / ".join(bad_lines(dst)[:5]))
+    # the destination process still answers and ends on quit
+    dq.cmd_full("quit")
+    check("quits", dst.wait_exit(kt.slow(10)) is not None, dump(dst))
