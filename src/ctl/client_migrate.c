@@ -2,7 +2,9 @@
  *  [--auto-converge step|computed] [--postcopy auto|after-pass|off]
  *  [--dest-qmp unix:PATH] [--verify] [--json]`: drives a migration through
  * the source's QMP socket (and, for post-copy, sets the destination's
- * capability through its own) and shows its progress. */
+ * capability through its own) and shows its progress.  With --resume a
+ * paused post-copy goes on over a new link to URI (migrate-recover at the
+ * destination, through --dest-qmp, then migrate resume=true). */
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -18,7 +20,7 @@ struct migrate_opts {
 	const char *qmp, *uri, *policy, *compression, *tls_creds, *tls_hostname, *dest_qmp;
 	enum pc_mode postcopy;
 	uint64_t bandwidth_mbs, downtime_ms, dirty_limit;
-	bool have_bw, have_dt, json, verify;
+	bool have_bw, have_dt, json, verify, resume;
 	uint64_t multifd;            /* channels; 0 = off */
 };
 
@@ -32,7 +34,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "dirty-limit", required_argument, 0, 'l' }, { "multifd", required_argument, 0, 'm' },
 		{ "tls-creds", required_argument, 0, 't' }, { "tls-hostname", required_argument, 0, 'H' },
 		{ "postcopy", required_argument, 0, 'p' }, { "dest-qmp", required_argument, 0, 'D' },
-		{ 0, 0, 0, 0 },
+		{ "resume", no_argument, 0, 'r' }, { 0, 0, 0, 0 },
 	};
 	int c;
 	memset(o, 0, sizeof(*o));
@@ -86,6 +88,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 			o->dest_qmp = optarg + 5;
 			break;
 		case 'j': o->json = true; break;
+		case 'r': o->resume = true; break;
 		case 't': o->tls_creds = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;
 		default:
@@ -93,12 +96,14 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 					"[--downtime MS] [--auto-converge step|computed] [--dirty-limit MB/s] "
 					"[--multifd N] [--compression none|zstd|lz4] [--tls-creds ID] "
 					"[--tls-hostname NAME] [--postcopy auto|after-pass|off] "
-					"[--dest-qmp unix:PATH] [--verify] [--json]\n");
+					"[--dest-qmp unix:PATH] [--resume] [--verify] [--json]\n");
 			return -1;
 		}
 	}
 	if (!o->qmp || optind != argc - 1)
 		die("usage: kmig migrate --qmp unix:PATH URI [options]");
+	if (o->resume && !o->dest_qmp)
+		die("--resume needs --dest-qmp unix:PATH (the destination listens on URI first)");
 	o->uri = argv[optind];
 	return 0;
 }
@@ -165,6 +170,32 @@ static int migrate__dest_caps(const struct migrate_opts *o, char *err, size_t n)
 	return 0;
 }
 
+/* --resume: the destination listens on the new URI (postcopy-recover),
+ * then the source connects to it. */
+static int migrate__resume(struct qmp_client *c, const struct migrate_opts *o, char *err, size_t n)
+{
+	struct qmp_client d;
+	if (qmp_client__connect(&d, o->dest_qmp, err, n))
+		return -1;
+	json_t *r = qmp_client__call(&d, "migrate-recover", json_pack("{s:s}", "uri", o->uri), err, n);
+	for (int i = 0; r && i < 100; i++) {
+		json_t *q = qmp_client__call(&d, "query-migrate", NULL, err, n);
+		const char *st = q ? json_string_value(json_object_get(q, "status")) : NULL;
+		bool done = !q || (st && !strcmp(st, "postcopy-recover"));   /* listening */
+		json_decref(q);
+		if (done)
+			break;
+		usleep(20000);
+	}
+	qmp_client__close(&d);
+	if (!r)
+		return -1;
+	json_decref(r);
+	r = qmp_client__call(c, "migrate", json_pack("{s:s,s:b}", "uri", o->uri, "resume", 1), err, n);
+	json_decref(r);
+	return r ? 0 : -1;
+}
+
 static json_int_t jint(json_t *o, const char *k)
 {
 	return json_integer_value(json_object_get(o, k));
@@ -184,9 +215,9 @@ static void migrate__progress(json_t *q, bool tty)
 	else
 		snprintf(slow, sizeof(slow), "throttle %2lld%%", jint(q, "cpu-throttle-percentage"));
 	const char *st = json_string_value(json_object_get(q, "status"));
-	if (!strcmp(st, "postcopy-active")) {   /* the guest runs there: no rates here */
-		fprintf(stderr, "%spostcopy-active  %7.1f%% of RAM sent  %6.0f Mbit/s  "
-			"remaining %6lld MiB  pages asked for %7lld%s", tty ? "\r" : "", pct,
+	if (!strncmp(st, "postcopy-", 9)) {   /* the guest runs there: no rates here */
+		fprintf(stderr, "%s%-16s %7.1f%% of RAM sent  %6.0f Mbit/s  "
+			"remaining %6lld MiB  pages asked for %7lld%s", tty ? "\r" : "", st, pct,
 			json_real_value(json_object_get(ram, "mbps")), rem >> 20,
 			jint(ram, "postcopy-requests"), tty ? "          " : "\n");
 		return;
@@ -224,7 +255,9 @@ int client__migrate_main(int argc, char **argv)
 		return 2;
 	if (migrate__dest_caps(&o, err, sizeof(err)))
 		die("destination: %s", err);
-	if (qmp_client__connect(&c, o.qmp, err, sizeof(err)) || migrate__setup(&c, &o, err, sizeof(err)))
+	if (qmp_client__connect(&c, o.qmp, err, sizeof(err)) ||
+	    (o.resume ? migrate__resume(&c, &o, err, sizeof(err))
+		      : migrate__setup(&c, &o, err, sizeof(err))))
 		die("%s", err);
 	bool tty = isatty(STDERR_FILENO), asked = false;
 	json_t *q = NULL;
@@ -234,7 +267,8 @@ int client__migrate_main(int argc, char **argv)
 		if (!q)
 			die("%s", err);
 		const char *st = json_string_value(json_object_get(q, "status"));
-		if (!strcmp(st, "completed") || !strcmp(st, "failed") || !strcmp(st, "cancelled"))
+		if (!strcmp(st, "completed") || !strcmp(st, "failed") || !strcmp(st, "cancelled") ||
+		    !strcmp(st, "postcopy-paused"))
 			break;
 		/* after-pass: post-copy once the bulk pass is over */
 		if (o.postcopy == PC_AFTER_PASS && !asked &&
@@ -257,8 +291,13 @@ int client__migrate_main(int argc, char **argv)
 	} else {
 		migrate__summary(q);
 	}
-	int ok = !strcmp(json_string_value(json_object_get(q, "status")), "completed");
+	const char *st = json_string_value(json_object_get(q, "status"));
+	int rc = !strcmp(st, "completed") ? 0 : !strcmp(st, "postcopy-paused") ? 3 : 1;
+	if (rc == 3 && !o.json)
+		fprintf(stderr, "post-copy is paused: the guest runs at the destination and waits for "
+			"pages only this side has; go on with\n  kmig migrate --qmp unix:%s --resume "
+			"--dest-qmp unix:DEST-QMP NEW-URI\n", o.qmp);
 	json_decref(q);
 	qmp_client__close(&c);
-	return ok ? 0 : 1;
+	return rc;
 }

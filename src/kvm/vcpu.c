@@ -198,11 +198,7 @@ static bool vcpu__gate(struct vcpu *v)
 static void vcpu__sleep(struct vcpu *v, uint64_t ns)
 {
 	struct vm *vm = v->vm;
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	uint64_t t = (uint64_t)ts.tv_nsec + ns;
-	ts.tv_sec += t / 1000000000ull;
-	ts.tv_nsec = t % 1000000000ull;
+	struct timespec ts = time__deadline(ns);
 	pthread_mutex_lock(&vm->lock);
 	if (vm->sleep_watch && !v->sleep_seen) {
 		v->sleep_seen = true;        /* vm__await_throttle_sleeps */

@@ -8,6 +8,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include "base/timeutil.h"
 #include "kvm/vm_balloon.h"
 #include "kvm/vcpu.h"
 #include "mem/dirty.h"
@@ -163,11 +164,7 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 	vm->kvm_fd = vm->vm_fd = -1;
 	vm->kstats.fd = -1;
 	pthread_mutex_init(&vm->lock, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* vCPU throttle sleeps wait on it */
-	pthread_cond_init(&vm->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	time__cond_init(&vm->cond); /* vCPU throttle sleeps wait on it */
 	serial__init(&vm->serial, cfg->console_fd);
 	vm->status = VM_STATUS_PRELAUNCH;
 	int rc = vm__open_kvm(vm, err, errlen);
@@ -267,11 +264,7 @@ static bool vm__sleeps_seen(struct vm *vm)
 
 int vm__await_throttle_sleeps(struct vm *vm, uint64_t timeout_ns)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	uint64_t t = (uint64_t)ts.tv_nsec + timeout_ns;
-	ts.tv_sec += (time_t)(t / 1000000000ull);
-	ts.tv_nsec = (long)(t % 1000000000ull);
+	struct timespec ts = time__deadline(timeout_ns);
 	int rc = 0;
 	pthread_mutex_lock(&vm->lock);
 	vm->sleep_watch = true;

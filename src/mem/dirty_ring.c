@@ -196,11 +196,7 @@ static void *dirty_ring__reaper(void *arg)
 	pthread_setname_np(pthread_self(), "reaper");
 	pthread_mutex_lock(&d->reaper_lock);
 	while (!d->reaper_stop) {
-		struct timespec ts;
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		uint64_t ns = ts.tv_nsec + (uint64_t)interval * 1000000ull;
-		ts.tv_sec += ns / 1000000000ull;
-		ts.tv_nsec = ns % 1000000000ull;
+		struct timespec ts = time__deadline((uint64_t)interval * 1000000ull);
 		pthread_cond_timedwait(&d->reaper_cond, &d->reaper_lock, &ts);
 		if (d->reaper_stop)
 			break;
@@ -219,12 +215,8 @@ static void *dirty_ring__reaper(void *arg)
 
 int dirty_ring__start_reaper(struct dirty *d)
 {
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_destroy(&d->reaper_cond);
-	pthread_cond_init(&d->reaper_cond, &ca);
-	pthread_condattr_destroy(&ca);
+	time__cond_init(&d->reaper_cond);
 	d->reaper_stop = false;
 	reaper_policy__init(&d->reaper_policy, d->mode);
 	int rc = pthread_create(&d->reaper, NULL, dirty_ring__reaper, d);

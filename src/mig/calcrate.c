@@ -20,11 +20,7 @@ void calcrate__init(struct calcrate *c, struct vm *vm)
 	memset(c, 0, sizeof(*c));
 	c->vm = vm;
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&c->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	time__cond_init(&c->cond);
 }
 
 void calcrate__stop(struct calcrate *c)
@@ -48,9 +44,7 @@ void calcrate__destroy(struct calcrate *c)
 /* Waits out the measurement interval; false if calcrate__stop came first. */
 static bool calcrate__wait(struct calcrate *c)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	ts.tv_sec += (time_t)c->calc_time_s;
+	struct timespec ts = time__deadline((uint64_t)c->calc_time_s * 1000000000ull);
 	pthread_mutex_lock(&c->lock);
 	while (!c->stop && pthread_cond_timedwait(&c->cond, &c->lock, &ts) != ETIMEDOUT)
 		;

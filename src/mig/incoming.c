@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/timeutil.h"
+#include "base/utf8.h"
 #include "ctl/control.h"
 #include "kvm/vm.h"
 #include "mig/migration.h"
@@ -51,6 +52,15 @@ static void incoming__cancel(void *ctx)
 	if (in->connected)
 		mig_stream__shutdown(&in->stream);
 	multifd_recv__cancel(&in->mf);
+	pthread_cond_broadcast(&in->m->cont_cond);   /* a post-copy pause waits on it */
+}
+
+/* migrate-pause, under m->lock: cut the link (post-copy then pauses). */
+static void incoming__pause(void *ctx)
+{
+	struct incoming *in = ctx;
+	if (in->connected)
+		mig_stream__shutdown(&in->stream);
 }
 
 #define INCOMING_CHANNEL_WAIT_MS 10000
@@ -209,8 +219,12 @@ static int incoming__on_postcopy(void *ctx)
 	uint8_t rec[PROTO_HDR_SIZE];
 	ssize_t n = proto__encode_empty(rec, sizeof(rec), PROTO_RP_RUNNING);
 	rc = n < 0 ? (int)n : postcopy_dst__reply(&in->pc, rec, (size_t)n);
-	if (rc)
-		return mig_recv__fail(&in->recv, rc, "cannot tell the source the guest runs");
+	if (rc) {
+		/* the guest runs here already: a broken link pauses, as later */
+		log_warn("incoming migration: cannot tell the source the guest runs: %s",
+			 strerror(-rc));
+		mig_stream__shutdown(&in->stream);
+	}
 	migration__set_status(in->m, MIG_POSTCOPY_ACTIVE);
 	log_info("incoming migration: post-copy, the guest runs here");
 	return 0;
@@ -262,7 +276,9 @@ static int incoming__tls(struct incoming *in, char *err, size_t errlen)
 	return rc;
 }
 
-static int incoming__accept(struct incoming *in, const char *uri)
+/* Listens on uri and takes one connection; `ready`, unless MIG_NONE, is
+ * the status once the listener is open (the peer may connect). */
+static int incoming__accept(struct incoming *in, const char *uri, enum mig_status ready)
 {
 	char err[256];
 	struct migration *m = in->m;
@@ -274,6 +290,8 @@ static int incoming__accept(struct incoming *in, const char *uri)
 			mig_listener__shutdown(&in->listener);
 		pthread_mutex_unlock(&m->lock);
 		log_info("incoming migration: listening on %s", uri);
+		if (ready != MIG_NONE)
+			migration__set_status(m, ready);
 		rc = mig_listener__accept(&in->listener, &in->stream, err, sizeof(err));
 		pthread_mutex_lock(&m->lock);
 		in->connected = rc == 0;
@@ -310,6 +328,7 @@ static void incoming__linger(struct incoming *in)
 static void incoming__finish(struct incoming *in, int rc, bool connected)
 {
 	struct migration *m = in->m;
+	int fault_rc = in->postcopy ? atomic_load(&in->pc.error) : 0;
 	if (in->postcopy) {
 		/* every page is in: RAM is plain memory again.  After a failure
 		 * it stays registered, so a missing page is never zero-filled */
@@ -339,7 +358,7 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 		if (in->postcopy)
 			migration__set_error(m, "post-copy broke off with the guest running here "
 					     "(%s): it cannot go on without the pages it lacks",
-					     mig_recv__error(&in->recv));
+					     fault_rc ? strerror(-fault_rc) : mig_recv__error(&in->recv));
 		if (connected && mig_recv__error(&in->recv)[0])
 			migration__set_error(m, "%s", mig_recv__error(&in->recv));
 		migration__set_error(m, "%s", strerror(-rc));
@@ -368,6 +387,111 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 		 (unsigned long long)pages, (unsigned long long)zero,
 		 (unsigned long long)bytes);
 	migration__set_status(m, MIG_COMPLETED);
+}
+
+/* ---- post-copy recovery (docs/protocol.md "Post-copy recovery") ---- */
+
+/* The first record of the source's new connection: RESUME, with our RAM
+ * layout. */
+static int incoming__check_resume(struct incoming *in, char *err, size_t errlen)
+{
+	struct proto_hdr h;
+	uint8_t buf[PROTO_MAGIC_LEN + 12 + 16 * PROTO_MAX_BLOCKS];
+	struct proto_start st;
+	const char *why = NULL;
+	char msg[200];
+	mig_stream__set_read_deadline(&in->stream, time__now_ms() + INCOMING_CHANNEL_WAIT_MS);
+	int rc = mig_stream__get_record(&in->stream, &h, buf, sizeof(buf));
+	mig_stream__set_read_deadline(&in->stream, 0);
+	if (rc)
+		snprintf(err, errlen, "no RESUME on the new connection: %s",
+			 mig_stream__strerror(&in->stream));
+	else if (h.type != PROTO_RESUME && (rc = -EPROTO))
+		snprintf(err, errlen, "the new connection began with %s, not RESUME",
+			 proto__type_name(h.type));
+	else if (proto__decode_start(buf, h.length, &st, &why) && (rc = -EPROTO))
+		snprintf(err, errlen, "RESUME: %s", why);
+	else if (proto__layout_mismatch(&st, &in->pr, msg, sizeof(msg)) && (rc = -EINVAL))
+		snprintf(err, errlen, "RESUME: the RAM layout differs: %s", msg);
+	return rc;
+}
+
+/* Closes the link (post-copy state stays as it is). */
+static void incoming__drop_link(struct incoming *in)
+{
+	postcopy_dst__pause(&in->pc);
+	pthread_mutex_lock(&in->m->lock);
+	bool was = in->connected;
+	in->connected = false;
+	pthread_mutex_unlock(&in->m->lock);
+	if (was)
+		mig_stream__close(&in->stream);
+}
+
+/* One recovery: the source's new connection on the URI migrate-recover
+ * gave, its RESUME, our bitmap and repeated requests back, the receiver
+ * in POSTCOPY again.  0, or -errno with err set and the link closed. */
+static int incoming__reconnect(struct incoming *in, char *err, size_t errlen)
+{
+	struct migration *m = in->m;
+	char uri[256];
+	pthread_mutex_lock(&m->lock);
+	snprintf(uri, sizeof(uri), "%s", m->in_uri);
+	m->error[0] = 0;
+	pthread_mutex_unlock(&m->lock);
+	int rc = incoming__accept(in, uri, MIG_POSTCOPY_RECOVER);
+	pthread_mutex_lock(&m->lock);
+	if (in->listening)
+		mig_listener__close(&in->listener);
+	in->listening = false;
+	if (rc)
+		snprintf(err, errlen, "%s", m->error);
+	pthread_mutex_unlock(&m->lock);
+	rc = rc ? rc : incoming__check_resume(in, err, errlen);
+	if (!rc && (rc = postcopy_dst__resume(&in->pc, &in->stream)))
+		snprintf(err, errlen, "cannot answer RESUME: %s", strerror(-rc));
+	if (!rc && (rc = mig_recv__resume(&in->recv)))
+		snprintf(err, errlen, "the receiver cannot resume");
+	if (rc) {
+		incoming__drop_link(in);
+		return rc;
+	}
+	pthread_mutex_lock(&m->lock);
+	m->error[0] = 0;
+	pthread_mutex_unlock(&m->lock);
+	migration__set_status(m, MIG_POSTCOPY_ACTIVE);
+	log_info("incoming migration: post-copy resumed on %s", uri);
+	return 0;
+}
+
+/* Post-copy lost its link (rc): postcopy-paused, the guest's missing
+ * pages waiting, until migrate-recover brings a new link and loading goes
+ * on, or a cancel or quit (rc stands).  Returns loading's outcome. */
+static int incoming__paused(struct incoming *in, int rc)
+{
+	struct migration *m = in->m;
+	char why[256];
+	snprintf(why, sizeof(why), "%s", mig_recv__error(&in->recv));
+	while (rc && in->postcopy && mig_recv__link_lost(&in->recv)) {
+		incoming__drop_link(in);
+		pthread_mutex_lock(&m->lock);
+		snprintf(m->error, sizeof(m->error), "post-copy paused, the link to the source broke "
+			 "(%.60s): the guest cannot go on without the source's pages; "
+			 "migrate-recover here and migrate resume=true there continue", why);
+		utf8__sanitize(m->error);
+		pthread_mutex_unlock(&m->lock);
+		migration__set_status(m, MIG_POSTCOPY_PAUSED);
+		log_warn("incoming migration: %s", m->error);
+		if (!migration__await_recovery(m, &m->recover, &in->cancelled))
+			return rc;
+		if (incoming__reconnect(in, why, sizeof(why))) {
+			log_warn("incoming migration: post-copy recovery failed: %s", why);
+			continue;
+		}
+		rc = incoming__load(in);
+		snprintf(why, sizeof(why), "%s", mig_recv__error(&in->recv));
+	}
+	return rc;
 }
 
 /* postcopy-ram as it is when the source connects (a destination may set
@@ -407,6 +531,7 @@ void *migration__incoming_thread(void *arg)
 	in->mf.tls = m->tls_in.creds ? &m->tls_in : NULL;
 	pthread_mutex_lock(&m->lock);
 	m->in_cancel = incoming__cancel;
+	m->in_pause = incoming__pause;
 	m->in_ctx = in;
 	in->cancelled = m->in_cancelled;  /* a cancel that came before the thread ran */
 	pthread_mutex_unlock(&m->lock);
@@ -418,8 +543,8 @@ void *migration__incoming_thread(void *arg)
 		rc = in->nexpected;
 	}
 	if (!rc)
-		rc = incoming__accept(in, m->in_uri);
-	bool connected = rc == 0;
+		rc = incoming__accept(in, m->in_uri, MIG_NONE);
+	bool connected = rc == 0, recv_ready = false;
 	if (!rc) {
 		pthread_mutex_lock(&m->lock);
 		m->stats.start_ms = time__now_ms();
@@ -428,8 +553,11 @@ void *migration__incoming_thread(void *arg)
 		rc = incoming__postcopy_ops(in, &ops);
 		if (!rc)
 			rc = mig_recv__init(&in->recv, &in->pr, &ops);
+		recv_ready = rc == 0;
 		if (!rc)
 			rc = incoming__load(in);
+		rc = incoming__paused(in, rc);
+		connected = in->connected;   /* after a recovery: the last link, or none */
 	}
 	pthread_mutex_lock(&m->lock);
 	if (in->listening)
@@ -439,13 +567,14 @@ void *migration__incoming_thread(void *arg)
 	incoming__finish(in, rc, connected);
 	pthread_mutex_lock(&m->lock);
 	m->in_cancel = NULL;
+	m->in_pause = NULL;
 	m->in_ctx = NULL;
 	in->connected = false;
 	pthread_mutex_unlock(&m->lock);
-	if (connected) {
+	if (recv_ready)
 		mig_recv__free(&in->recv);
+	if (connected)
 		mig_stream__close(&in->stream);
-	}
 	if (in->pc_ready)
 		postcopy_dst__free(&in->pc);
 	bitmap__free(&in->written);

@@ -18,7 +18,7 @@ const char *mig_status__name(enum mig_status s)
 {
 	static const char *const names[] = { "none", "setup", "active", "device", "completed",
 					      "cancelling", "cancelled", "failed", "pre-switchover",
-					      "postcopy-active" };
+					      "postcopy-active", "postcopy-paused", "postcopy-recover" };
 	return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "none";
 }
 
@@ -131,7 +131,8 @@ void migration__set_error(struct migration *m, const char *fmt, ...)
 bool mig_status__busy(enum mig_status s)
 {
 	return s == MIG_SETUP || s == MIG_ACTIVE || s == MIG_PRE_SWITCHOVER || s == MIG_DEVICE ||
-	       s == MIG_POSTCOPY_ACTIVE || s == MIG_CANCELLING;
+	       s == MIG_POSTCOPY_ACTIVE || s == MIG_POSTCOPY_PAUSED || s == MIG_POSTCOPY_RECOVER ||
+	       s == MIG_CANCELLING;
 }
 
 int migration__start(struct migration *m, const char *uri, char *err, size_t errlen)
@@ -201,7 +202,9 @@ bool migration__cancel(struct migration *m, bool quitting)
 	 * the guest: a cancel then stops waiting for its confirmation and the
 	 * guest stays paused here (see sender__cleanup) */
 	pthread_mutex_lock(&m->lock);
-	if (m->status == MIG_POSTCOPY_ACTIVE && !quitting) {
+	bool postcopy = m->status == MIG_POSTCOPY_ACTIVE || m->status == MIG_POSTCOPY_PAUSED ||
+			m->status == MIG_POSTCOPY_RECOVER;
+	if (postcopy && !quitting) {
 		pthread_mutex_unlock(&m->lock);
 		return false;   /* the destination runs the guest: no way back */
 	}
@@ -226,9 +229,9 @@ bool migration__cancel(struct migration *m, bool quitting)
 int migration__continue(struct migration *m, const char *state, char *err, size_t errlen)
 {
 	unsigned k = 0;
-	while (k <= MIG_POSTCOPY_ACTIVE && strcmp(state, mig_status__name((enum mig_status)k)))
+	while (k <= MIG_STATUS_LAST && strcmp(state, mig_status__name((enum mig_status)k)))
 		k++;
-	if (k > MIG_POSTCOPY_ACTIVE) {
+	if (k > MIG_STATUS_LAST) {
 		snprintf(err, errlen, "Parameter 'state' does not accept value '%.64s'", state);
 		utf8__sanitize(err);
 		return -EINVAL;
@@ -375,8 +378,9 @@ json_t *migration__query(struct migration *m)
 			    json_boolean(m->vm->dirty && dirty__active(m->vm->dirty)));
 	json_object_set_new(r, "x-cpu-throttle-now",
 			    json_integer(atomic_load(&m->vm->throttle_pct)));
-	/* a cancel after END also says why the guest stays paused */
-	if ((s == MIG_FAILED || s == MIG_CANCELLED) && m->error[0])
+	/* a cancel after END also says why the guest stays paused; a paused
+	 * post-copy why it waits and what continues it */
+	if ((s == MIG_FAILED || s == MIG_CANCELLED || s == MIG_POSTCOPY_PAUSED) && m->error[0])
 		json_object_set_new(r, "error-desc", json_string(m->error));
 	pthread_mutex_unlock(&m->lock);
 	return r;

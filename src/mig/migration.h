@@ -34,9 +34,12 @@ enum mig_status {
 	MIG_CANCELLING, MIG_CANCELLED, MIG_FAILED,
 	MIG_PRE_SWITCHOVER, /* pause-before-switchover: vCPUs stopped, waiting for migrate-continue */
 	MIG_POSTCOPY_ACTIVE, /* post-copy: the destination runs the guest, pages follow */
+	MIG_POSTCOPY_PAUSED, /* post-copy: the link broke; both sides wait for a new one */
+	MIG_POSTCOPY_RECOVER, /* post-copy: a new link is being set up */
 };
-/* setup, active, pre-switchover, device, postcopy-active or cancelling: a
- * migration is under way */
+#define MIG_STATUS_LAST MIG_POSTCOPY_RECOVER
+/* setup, active, pre-switchover, device, cancelling or a post-copy status:
+ * a migration is under way */
 bool mig_status__busy(enum mig_status s);
 const char *mig_status__name(enum mig_status s);
 
@@ -118,12 +121,16 @@ struct migration {
 	pthread_cond_t cont_cond;    /* with lock: migrate-continue or a cancel came */
 	bool cont;                   /* under lock: migrate-continue came */
 	atomic_bool postcopy_start;  /* migrate-start-postcopy came */
+	bool resume;                 /* under lock: migrate resume=true came (to resume_uri) */
+	char resume_uri[256];
 	/* incoming */
 	pthread_t in_thread;
 	bool in_running;
 	void (*in_cancel)(void *ctx); /* under lock: unblocks the incoming thread */
 	void *in_ctx;
 	bool in_cancelled;            /* under lock: a cancel came, maybe before in_cancel */
+	void (*in_pause)(void *ctx);  /* under lock: migrate-pause (the link is cut) */
+	bool recover;                 /* under lock: migrate-recover came (to in_uri) */
 	int pc_uffd;                  /* under lock: a failed post-copy's userfaultfd, kept
 				       * until the process ends (-1: none) */
 	bool confirmed;              /* under lock: RP_OK arrived, a cancel is too late */
@@ -156,6 +163,21 @@ int migration__continue(struct migration *m, const char *state, char *err, size_
  * migration is active with postcopy-ram and nothing post-copy cannot
  * carry yet (multifd, TLS, x-verify, a virtio-balloon). */
 int migration__start_postcopy(struct migration *m, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* Post-copy recovery (docs/protocol.md "Post-copy recovery").
+ * migrate-pause: in postcopy-active, cuts the link on this side (both
+ * sides then go postcopy-paused).  migrate-recover (destination, in
+ * postcopy-paused): listens on uri for the source's new connection.
+ * migrate resume=true (source, in postcopy-paused): connects to uri and
+ * goes on from where post-copy stopped.  -EINVAL (err says why) in any
+ * other state. */
+int migration__pause(struct migration *m, char *err, size_t errlen) KMIG_MUST_CHECK;
+int migration__recover(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
+int migration__resume(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* The post-copy threads' wait in postcopy-paused: until resume (source)
+ * or recover (destination) is set, or a cancel / quit; true for a new
+ * link (the flag is taken), false for a cancel.  cancelled: the
+ * incoming side's flag (NULL on the source, which uses m->cancel). */
+bool migration__await_recovery(struct migration *m, bool *flag, const bool *cancelled);
 /* Migration thread, vCPUs already stopped: with pause-before-switchover,
  * status pre-switchover until migrate-continue (0) or a cancel
  * (-ECANCELED); without it, 0 at once. */

@@ -40,7 +40,8 @@ struct ram;
 struct postcopy_dst {
 	struct ram *ram;
 	struct mig_stream *stream;   /* return path: RP_REQ, RP_RUNNING */
-	pthread_mutex_t wlock;       /* one writer at a time on stream */
+	pthread_mutex_t wlock;       /* one writer at a time on stream; guards paused */
+	bool paused;                 /* the link is down: requests wait in `requested` */
 	struct bitmap *valid;        /* pages whose content here is current (incoming's) */
 	struct bitmap requested;     /* RP_REQ sent */
 	int uffd, stop_fd;           /* -1 when not open */
@@ -50,7 +51,7 @@ struct postcopy_dst {
 	_Atomic uint64_t *req_ns;    /* per page: when RP_REQ went (0: not asked) */
 	atomic_ullong lat_hist[PC_LAT_BUCKETS]; /* request to placement, see below */
 	atomic_ullong faults, requests, zero_mapped, placed;
-	atomic_int error;            /* first -errno of the fault thread */
+	atomic_int error;            /* first -errno of the fault thread (named in the failure) */
 };
 
 /* valid: the incoming side's bitmap of pages it holds (kept up to date
@@ -63,8 +64,15 @@ int postcopy_dst__discard(struct postcopy_dst *d, uint64_t page) KMIG_MUST_CHECK
  * reason on failure (-ENOSYS: no userfaultfd here). */
 int postcopy_dst__start(struct postcopy_dst *d, char *err, size_t errlen) KMIG_MUST_CHECK;
 /* Writes one return-path record (RP_RUNNING, RP_OK, RP_FAIL) in turn with
- * the fault thread's requests, and flushes. */
+ * the fault thread's requests, and flushes; -ENOTCONN while paused. */
 int postcopy_dst__reply(struct postcopy_dst *d, const void *rec, size_t len) KMIG_MUST_CHECK;
+/* The link to the source broke (or is being replaced): requests from
+ * now on are only noted, the stream is not touched until resume. */
+void postcopy_dst__pause(struct postcopy_dst *d);
+/* A new connection to the source (recovery): tells it which pages are
+ * here (RP_BITMAP of valid), asks again for every page asked for and not
+ * yet placed, and lets requests go out on s again.  Incoming thread. */
+int postcopy_dst__resume(struct postcopy_dst *d, struct mig_stream *s) KMIG_MUST_CHECK;
 /* Places a page atomically (already there: 0). */
 int postcopy_dst__place(struct postcopy_dst *d, uint64_t page, const void *data) KMIG_MUST_CHECK;
 int postcopy_dst__place_zero(struct postcopy_dst *d, uint64_t page) KMIG_MUST_CHECK;
@@ -85,6 +93,7 @@ struct postcopy_src {
 	struct mig_stream *stream;
 	const struct ram *ram;
 	struct bitmap wanted;        /* pages the destination asked for, not yet sent */
+	atomic_bool asked;           /* set after a bit of wanted: worth a scan */
 	atomic_ullong requests;      /* RP_REQ received */
 	atomic_ullong running_ms;    /* time__now_ms() when RP_RUNNING came, 0 before */
 	atomic_int outcome;          /* 0 while reading; 1 RP_OK; else -errno */

@@ -142,7 +142,8 @@ static int pc__zeropage(struct postcopy_dst *d, uint64_t page)
 	return 0;
 }
 
-static int pc__request(struct postcopy_dst *d, uint64_t page)
+/* Writes one RP_REQ; the caller holds wlock and the link is up. */
+static int pc__put_request(struct postcopy_dst *d, uint64_t page)
 {
 	uint8_t rec[PROTO_HDR_SIZE + 16];
 	int b = ram__block_of(d->ram, ram__page_gpa(d->ram, page));
@@ -151,7 +152,28 @@ static int pc__request(struct postcopy_dst *d, uint64_t page)
 	if (n < 0)
 		return (int)n;
 	atomic_fetch_add(&d->requests, 1);
-	return postcopy_dst__reply(d, rec, (size_t)n);
+	return mig_stream__write(d->stream, rec, (size_t)n);
+}
+
+/* A request that cannot go out because the link broke is not an error:
+ * the page stays in `requested` and is asked for again after a recovery
+ * (postcopy_dst__resume); the stream is shut down so the incoming thread
+ * notices and pauses. */
+static int pc__request(struct postcopy_dst *d, uint64_t page)
+{
+	pthread_mutex_lock(&d->wlock);
+	int rc = 0;
+	if (!d->paused) {
+		rc = pc__put_request(d, page);
+		rc = rc ? rc : mig_stream__flush(d->stream);
+		if (rc) {
+			d->paused = true;
+			mig_stream__shutdown(d->stream);
+			log_warn("post-copy: a page request could not go out: %s", strerror(-rc));
+		}
+	}
+	pthread_mutex_unlock(&d->wlock);
+	return 0;
 }
 
 /* One fault: a page received as zero is mapped here; any other is asked
@@ -285,10 +307,58 @@ int postcopy_dst__start(struct postcopy_dst *d, char *err, size_t errlen)
 int postcopy_dst__reply(struct postcopy_dst *d, const void *rec, size_t len)
 {
 	pthread_mutex_lock(&d->wlock);
-	int rc = mig_stream__write(d->stream, rec, len);
+	int rc = d->paused ? -ENOTCONN : mig_stream__write(d->stream, rec, len);
 	if (!rc)
 		rc = mig_stream__flush(d->stream);
 	pthread_mutex_unlock(&d->wlock);
+	return rc;
+}
+
+void postcopy_dst__pause(struct postcopy_dst *d)
+{
+	pthread_mutex_lock(&d->wlock);
+	d->paused = true;
+	pthread_mutex_unlock(&d->wlock);
+}
+
+static int pc__send_bitmap(struct postcopy_dst *d, struct mig_stream *s)
+{
+	uint8_t *rec = malloc(PROTO_HDR_SIZE + 16 + 8 * PROTO_MAX_BITMAP_WORDS);
+	if (!rec)
+		return -ENOMEM;
+	uint64_t words = (d->valid->nbits + 63) / 64, w = 0;
+	int rc = 0;
+	do {
+		uint64_t n = words - w < PROTO_MAX_BITMAP_WORDS ? words - w : PROTO_MAX_BITMAP_WORDS;
+		ssize_t len = proto__encode_rp_bitmap(rec, PROTO_HDR_SIZE + 16 +
+						      8 * PROTO_MAX_BITMAP_WORDS, d->valid, w,
+						      (uint32_t)n);
+		rc = len < 0 ? (int)len : mig_stream__write(s, rec, (size_t)len);
+		w += n;
+	} while (!rc && w < words);
+	free(rec);
+	return rc;
+}
+
+int postcopy_dst__resume(struct postcopy_dst *d, struct mig_stream *s)
+{
+	pthread_mutex_lock(&d->wlock);
+	d->stream = s;
+	int rc = pc__send_bitmap(d, s);
+	uint64_t again = 0;
+	for (size_t p = bitmap__next_set(&d->requested, 0); !rc && p < d->requested.nbits;
+	     p = bitmap__next_set(&d->requested, p + 1)) {
+		if (bitmap__test(d->valid, p))
+			continue;
+		rc = pc__put_request(d, p);
+		again++;
+	}
+	rc = rc ? rc : mig_stream__flush(s);
+	d->paused = rc != 0;
+	pthread_mutex_unlock(&d->wlock);
+	if (!rc)
+		log_info("post-copy: resumed; %llu pages asked for again",
+			 (unsigned long long)again);
 	return rc;
 }
 

@@ -17,11 +17,7 @@ int postcopy_src__init(struct postcopy_src *q, struct mig_stream *s, const struc
 	q->stream = s;
 	q->ram = ram;
 	pthread_mutex_init(&q->lock, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&q->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	time__cond_init(&q->cond);
 	return bitmap__init(&q->wanted, ram->npages);
 }
 
@@ -52,6 +48,7 @@ static int pcs__request(struct postcopy_src *q, const uint8_t *p, uint64_t len)
 	    off >= q->ram->blocks[block].size)
 		return -EINVAL;
 	bitmap__set(&q->wanted, q->ram->blocks[block].first_page + off / RAM_PAGE_SIZE);
+	atomic_store(&q->asked, true);  /* after the bit: a scan that sees it finds it */
 	atomic_fetch_add(&q->requests, 1);
 	pcs__signal(q);
 	return 0;
@@ -112,13 +109,9 @@ int postcopy_src__start(struct postcopy_src *q)
 
 void postcopy_src__wait(struct postcopy_src *q, int timeout_ms)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	uint64_t t = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ms * 1000000ull;
-	ts.tv_sec += (time_t)(t / 1000000000ull);
-	ts.tv_nsec = (long)(t % 1000000000ull);
+	struct timespec ts = time__deadline((uint64_t)timeout_ms * 1000000ull);
 	pthread_mutex_lock(&q->lock);
-	if (!atomic_load(&q->outcome) && bitmap__next_set(&q->wanted, 0) >= q->wanted.nbits)
+	if (!atomic_load(&q->outcome) && !atomic_load(&q->asked))
 		pthread_cond_timedwait(&q->cond, &q->lock, &ts);
 	pthread_mutex_unlock(&q->lock);
 }

@@ -26,6 +26,8 @@ const char *proto__type_name(uint32_t type)
 	case PROTO_POSTCOPY: return "POSTCOPY";
 	case PROTO_RP_REQ:  return "RP_REQ";
 	case PROTO_RP_RUNNING: return "RP_RUNNING";
+	case PROTO_RESUME:  return "RESUME";
+	case PROTO_RP_BITMAP: return "RP_BITMAP";
 	default:            return "unknown";
 	}
 }
@@ -64,8 +66,14 @@ const char *proto__header_problem(const struct proto_hdr *h)
 		return "PAGES record with two compression flags";
 	switch (h->type) {
 	case PROTO_START:
+	case PROTO_RESUME:
 		if (h->length < PROTO_MAGIC_LEN + 12)
 			return "START record too short";
+		break;
+	case PROTO_RP_BITMAP:
+		if (h->length < 16 || (h->length - 16) % 8 ||
+		    (h->length - 16) / 8 > PROTO_MAX_BITMAP_WORDS)
+			return "RP_BITMAP length out of range";
 		break;
 	case PROTO_SYNC:
 	case PROTO_RP_PING:
@@ -137,12 +145,13 @@ void proto_start__from_ram(struct proto_start *st, const struct proto_ram *ram)
 	}
 }
 
-ssize_t proto__encode_start(void *buf, size_t cap, const struct proto_start *st)
+static ssize_t proto__encode_layout(void *buf, size_t cap, uint32_t type,
+				    const struct proto_start *st)
 {
 	if (st->nr_blocks > PROTO_MAX_BLOCKS)
 		return -EINVAL;
 	uint64_t len = PROTO_MAGIC_LEN + 12 + 16ull * st->nr_blocks;
-	uint8_t *p = proto__begin(buf, cap, PROTO_START, 0, len);
+	uint8_t *p = proto__begin(buf, cap, type, 0, len);
 	if (!p)
 		return -ENOSPC;
 	memcpy(p, PROTO_MAGIC, PROTO_MAGIC_LEN);
@@ -155,6 +164,38 @@ ssize_t proto__encode_start(void *buf, size_t cap, const struct proto_start *st)
 		le__put64(p, st->blocks[i].gpa);
 		le__put64(p + 8, st->blocks[i].size);
 	}
+	return proto__rec_size(len);
+}
+
+ssize_t proto__encode_start(void *buf, size_t cap, const struct proto_start *st)
+{
+	return proto__encode_layout(buf, cap, PROTO_START, st);
+}
+
+ssize_t proto__encode_resume(void *buf, size_t cap, const struct proto_start *st)
+{
+	return proto__encode_layout(buf, cap, PROTO_RESUME, st);
+}
+
+static uint64_t proto__bitmap_words(const struct bitmap *b)
+{
+	return (b->nbits + 63) / 64;
+}
+
+ssize_t proto__encode_rp_bitmap(void *buf, size_t cap, const struct bitmap *b,
+				uint64_t first_word, uint32_t nwords)
+{
+	if (nwords > PROTO_MAX_BITMAP_WORDS || first_word > proto__bitmap_words(b) ||
+	    nwords > proto__bitmap_words(b) - first_word)
+		return -EINVAL;
+	uint64_t len = 16 + 8ull * nwords;
+	uint8_t *p = proto__begin(buf, cap, PROTO_RP_BITMAP, 0, len);
+	if (!p)
+		return -ENOSPC;
+	le__put64(p, first_word);
+	le__put64(p + 8, b->nbits);
+	for (uint32_t i = 0; i < nwords; i++)
+		le__put64(p + 16 + 8 * (size_t)i, b->words[first_word + i]);
 	return proto__rec_size(len);
 }
 
@@ -520,6 +561,25 @@ int proto__decode_error(const void *payload, size_t len, struct proto_error *e,
 	e->code = le__get32(p);
 	e->msg = (const char *)p + 4;
 	e->msg_len = len - 4;
+	return 0;
+}
+
+int proto__decode_rp_bitmap(const void *payload, size_t len, struct bitmap *b,
+			    uint64_t *next_word, const char **why)
+{
+	const uint8_t *p = payload;
+	if (len < 16 || (len - 16) % 8 || (len - 16) / 8 > PROTO_MAX_BITMAP_WORDS)
+		return proto__bad(why, "RP_BITMAP length out of range");
+	uint64_t first = le__get64(p), nbits = le__get64(p + 8), n = (len - 16) / 8;
+	if (nbits != b->nbits)
+		return proto__bad(why, "RP_BITMAP is not of this VM's page count");
+	if (first > proto__bitmap_words(b) || n > proto__bitmap_words(b) - first)
+		return proto__bad(why, "RP_BITMAP words past the end of the bitmap");
+	for (uint64_t i = 0; i < n; i++)
+		b->words[first + i] = le__get64(p + 16 + 8 * i);
+	if (n && first + n == proto__bitmap_words(b) && nbits % 64)
+		b->words[first + n - 1] &= (1ull << (nbits % 64)) - 1;  /* no bits past nbits */
+	*next_word = first + n;
 	return 0;
 }
 

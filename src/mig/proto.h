@@ -53,11 +53,13 @@ enum proto_type {
 	PROTO_CHANNEL = 8,      /* multifd: u32 channel index, u32 extra channels */
 	PROTO_DISCARD = 9,      /* post-copy: pages whose copy at the destination is stale */
 	PROTO_POSTCOPY = 10,    /* post-copy: state complete, the destination runs now */
+	PROTO_RESUME  = 11,     /* post-copy recovery: START's payload, on a new connection */
 	PROTO_RP_OK   = 0x101,
 	PROTO_RP_FAIL = 0x102,
 	PROTO_RP_PING = 0x103,
 	PROTO_RP_REQ  = 0x104,  /* post-copy: u32 block, u32 0, u64 offset of a page wanted */
 	PROTO_RP_RUNNING = 0x105, /* post-copy: the destination's guest runs */
+	PROTO_RP_BITMAP = 0x106, /* post-copy recovery: words of the pages the destination holds */
 };
 
 /* Header flag bits.  Each type allows only the bits listed in
@@ -182,6 +184,19 @@ ssize_t proto__encode_discard(void *buf, size_t cap, uint32_t block, uint32_t co
 ssize_t proto__encode_empty(void *buf, size_t cap, uint32_t type) KMIG_MUST_CHECK;
 ssize_t proto__encode_rp_req(void *buf, size_t cap, uint32_t block, uint64_t offset) KMIG_MUST_CHECK;
 
+/* Post-copy recovery.  RESUME carries START's payload (the source's RAM
+ * layout).  RP_BITMAP: u64 first word, u64 bits in the whole bitmap, then
+ * words (u64 each, at most PROTO_MAX_BITMAP_WORDS) of the destination's
+ * bitmap of pages it holds, bit i of word w = page 64 w + i. */
+#define PROTO_MAX_BITMAP_WORDS 8192u
+ssize_t proto__encode_resume(void *buf, size_t cap, const struct proto_start *st) KMIG_MUST_CHECK;
+ssize_t proto__encode_rp_bitmap(void *buf, size_t cap, const struct bitmap *b,
+				uint64_t first_word, uint32_t nwords) KMIG_MUST_CHECK;
+/* Copies the words into b, which must have exactly the record's bit count
+ * (else -EPROTO, as for words past its end); *next_word: the word after
+ * the record's last. */
+int proto__decode_rp_bitmap(const void *p, size_t len, struct bitmap *b, uint64_t *next_word,
+			    const char **why) KMIG_MUST_CHECK;
 /* Upper bound of an uncompressed PAGES record of count pages. */
 static inline size_t proto__pages_record_size(uint32_t count)
 {

@@ -12,10 +12,36 @@ static json_t *cmd_migrate(void *ctx, json_t *args, struct qmp_error *err)
 	struct migration *m = ctx;
 	static const char *const known[] = { "uri", "blk", "inc", "detach", "resume", NULL };
 	const char *uri = NULL;
+	bool resume = false;
+	char why[256];
+	if (qmp_arg__check_known(args, known, err) || qmp_arg__str(args, "uri", &uri, true, err) < 0 ||
+	    qmp_arg__bool(args, "resume", &resume, false, err) < 0)
+		return NULL;
+	int rc = resume ? migration__resume(m, uri, why, sizeof(why))
+			: migration__start(m, uri, why, sizeof(why));
+	if (rc)
+		qmp_error__set(err, QMP_ERROR_GENERIC, "%s", why);
+	return NULL;
+}
+
+static json_t *cmd_migrate_recover(void *ctx, json_t *args, struct qmp_error *err)
+{
+	static const char *const known[] = { "uri", NULL };
+	const char *uri = NULL;
 	char why[256];
 	if (qmp_arg__check_known(args, known, err) || qmp_arg__str(args, "uri", &uri, true, err) < 0)
 		return NULL;
-	if (migration__start(m, uri, why, sizeof(why)))
+	if (migration__recover(ctx, uri, why, sizeof(why)))
+		qmp_error__set(err, QMP_ERROR_GENERIC, "%s", why);
+	return NULL;
+}
+
+static json_t *cmd_migrate_pause(void *ctx, json_t *args, struct qmp_error *err)
+{
+	char why[160];
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
+	if (migration__pause(ctx, why, sizeof(why)))
 		qmp_error__set(err, QMP_ERROR_GENERIC, "%s", why);
 	return NULL;
 }
@@ -353,6 +379,8 @@ int migration__register_qmp(struct migration *m)
 		{ "migrate_cancel", cmd_migrate_cancel },
 		{ "migrate-continue", cmd_migrate_continue },
 		{ "migrate-start-postcopy", cmd_start_postcopy },
+		{ "migrate-recover", cmd_migrate_recover },
+		{ "migrate-pause", cmd_migrate_pause },
 		{ "query-migrate", cmd_query_migrate },
 		{ "migrate-set-parameters", cmd_set_params },
 		{ "query-migrate-parameters", cmd_query_params },

@@ -425,10 +425,23 @@ int mig_recv__step(struct mig_recv *r, struct mig_stream *s)
 	if (!r->payload && !(r->payload = malloc(PROTO_MAX_PAYLOAD)))
 		return mig_recv__fail(r, -ENOMEM, "out of memory for the record buffer");
 	int e = mig_stream__get_record(s, &h, r->payload, PROTO_MAX_PAYLOAD);
-	if (e)
+	if (e) {
+		r->link_lost = r->state == MIG_RECV_POSTCOPY && e != -EPROTO && e != -EMSGSIZE;
 		return mig_recv__fail(r, e, "%s%s", e == -EPROTO ? "" : "stream: ",
 				      mig_stream__strerror(s));
+	}
 	return mig_recv__feed_record(r, &h, r->payload);
+}
+
+int mig_recv__resume(struct mig_recv *r)
+{
+	if (!mig_recv__link_lost(r))
+		return -EINVAL;
+	r->state = MIG_RECV_POSTCOPY;
+	r->link_lost = false;
+	r->err = 0;
+	r->errmsg[0] = 0;
+	return 0;
 }
 
 int mig_recv__run(struct mig_recv *r, struct mig_stream *s)

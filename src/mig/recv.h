@@ -95,6 +95,7 @@ struct mig_recv {
 	struct mig_recv_ops ops;
 	struct mig_recv_stats stats;
 	bool checksum_present, checksum_ok;
+	bool link_lost;         /* FAILED in POSTCOPY because the stream broke */
 	int err;
 	char errmsg[256];
 	uint8_t *payload;       /* record buffer for step(), lazily allocated */
@@ -126,6 +127,16 @@ int mig_recv__run(struct mig_recv *r, struct mig_stream *s) KMIG_MUST_CHECK;
 /* Fails the receiver from outside (e.g. restoring state failed after
  * END); keeps an earlier error.  Returns the error in force. */
 int mig_recv__fail(struct mig_recv *r, int err, const char *fmt, ...) KMIG_PRINTF(3, 4);
+/* Post-copy recovery: a receiver that failed in POSTCOPY only because
+ * its stream broke (a read error other than bad framing, or a shutdown)
+ * goes back to POSTCOPY for a new stream; -EINVAL for any other state or
+ * failure. */
+int mig_recv__resume(struct mig_recv *r) KMIG_MUST_CHECK;
+/* Whether the receiver failed in POSTCOPY only because its stream broke. */
+static inline bool mig_recv__link_lost(const struct mig_recv *r)
+{
+	return r->state == MIG_RECV_FAILED && r->link_lost;
+}
 /* Return path: RP_OK if DONE, else RP_FAIL with the error code (positive
  * errno) and message; flushes.  Call RP_OK only once the guest runs. */
 int mig_recv__reply(struct mig_recv *r, struct mig_stream *s) KMIG_MUST_CHECK;

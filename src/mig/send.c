@@ -33,7 +33,8 @@ static bool sender__page_is_zero(const uint8_t *p)
 
 uint64_t sender__bytes(struct sender *s)
 {
-	return mig_stream__bytes_out(s->stream) + (s->mf ? multifd_send__bytes(s->mf) : 0);
+	return s->bytes_closed + mig_stream__bytes_out(s->stream) +
+	       (s->mf ? multifd_send__bytes(s->mf) : 0);
 }
 
 static int sender__flush_zero(struct sender *s)

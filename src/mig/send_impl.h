@@ -41,6 +41,7 @@ struct sender {
 	bool postcopy_sent;         /* POSTCOPY is out: the destination may run the guest */
 	bool hybrid_refused;        /* x-postcopy-auto could not switch (said once) */
 	struct multifd_send *mf;    /* parallel channels, or NULL */
+	uint64_t bytes_closed;      /* sent on links closed before (post-copy recovery) */
 	struct proto_ram pr;        /* guest RAM as the protocol sees it */
 	uint64_t round;             /* passes completed (SYNC numbers) */
 	enum vm_status prev_status; /* VM status before switchover */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/timeutil.h"
+#include "base/utf8.h"
 #include "ctl/control.h"
 #include "kvm/vm.h"
 #include "mig/postcopy.h"
@@ -70,6 +71,8 @@ static int pc__flushed(struct sender *s, int n)
 static int pc__serve(struct sender *s, struct postcopy_src *q)
 {
 	int n = 0;
+	if (!atomic_exchange(&q->asked, false))
+		return 0;    /* nothing asked since the last scan */
 	for (size_t p = bitmap__next_set(&q->wanted, 0); p < q->wanted.nbits;
 	     p = bitmap__next_set(&q->wanted, p + 1)) {
 		bitmap__clear_bit(&q->wanted, p);
@@ -144,6 +147,7 @@ static int pc__await_ok(struct sender *s, struct postcopy_src *q)
 	while (!atomic_load(&q->outcome) && time__now_ms() < end) {
 		/* a request that crossed END on the way: everything was sent */
 		bitmap__clear_all(&q->wanted);
+		atomic_store(&q->asked, false);
 		postcopy_src__wait(q, 100);
 	}
 	int o = atomic_load(&q->outcome);
@@ -155,6 +159,8 @@ static int pc__await_ok(struct sender *s, struct postcopy_src *q)
 	}
 	return o < 0 ? pc__outcome(s, q) : -ETIMEDOUT;
 }
+
+static int pc__complete(struct sender *s, struct postcopy_src *q);
 
 static int pc__run(struct sender *s, struct postcopy_src *q, uint64_t t0)
 {
@@ -176,7 +182,13 @@ static int pc__run(struct sender *s, struct postcopy_src *q, uint64_t t0)
 	pthread_mutex_unlock(&s->m->lock);
 	log_info("post-copy: the destination runs the guest after %llu ms",
 		 (unsigned long long)(run - t0));
-	rc = pc__send_rest(s, q);
+	return pc__complete(s, q);
+}
+
+/* The guest runs at the destination: the rest of the pages, END, RP_OK. */
+static int pc__complete(struct sender *s, struct postcopy_src *q)
+{
+	int rc = pc__send_rest(s, q);
 	ssize_t n = rc ? rc : proto__encode_end(s->rec, s->rec_cap, NULL);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 	rc = rc ? rc : mig_stream__flush(s->stream);
@@ -184,6 +196,155 @@ static int pc__run(struct sender *s, struct postcopy_src *q, uint64_t t0)
 		s->end_sent = true;
 	rc = rc ? rc : pc__await_ok(s, q);
 	pc__stats(s, q);
+	return rc;
+}
+
+/* ---- recovery (docs/protocol.md "Post-copy recovery") ---- */
+
+/* Post-copy may pause on rc: the link broke or migrate-pause cut it (a
+ * shutdown: -ECANCELED), not a quit, not the destination's RP_FAIL, not a
+ * protocol violation. */
+static bool pc__recoverable(struct sender *s, struct postcopy_src *q, int rc)
+{
+	return rc && rc != -EPROTO && !atomic_load(&s->m->cancel) && !atomic_load(&q->refused);
+}
+
+/* The reader ends with the stream: shut it down unless it answered. */
+static void pc__end_reader(struct sender *s, struct postcopy_src *q)
+{
+	if (!atomic_load(&q->outcome))
+		mig_stream__shutdown(s->stream);
+	postcopy_src__free(q);
+}
+
+/* The new link's handshake: RESUME, then the destination's RP_BITMAP of
+ * the pages it holds; todo becomes every page it lacks (a page it lacks
+ * that needs no sending, zero here, goes as a ZERO offset). */
+static int pc__handshake(struct sender *s)
+{
+	struct migration *m = s->m;
+	struct proto_start st;
+	struct bitmap have;
+	proto_start__from_ram(&st, &s->pr);
+	ssize_t n = proto__encode_resume(s->rec, s->rec_cap, &st);
+	int rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
+	rc = rc ? rc : mig_stream__flush(s->stream);
+	if (rc || (rc = bitmap__init(&have, s->ram->npages)))
+		return rc;
+	mig_stream__set_read_deadline(s->stream, time__now_ms() + PC_RUNNING_WAIT_MS);
+	uint64_t next = 0, words = (have.nbits + 63) / 64;
+	while (!rc && next < words) {
+		struct proto_hdr h;
+		const char *why = NULL;
+		rc = mig_stream__get_record(s->stream, &h, s->rec, s->rec_cap);
+		if (!rc && h.type != PROTO_RP_BITMAP) {
+			migration__set_error(m, "unexpected %s record while resuming post-copy",
+					     proto__type_name(h.type));
+			rc = -EPROTO;
+		} else if (!rc && proto__decode_rp_bitmap(s->rec, h.length, &have, &next, &why)) {
+			migration__set_error(m, "RP_BITMAP: %s", why);
+			rc = -EPROTO;
+		}
+	}
+	mig_stream__set_read_deadline(s->stream, 0);
+	if (!rc) {
+		bitmap__set_all(&m->todo);
+		bitmap__andnot(&m->todo, &have);
+		log_info("post-copy: resuming, %zu pages the destination lacks",
+			 bitmap__count(&m->todo));
+	}
+	bitmap__free(&have);
+	return rc;
+}
+
+/* Why the link failed, while it is open: its error, else the migration's. */
+static void pc__reason(struct sender *s, char *why, size_t n)
+{
+	pthread_mutex_lock(&s->m->lock);
+	snprintf(why, n, "%.150s", mig_stream__error(s->stream) ? mig_stream__strerror(s->stream)
+							    : s->m->error);
+	pthread_mutex_unlock(&s->m->lock);
+}
+
+/* Closes the broken link; status postcopy-paused with the reason. */
+static void pc__pause(struct sender *s, const char *why)
+{
+	struct migration *m = s->m;
+	pthread_mutex_lock(&m->lock);
+	bool open = m->stream_open;
+	m->stream_open = false;    /* a cancel no longer touches it */
+	snprintf(m->error, sizeof(m->error), "post-copy paused, the link to the destination "
+		 "broke (%.60s): the guest runs there and needs the pages here; "
+		 "migrate-recover there and migrate resume=true here continue", why);
+	utf8__sanitize(m->error);
+	pthread_mutex_unlock(&m->lock);
+	if (open) {
+		s->bytes_closed += mig_stream__bytes_out(s->stream);
+		mig_stream__close(s->stream);
+	}
+	if (migration__advance(m, MIG_POSTCOPY_ACTIVE, MIG_POSTCOPY_PAUSED) ||
+	    migration__advance(m, MIG_POSTCOPY_RECOVER, MIG_POSTCOPY_PAUSED))
+		log_warn("migration: %s", m->error);
+}
+
+/* The new link (migrate resume=true): connected, its handshake done;
+ * why gets the reason of a failure. */
+static int pc__reconnect(struct sender *s, char *why, size_t n)
+{
+	struct migration *m = s->m;
+	char uri[256], err[256];
+	pthread_mutex_lock(&m->lock);
+	snprintf(uri, sizeof(uri), "%s", m->resume_uri);
+	pthread_mutex_unlock(&m->lock);
+	/* migrate resume=true moved the status to postcopy-recover already */
+	if (atomic_load(&m->cancel))
+		return -ECANCELED;
+	int rc = mig_stream__connect(s->stream, uri, &m->cancel, err, sizeof(err));
+	if (rc) {
+		snprintf(why, n, "%.150s", err);
+		log_warn("migration: post-copy cannot resume: %s", err);
+		return rc;
+	}
+	pthread_mutex_lock(&m->lock);
+	m->stream_open = true;
+	m->error[0] = 0;
+	mig_stream__set_rate(s->stream, m->params.max_postcopy_bandwidth);
+	pthread_mutex_unlock(&m->lock);
+	if (mig_stream__set_nodelay(s->stream, true))
+		log_debug("post-copy: TCP_NODELAY not set");
+	rc = atomic_load(&m->cancel) ? -ECANCELED : pc__handshake(s);
+	if (rc)
+		pc__reason(s, why, n);
+	return rc;
+}
+
+/* postcopy-paused until migrate resume=true names a new link, then the
+ * rest of post-copy on it; *again: it broke once more (pause again). */
+static int pc__recover(struct sender *s, bool *again, char *why, size_t n)
+{
+	struct migration *m = s->m;
+	pc__pause(s, why);
+	*again = false;
+	if (!migration__await_recovery(m, &m->resume, NULL))
+		return -ECANCELED;
+	int rc = pc__reconnect(s, why, n);
+	if (rc) {
+		*again = rc != -EPROTO && !atomic_load(&m->cancel);
+		return rc;
+	}
+	struct postcopy_src q;
+	rc = postcopy_src__init(&q, s->stream, s->ram);
+	rc = rc ? rc : postcopy_src__start(&q);
+	if (!rc && !migration__advance(m, MIG_POSTCOPY_RECOVER, MIG_POSTCOPY_ACTIVE))
+		rc = -ECANCELED;
+	if (!rc) {
+		log_info("post-copy: resumed on %s", m->resume_uri);
+		rc = pc__complete(s, &q);
+	}
+	*again = pc__recoverable(s, &q, rc);
+	if (rc)
+		pc__reason(s, why, n);
+	pc__end_reader(s, &q);
 	return rc;
 }
 
@@ -220,9 +381,12 @@ int sender__postcopy(struct sender *s)
 	rc = postcopy_src__init(&q, s->stream, s->ram);
 	if (!rc)
 		rc = pc__run(s, &q, t0);
-	/* the reader ends with the stream: shut it down unless it answered */
-	if (!atomic_load(&q.outcome))
-		mig_stream__shutdown(s->stream);
-	postcopy_src__free(&q);
+	bool again = pc__recoverable(s, &q, rc);
+	char why[160] = "";
+	if (rc)
+		pc__reason(s, why, sizeof(why));
+	pc__end_reader(s, &q);
+	while (again)
+		rc = pc__recover(s, &again, why, sizeof(why));
 	return rc;
 }

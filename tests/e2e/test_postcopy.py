@@ -23,8 +23,21 @@ default) except where a test needs it slow.
                 refused with QEMU's messages; multifd with postcopy-ram is
                 refused;
   source_lost   the source is killed during post-copy: the destination
-                fails with a message that it cannot go on, and its guest
-                never sees a page filled with zeros (no "verify BAD").
+                pauses (postcopy-paused) with a message that it cannot go
+                on without the source, its guest never sees a page filled
+                with zeros (no "verify BAD"), and it quits;
+  recover[cut|stall]  post-copy recovery through a FaultProxy: the link
+                is cut (both sides notice and pause) or stalls (migrate-
+                pause on both sides), then migrate-recover on the
+                destination and migrate resume=true on the source finish
+                the migration on a new link with every page intact; before
+                that, resume and recover are refused while nothing is
+                paused;
+  destination_lost  the destination is killed during post-copy: the
+                source pauses, keeps its guest stopped and quits;
+  cli_after_pass_and_resume  kmig migrate --postcopy after-pass stops
+                with status 3 when the link is cut, and --resume on a new
+                URI finishes the migration.
 """
 import os
 import re
@@ -34,6 +47,7 @@ import time
 import pytest
 
 import kmigtest as kt
+from faultproxy import FaultProxy
 
 pytestmark = pytest.mark.kvm
 
@@ -135,7 +149,9 @@ def test_verify(d, vms, check, backend, cpus):
                     cpus=cpus)
     if not check("boot", booted(src, cpus), dump(src)):
         return
-    q = start(src, dst, uri)
+    # the push held to the limit too: at link speed it can be over before
+    # the destination's vCPUs first touch a page still missing
+    q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT})
     # after the bulk pass (about 3 s at the limit): the first dirty round
     deadline = time.time() + kt.slow(60)
     while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
@@ -249,12 +265,170 @@ def test_source_lost(d, vms, check):
     while time.time() < deadline and dq.cmd("query-migrate").get("status") != "postcopy-active":
         time.sleep(0.005)
     os.kill(src.proc.pid, signal.SIGKILL)
-    r = kt.wait_migration(dq, kt.slow(20))
+    r = kt.wait_migration(dq, kt.slow(20), statuses=kt.MIG_FINAL + ("postcopy-paused",))
     print("# source_lost: destination %r" % r)
-    check("dst_failed", r.get("status") == "failed" and "cannot go on" in r.get("error-desc", ""),
-          repr(r))
+    check("dst_paused", r.get("status") == "postcopy-paused" and
+          "cannot go on" in r.get("error-desc", ""), repr(r))
     time.sleep(1)
     check("never_zero_filled", not bad_lines(dst), " / ".join(bad_lines(dst)[:5]))
     # the destination process still answers and ends on quit
     dq.cmd_full("quit")
     check("quits", dst.wait_exit(kt.slow(10)) is not None, dump(dst))
+
+
+def wait_status(q, status, timeout):
+    deadline = time.time() + timeout
+    r = {}
+    while time.time() < deadline:
+        r = q.cmd("query-migrate")
+        if r.get("status") == status or r.get("status") in kt.MIG_FINAL:
+            break
+        time.sleep(0.02)
+    return r
+
+
+@pytest.mark.parametrize("action", ["cut", "stall"])
+def test_recover(d, vms, check, action):
+    uri = tcp_uri()
+    src, dst = pair(d, vms, VERIFY % (128, 1), uri, RING)
+    if not check("boot", booted(src, 1), dump(src)):
+        return
+    q, dq = src.qmp(), dst.qmp()
+    e = q.cmd_full("migrate", uri=uri, resume=True).get("error", {}).get("desc", "")
+    check("no_resume_unpaused", "no paused migration" in e, e)
+    e = dq.cmd_full("migrate-recover", uri=tcp_uri()).get("error", {}).get("desc", "")
+    check("no_recover_unpaused", "when postcopy is paused" in e, e)
+    e = q.cmd_full("migrate-pause").get("error", {}).get("desc", "")
+    check("no_pause_precopy", "postcopy-active" in e, e)
+    proxy = FaultProxy(int(uri.rsplit(":", 1)[1]), ("manual",), action)
+    # the push is held back, so the cut lands with most pages still here
+    q = start(src, dst, "tcp:127.0.0.1:%d" % proxy.port, {"max_postcopy_bandwidth": LIMIT})
+    deadline = time.time() + kt.slow(30)
+    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
+            "dirty-sync-count", 0) < 1:
+        time.sleep(0.05)
+    q.cmd("migrate-start-postcopy")
+    r = wait_status(q, "postcopy-active", kt.slow(20))
+    if not check("postcopy_active", r.get("status") == "postcopy-active", repr(r)):
+        return
+    time.sleep(0.5)
+    proxy.fire()
+    if not check("fired", proxy.triggered.wait(kt.slow(10)), "proxy never triggered"):
+        return
+    if action == "stall":
+        time.sleep(1)
+        st = q.cmd("query-migrate").get("status")
+        check("stalled_still_active", st == "postcopy-active", st)
+        for side in (dq, q):
+            side.cmd("migrate-pause")
+    rs = wait_status(q, "postcopy-paused", kt.slow(20))
+    rd = wait_status(dq, "postcopy-paused", kt.slow(20))
+    print("# recover_%s: source %r / destination %r" % (action, rs.get("error-desc"),
+                                                        rd.get("error-desc")))
+    check("src_paused", rs.get("status") == "postcopy-paused" and
+          "migrate-recover" in rs.get("error-desc", ""), repr(rs))
+    if not check("dst_paused", rd.get("status") == "postcopy-paused" and
+                 "cannot go on" in rd.get("error-desc", ""), repr(rd)):
+        return
+    sent = rs.get("ram", {}).get("transferred", 0)
+    check("src_stays_paused", src.qmp().cmd("query-status").get("status") != "running",
+          repr(src.qmp().cmd("query-status")))
+    time.sleep(1)
+    check("no_bad_while_paused", not bad_lines(dst), " / ".join(bad_lines(dst)[:5]))
+    e = q.cmd_full("migrate_cancel").get("error", {}).get("desc", "")
+    check("no_cancel_paused", "can't be cancelled" in e, e)
+    # a second link, straight to the destination, at link speed
+    uri2 = tcp_uri()
+    dq.cmd("migrate-recover", uri=uri2)
+    r = wait_status(dq, "postcopy-recover", kt.slow(10))     # listening
+    check("dst_recover", r.get("status") == "postcopy-recover", repr(r))
+    kt.set_params(q, max_postcopy_bandwidth=0)
+    q.cmd("migrate", uri=uri2, resume=True)
+    r, seen = follow(q, kt.slow(60))
+    print("# recover_%s: %d MiB before the break, statuses after %r, %s MiB in all"
+          % (action, sent >> 20, seen, r.get("ram", {}).get("transferred", 0) >> 20))
+    if not check("completed", r.get("status") == "completed",
+                 "query-migrate %r; src %s; dst %s" % (r, dump(src), dump(dst))):
+        return
+    dr = kt.wait_migration(dq, kt.slow(20))
+    check("dst_completed", dr.get("status") == "completed", repr(dr))
+    check_dst_runs(check, src, dst)
+    proxy.close()
+
+
+def cli(qmp_path, *args, timeout=120):
+    import subprocess
+    return subprocess.run([kt.KMIG, "migrate", "--qmp", "unix:" + qmp_path] + list(args),
+                          capture_output=True, text=True, timeout=kt.slow(timeout))
+
+
+def test_cli_after_pass_and_resume(d, vms, check):
+    """kmig migrate --postcopy after-pass through a link that is cut in
+    post-copy: it stops with status 3 and says how to go on; --resume on
+    a new URI finishes the migration."""
+    uri = tcp_uri()
+    src, dst = pair(d, vms, VERIFY % (128, 1), uri, RING)
+    if not check("boot", booted(src, 1), dump(src)):
+        return
+    kt.set_params(src.qmp(), max_postcopy_bandwidth=LIMIT)
+    proxy = FaultProxy(int(uri.rsplit(":", 1)[1]), ("manual",), "cut")
+    kt.wait_incoming(dst)
+    dq = dst.qmp()
+    cut = {}
+
+    def cut_in_postcopy():
+        deadline = time.time() + kt.slow(60)
+        while time.time() < deadline and dq.cmd("query-migrate").get("status") != \
+                "postcopy-active":
+            time.sleep(0.02)
+        time.sleep(0.5)
+        cut["at"] = time.time()
+        proxy.fire()
+    import threading
+    t = threading.Thread(target=cut_in_postcopy, daemon=True)
+    t.start()
+    r = cli(src.qmp_path, "--bandwidth", "20", "--postcopy", "after-pass",
+            "--dest-qmp", "unix:" + dst.qmp_path, "tcp:127.0.0.1:%d" % proxy.port)
+    t.join(5)
+    print("# cli: status %d\n%s\n%s" % (r.returncode, r.stdout, r.stderr[-600:]))
+    check("paused_exit_3", r.returncode == 3 and "postcopy-paused" in r.stdout and
+          "--resume" in r.stderr, "%d %r %r" % (r.returncode, r.stdout, r.stderr[-300:]))
+    check("progress_postcopy", "postcopy-active" in r.stderr, r.stderr[-300:])
+    uri2 = tcp_uri()
+    kt.set_params(src.qmp(), max_postcopy_bandwidth=0)
+    r = cli(src.qmp_path, "--resume", "--dest-qmp", "unix:" + dst.qmp_path, uri2)
+    print("# cli --resume: status %d\n%s" % (r.returncode, r.stdout))
+    if not check("resumed", r.returncode == 0 and "status completed" in r.stdout and
+                 "post-copy:" in r.stdout, "%d %r %r" % (r.returncode, r.stdout, r.stderr[-300:])):
+        return
+    check("dst_completed", kt.wait_migration(dq, kt.slow(20)).get("status") == "completed")
+    check_dst_runs(check, src, dst)
+    proxy.close()
+
+
+def test_destination_lost(d, vms, check):
+    """The destination is killed during post-copy: the source pauses
+    (postcopy-paused), never runs its copy of the guest again, and quits."""
+    uri = tcp_uri()
+    src, dst = pair(d, vms, VERIFY % (128, 1), uri, RING)
+    if not check("boot", booted(src, 1), dump(src)):
+        return
+    q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT})
+    deadline = time.time() + kt.slow(30)
+    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
+            "dirty-sync-count", 0) < 1:
+        time.sleep(0.05)
+    q.cmd("migrate-start-postcopy")
+    r = wait_status(q, "postcopy-active", kt.slow(20))
+    if not check("postcopy_active", r.get("status") == "postcopy-active", repr(r)):
+        return
+    os.kill(dst.proc.pid, signal.SIGKILL)
+    r = wait_status(q, "postcopy-paused", kt.slow(20))
+    print("# destination_lost: source %r" % r.get("error-desc"))
+    check("src_paused", r.get("status") == "postcopy-paused", repr(r))
+    rounds = len(verify_rounds(src.console))
+    time.sleep(1)
+    check("src_guest_stopped", q.cmd("query-status").get("status") != "running" and
+          len(verify_rounds(src.console)) == rounds, repr(q.cmd("query-status")))
+    q.cmd_full("quit")
+    check("quits", src.wait_exit(kt.slow(10)) is not None, dump(src))

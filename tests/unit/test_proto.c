@@ -305,6 +305,58 @@ static void t_small_records(struct t *t)
 	T_CHECK(t, strcmp(proto__type_name(PROTO_ZERO), "ZERO") == 0);
 }
 
+/* Post-copy recovery: RESUME (START's payload) and RP_BITMAP. */
+static void t_resume_records(struct t *t)
+{
+	static uint8_t b[PROTO_HDR_SIZE + 16 + 8 * PROTO_MAX_BITMAP_WORDS + 8];
+	struct proto_hdr h;
+	struct proto_start st = { .version = PROTO_VERSION, .page_size = PROTO_PAGE_SIZE,
+				  .nr_blocks = 1, .blocks = { { 0, 1 << 20 } } }, got;
+	const char *why = NULL;
+	ssize_t n = proto__encode_resume(b, sizeof(b), &st);
+	T_CHECK_EQ(t, proto__decode_header(b, (size_t)n, &h), 0);
+	T_CHECK(t, h.type == PROTO_RESUME && !strcmp(proto__type_name(h.type), "RESUME"));
+	T_CHECK_EQ(t, proto__decode_start(b + 16, h.length, &got, &why), 0);
+	T_CHECK(t, got.nr_blocks == 1 && got.blocks[0].size == 1 << 20);
+	/* a bitmap of 200 bits in two records; bits past the end never set */
+	struct bitmap src, dst;
+	T_CHECK_EQ(t, bitmap__init(&src, 200), 0);
+	T_CHECK_EQ(t, bitmap__init(&dst, 200), 0);
+	bitmap__set(&src, 3);
+	bitmap__set(&src, 130);
+	bitmap__set(&src, 199);
+	uint64_t next = 0;
+	n = proto__encode_rp_bitmap(b, sizeof(b), &src, 0, 2);
+	T_CHECK_EQ(t, n, 16 + 16 + 16);
+	T_CHECK_EQ(t, proto__decode_header(b, (size_t)n, &h), 0);
+	T_CHECK_EQ(t, proto__decode_rp_bitmap(b + 16, h.length, &dst, &next, &why), 0);
+	T_CHECK(t, next == 2 && bitmap__test(&dst, 3) && !bitmap__test(&dst, 130));
+	n = proto__encode_rp_bitmap(b, sizeof(b), &src, 3, 2);
+	T_CHECK_EQ(t, n, -EINVAL);                      /* past the last word */
+	n = proto__encode_rp_bitmap(b, sizeof(b), &src, 2, 2);
+	T_CHECK_EQ(t, n, 16 + 16 + 16);
+	b[16 + 16 + 8 + 1] = 0xff;                      /* bits past 200 set */
+	T_CHECK_EQ(t, proto__decode_header(b, (size_t)n, &h), 0);
+	T_CHECK_EQ(t, proto__decode_rp_bitmap(b + 16, h.length, &dst, &next, &why), 0);
+	T_CHECK(t, next == 4 && bitmap__test(&dst, 130) && bitmap__test(&dst, 199));
+	T_CHECK_EQ(t, bitmap__count(&dst), 3);
+	/* refusals: another page count, words past the end, a ragged length */
+	struct bitmap other;
+	T_CHECK_EQ(t, bitmap__init(&other, 100), 0);
+	T_CHECK_EQ(t, proto__decode_rp_bitmap(b + 16, h.length, &other, &next, &why), -EPROTO);
+	T_CHECK(t, why && strstr(why, "page count"));
+	b[16] = 3;                                      /* first word 3 of 4 */
+	T_CHECK_EQ(t, proto__decode_rp_bitmap(b + 16, h.length, &dst, &next, &why), -EPROTO);
+	T_CHECK_EQ(t, proto__decode_rp_bitmap(b + 16, 20, &dst, &next, &why), -EPROTO);
+	h.length = 20;
+	T_CHECK(t, proto__header_problem(&h) != NULL);
+	h.length = 16 + 8ull * (PROTO_MAX_BITMAP_WORDS + 1);
+	T_CHECK(t, proto__header_problem(&h) != NULL);
+	bitmap__free(&src);
+	bitmap__free(&dst);
+	bitmap__free(&other);
+}
+
 static void t_hash(struct t *t)
 {
 	size_t len = 1 << 20;
@@ -421,6 +473,7 @@ int main(void)
 	T_RUN(&t, t_pages);
 	T_RUN(&t, t_pages_comp);
 	T_RUN(&t, t_small_records);
+	T_RUN(&t, t_resume_records);
 	T_RUN(&t, t_hash);
 	T_RUN(&t, t_hash_as_zero);
 	T_RUN(&t, t_hash_speed);

@@ -746,6 +746,63 @@ static void t_postcopy(struct t *t)
 	free(snap);
 }
 
+/* One step over a stream of the given bytes, then EOF. */
+static int step_over(struct mig_recv *r, const void *bytes, size_t n)
+{
+	int p[2];
+	struct mig_stream s;
+	if (pipe(p) || (n && write(p[1], bytes, n) != (ssize_t)n))
+		abort();
+	close(p[1]);
+	if (mig_stream__init(&s, p[0]))
+		abort();
+	int rc = mig_recv__step(r, &s);
+	mig_stream__close(&s);
+	return rc;
+}
+
+/* A broken stream in POSTCOPY can be resumed; anything else cannot. */
+static void t_postcopy_resume(struct t *t)
+{
+	struct mig_recv r;
+	struct fake f, src;
+	struct pc_hooks h;
+	static uint8_t buf[PROTO_HDR_SIZE + 16 + 2 * (8 + PG)];
+	uint64_t o[2] = { 2 * PG, 7 * PG };
+	fake__init(&src, 1);
+	/* before POSTCOPY a broken stream is a plain failure */
+	pc__setup(&r, &f, &h, true);
+	T_CHECK_EQ(t, step_over(&r, NULL, 0), -ECONNRESET);
+	T_CHECK(t, !mig_recv__link_lost(&r));
+	T_CHECK_EQ(t, mig_recv__resume(&r), -EINVAL);
+	mig_recv__free(&r);
+	free(f.mem);
+	/* in POSTCOPY: EOF mid-record, resumed, pages go on to the hooks */
+	pc__setup(&r, &f, &h, true);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_empty(buf, sizeof(buf), PROTO_POSTCOPY)), 0);
+	ssize_t n = proto__encode_pages(buf, sizeof(buf), 0, 2, o, src.mem);
+	T_CHECK_EQ(t, step_over(&r, buf, (size_t)n / 2), -ECONNRESET);
+	T_CHECK(t, mig_recv__link_lost(&r) && strstr(mig_recv__error(&r), "stream"));
+	T_CHECK_EQ(t, mig_recv__resume(&r), 0);
+	T_CHECK(t, mig_recv__state(&r) == MIG_RECV_POSTCOPY && !mig_recv__error(&r)[0]);
+	T_CHECK_EQ(t, step_over(&r, buf, (size_t)n), 0);
+	T_CHECK_EQ(t, h.placed, 2);
+	/* bad framing (the bytes, not the link) or a bad record: not resumable */
+	uint8_t junk[PROTO_HDR_SIZE] = { 0xff, 0xff, 0xff, 0x7f };
+	T_CHECK_EQ(t, step_over(&r, junk, sizeof(junk)), -EPROTO);
+	T_CHECK(t, !mig_recv__link_lost(&r));
+	T_CHECK_EQ(t, mig_recv__resume(&r), -EINVAL);
+	mig_recv__free(&r);
+	free(f.mem);
+	pc__setup(&r, &f, &h, true);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_empty(buf, sizeof(buf), PROTO_POSTCOPY)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_sync(buf, sizeof(buf), 1)), -EPROTO);
+	T_CHECK_EQ(t, mig_recv__resume(&r), -EINVAL);
+	mig_recv__free(&r);
+	free(f.mem);
+	free(src.mem);
+}
+
 int main(void)
 {
 	struct t t = {0};
@@ -760,6 +817,7 @@ int main(void)
 	T_RUN(&t, t_reject_hooks_and_checksum);
 	T_RUN(&t, t_stream);
 	T_RUN(&t, t_postcopy);
+	T_RUN(&t, t_postcopy_resume);
 	T_RUN(&t, t_fuzz);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);

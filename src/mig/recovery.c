@@ -1,0 +1,94 @@
+/* Post-copy recovery's commands: migrate-pause, migrate-recover and
+ * migrate resume=true (migration.h; docs/protocol.md "Post-copy recovery"). */
+#include <errno.h>
+#include <stdio.h>
+
+#include "mig/migration.h"
+
+static bool migration__outgoing(const struct migration *m)
+{
+	return m->thread_running && !m->in_ctx;
+}
+
+int migration__pause(struct migration *m, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&m->lock);
+	bool ok = m->status == MIG_POSTCOPY_ACTIVE;
+	if (ok && migration__outgoing(m) && m->stream_open)
+		mig_stream__shutdown(&m->stream);
+	else if (ok && m->in_pause)
+		m->in_pause(m->in_ctx);
+	pthread_mutex_unlock(&m->lock);
+	if (!ok)
+		snprintf(err, errlen, "migrate-pause is currently only supported during "
+			 "postcopy-active state");
+	return ok ? 0 : -EINVAL;
+}
+
+/* Both: the URI is well-formed and fits. */
+static int migration__recovery_uri(const char *uri, char *dst, size_t cap, char *err,
+				   size_t errlen)
+{
+	struct mig_uri u;
+	if (mig_uri__parse(uri, &u, err, errlen))
+		return -EINVAL;
+	if ((size_t)snprintf(dst, cap, "%s", uri) >= cap) {
+		snprintf(err, errlen, "URI too long");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int migration__recover(struct migration *m, const char *uri, char *err, size_t errlen)
+{
+	char u[sizeof(m->in_uri)];
+	if (migration__recovery_uri(uri, u, sizeof(u), err, errlen))
+		return -EINVAL;
+	pthread_mutex_lock(&m->lock);
+	bool ok = m->status == MIG_POSTCOPY_PAUSED && m->in_ctx && !m->recover;
+	if (ok) {
+		snprintf(m->in_uri, sizeof(m->in_uri), "%s", u);
+		m->recover = true;
+		pthread_cond_broadcast(&m->cont_cond);
+	}
+	pthread_mutex_unlock(&m->lock);
+	if (!ok)
+		snprintf(err, errlen, "Migrate recover can only be run when postcopy is paused.");
+	return ok ? 0 : -EINVAL;
+}
+
+int migration__resume(struct migration *m, const char *uri, char *err, size_t errlen)
+{
+	char u[sizeof(m->resume_uri)];
+	if (migration__recovery_uri(uri, u, sizeof(u), err, errlen))
+		return -EINVAL;
+	pthread_mutex_lock(&m->lock);
+	bool ok = m->status == MIG_POSTCOPY_PAUSED && migration__outgoing(m) && !m->resume;
+	if (ok) {
+		snprintf(m->resume_uri, sizeof(m->resume_uri), "%s", u);
+		m->resume = true;
+		pthread_cond_broadcast(&m->cont_cond);
+	}
+	pthread_mutex_unlock(&m->lock);
+	/* at once, as QEMU: the next query-migrate shows the recovery */
+	if (ok && !migration__advance(m, MIG_POSTCOPY_PAUSED, MIG_POSTCOPY_RECOVER))
+		log_debug("migrate resume: the status moved on meanwhile");
+	if (!ok)
+		snprintf(err, errlen, "Cannot resume if there is no paused migration");
+	return ok ? 0 : -EINVAL;
+}
+
+bool migration__await_recovery(struct migration *m, bool *flag, const bool *cancelled)
+{
+	pthread_mutex_lock(&m->lock);
+	for (;;) {
+		bool stop = cancelled ? *cancelled : atomic_load(&m->cancel);
+		if (stop || *flag)
+			break;
+		pthread_cond_wait(&m->cont_cond, &m->lock);
+	}
+	bool go = *flag && !(cancelled ? *cancelled : atomic_load(&m->cancel));
+	*flag = false;
+	pthread_mutex_unlock(&m->lock);
+	return go;
+}
