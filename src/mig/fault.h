@@ -9,7 +9,9 @@
  *
  * The source reads KMIG_FAULT when a migration starts:
  *   skip-page[@LO-HI]   the final pass (guest stopped) does not send the
- *                       first dirty page in [LO, HI) (guest-physical)
+ *                       first dirty page in [LO, HI) (guest-physical);
+ *                       in post-copy the push leaves it out, and it is
+ *                       never sent even when the destination asks
  *   stale-page[@LO-HI]  the final pass sends, for one dirty page in range,
  *                       the copy the source sent in an earlier pass
  *                       (only a page whose content changed since)

@@ -198,6 +198,15 @@ static int incoming__place_zero(void *ctx, uint32_t block, uint64_t offset)
 	return postcopy_dst__place_zero(&in->pc, incoming__page(in, block, offset));
 }
 
+static int incoming__postcopy_check(void *ctx, const uint8_t hash[PROTO_HASH_LEN])
+{
+	struct incoming *in = ctx;
+	int rc = postcopy_dst__check(&in->pc, hash);
+	if (!rc)
+		log_info("incoming migration: x-verify: every page as it came matches the source's");
+	return rc;
+}
+
 /* POSTCOPY: the state is complete; RAM goes under userfaultfd, the guest
  * runs, the source learns it (RP_RUNNING). */
 static int incoming__on_postcopy(void *ctx)
@@ -210,6 +219,7 @@ static int incoming__on_postcopy(void *ctx)
 	int rc = incoming__state_complete(in);
 	if (rc)
 		return rc;
+	in->pc.verify = mig_recv__postcopy_verify(&in->recv);   /* x-verify at the source */
 	rc = postcopy_dst__start(&in->pc, err, sizeof(err));
 	if (rc)
 		return mig_recv__fail(&in->recv, rc, "%s", err);
@@ -508,6 +518,7 @@ static int incoming__postcopy_ops(struct incoming *in, struct mig_recv_ops *ops)
 	ops->on_postcopy = incoming__on_postcopy;
 	ops->place_page = incoming__place_page;
 	ops->place_zero = incoming__place_zero;
+	ops->postcopy_check = incoming__postcopy_check;
 	int rc = postcopy_dst__init(&in->pc, &m->vm->ram, &in->stream, &in->written);
 	in->pc_ready = rc == 0;
 	if (rc)

@@ -265,8 +265,6 @@ int migration__start_postcopy(struct migration *m, char *err, size_t errlen)
 		why = "post-copy does not work with multifd yet";
 	else if (p.tls_creds[0])
 		why = "post-copy does not work with TLS yet";
-	else if (p.cap_verify)
-		why = "post-copy does not work with x-verify yet (the guest checks its own pages)";
 	else if (m->vm->balloon)
 		why = "post-copy does not work with a virtio-balloon yet";
 	if (why) {

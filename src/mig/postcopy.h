@@ -52,6 +52,8 @@ struct postcopy_dst {
 	atomic_ullong lat_hist[PC_LAT_BUCKETS]; /* request to placement, see below */
 	atomic_ullong faults, requests, zero_mapped, placed;
 	atomic_int error;            /* first -errno of the fault thread (named in the failure) */
+	bool verify;                 /* sum pages for END's checksum (set before start) */
+	uint64_t sum[4];             /* proto__page_sum_add of the pages as they came */
 };
 
 /* valid: the incoming side's bitmap of pages it holds (kept up to date
@@ -60,8 +62,9 @@ int postcopy_dst__init(struct postcopy_dst *d, struct ram *ram, struct mig_strea
 		       struct bitmap *valid) KMIG_MUST_CHECK;
 /* The page's copy is stale: it becomes missing (batched; flushed by start). */
 int postcopy_dst__discard(struct postcopy_dst *d, uint64_t page) KMIG_MUST_CHECK;
-/* Registers RAM with userfaultfd and starts the fault thread.  err gets a
- * reason on failure (-ENOSYS: no userfaultfd here). */
+/* Registers RAM with userfaultfd and starts the fault thread (with
+ * verify, first sums every page held: the guest has not run here yet).
+ * err gets a reason on failure (-ENOSYS: no userfaultfd here). */
 int postcopy_dst__start(struct postcopy_dst *d, char *err, size_t errlen) KMIG_MUST_CHECK;
 /* Writes one return-path record (RP_RUNNING, RP_OK, RP_FAIL) in turn with
  * the fault thread's requests, and flushes; -ENOTCONN while paused. */
@@ -73,6 +76,9 @@ void postcopy_dst__pause(struct postcopy_dst *d);
  * here (RP_BITMAP of valid), asks again for every page asked for and not
  * yet placed, and lets requests go out on s again.  Incoming thread. */
 int postcopy_dst__resume(struct postcopy_dst *d, struct mig_stream *s) KMIG_MUST_CHECK;
+/* verify: END's post-copy checksum against the pages as they came (held
+ * at the switch, placed since; never sent counts as zero); 0 if equal. */
+int postcopy_dst__check(struct postcopy_dst *d, const uint8_t hash[PROTO_HASH_LEN]) KMIG_MUST_CHECK;
 /* Places a page atomically (already there: 0). */
 int postcopy_dst__place(struct postcopy_dst *d, uint64_t page, const void *data) KMIG_MUST_CHECK;
 int postcopy_dst__place_zero(struct postcopy_dst *d, uint64_t page) KMIG_MUST_CHECK;

@@ -268,6 +268,16 @@ static int pc__register(struct postcopy_dst *d, char *err, size_t errlen)
 	return 0;
 }
 
+/* verify: the pages held at the switch, as the source sent them (the
+ * guest has not run here; RAM is not registered yet, so a page never
+ * touched reads as zero without a fault). */
+static void pc__sum_held(struct postcopy_dst *d)
+{
+	for (size_t p = bitmap__next_set(d->valid, 0); p < d->valid->nbits;
+	     p = bitmap__next_set(d->valid, p + 1))
+		proto__page_sum_add(d->sum, p, pc__host(d->ram, p));
+}
+
 static int pc__start(struct postcopy_dst *d, char *err, size_t errlen)
 {
 	int rc = pc__flush_discard(d);
@@ -275,6 +285,8 @@ static int pc__start(struct postcopy_dst *d, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot discard stale pages: %s", strerror(-rc));
 		return rc;
 	}
+	if (d->verify)
+		pc__sum_held(d);
 	rc = pc__register(d, err, errlen);
 	if (rc)
 		return rc;
@@ -368,22 +380,41 @@ int postcopy_dst__place(struct postcopy_dst *d, uint64_t page, const void *data)
 				 .src = (uint64_t)(uintptr_t)data, .len = RAM_PAGE_SIZE };
 	while (ioctl(d->uffd, UFFDIO_COPY, &c) < 0) {
 		if (errno == EEXIST && bitmap__test(d->valid, page))
-			break;          /* sent twice (pushed and asked for): the first stands */
+			return 0;       /* sent twice (pushed and asked for): the first stands */
 		if (errno == EEXIST)
 			return -EEXIST; /* present but never received: its content would be lost */
 		if (errno != EAGAIN)
 			return -errno;
 		c.copy = 0;
 	}
+	if (d->verify)
+		proto__page_sum_add(d->sum, page, data);
 	bitmap__set(d->valid, page);
 	atomic_fetch_add(&d->placed, 1);
 	pc__answered(d, page);
 	return 0;
 }
 
+static const uint8_t pc_zero_page[RAM_PAGE_SIZE];
+
+int postcopy_dst__check(struct postcopy_dst *d, const uint8_t hash[PROTO_HASH_LEN])
+{
+	uint64_t sum[4];
+	uint8_t ours[PROTO_HASH_LEN];
+	memcpy(sum, d->sum, sizeof(sum));
+	for (size_t p = 0; p < d->valid->nbits; p++)
+		if (!bitmap__test(d->valid, p))
+			proto__page_sum_add(sum, p, pc_zero_page);
+	proto__page_sum_out(sum, ours);
+	return memcmp(ours, hash, PROTO_HASH_LEN) ? -EBADMSG : 0;
+}
+
 int postcopy_dst__place_zero(struct postcopy_dst *d, uint64_t page)
 {
+	bool had = bitmap__test(d->valid, page);
 	int rc = pc__zeropage(d, page);
+	if (!rc && d->verify && !had)
+		proto__page_sum_add(d->sum, page, pc_zero_page);
 	if (!rc) {
 		bitmap__set(d->valid, page);
 		atomic_fetch_add(&d->placed, 1);

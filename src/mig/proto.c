@@ -50,6 +50,7 @@ static uint32_t proto__allowed_flags(uint32_t type)
 	switch (type) {
 	case PROTO_PAGES: return PROTO_F_COMPRESSED_ZSTD | PROTO_F_COMPRESSED_LZ4;
 	case PROTO_END:   return PROTO_F_HAS_CHECKSUM;
+	case PROTO_POSTCOPY: return PROTO_F_HAS_CHECKSUM;
 	default:          return 0;
 	}
 }
@@ -277,6 +278,12 @@ ssize_t proto__encode_empty(void *buf, size_t cap, uint32_t type)
 	if (type != PROTO_POSTCOPY && type != PROTO_RP_RUNNING && type != PROTO_RP_OK)
 		return -EINVAL;
 	return proto__begin(buf, cap, type, 0, 0) ? (ssize_t)PROTO_HDR_SIZE : -ENOSPC;
+}
+
+ssize_t proto__encode_postcopy(void *buf, size_t cap, bool verify)
+{
+	return proto__begin(buf, cap, PROTO_POSTCOPY, verify ? PROTO_F_HAS_CHECKSUM : 0, 0)
+		       ? (ssize_t)PROTO_HDR_SIZE : -ENOSPC;
 }
 
 ssize_t proto__encode_rp_req(void *buf, size_t cap, uint32_t block, uint64_t offset)

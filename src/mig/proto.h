@@ -182,6 +182,9 @@ ssize_t proto__encode_rp_ping(void *buf, size_t cap, uint64_t cookie) KMIG_MUST_
 ssize_t proto__encode_discard(void *buf, size_t cap, uint32_t block, uint32_t count,
 			      const uint64_t *offsets) KMIG_MUST_CHECK;
 ssize_t proto__encode_empty(void *buf, size_t cap, uint32_t type) KMIG_MUST_CHECK;
+/* POSTCOPY; verify: END will carry the post-copy checksum (flag
+ * HAS_CHECKSUM), so the destination sums pages from the switch on. */
+ssize_t proto__encode_postcopy(void *buf, size_t cap, bool verify) KMIG_MUST_CHECK;
 ssize_t proto__encode_rp_req(void *buf, size_t cap, uint32_t block, uint64_t offset) KMIG_MUST_CHECK;
 
 /* Post-copy recovery.  RESUME carries START's payload (the source's RAM
@@ -248,6 +251,13 @@ void proto__ram_hash(const struct proto_ram *ram, uint8_t out[PROTO_HASH_LEN]);
  * they are). */
 void proto__ram_hash_as_zero(const struct proto_ram *ram, const struct bitmap *zero,
 			     uint8_t out[PROTO_HASH_LEN]);
+/* The post-copy checksum (docs/protocol.md "Checksum"): a sum, lane by
+ * lane mod 2^64, of one digest per page with its VM-wide number mixed in,
+ * so a destination can add each page as it is placed, in any order.
+ * acc starts as four zeros; proto__ram_page_sum is the sum of all RAM. */
+void proto__page_sum_add(uint64_t acc[4], uint64_t page, const void *data);
+void proto__page_sum_out(const uint64_t acc[4], uint8_t out[PROTO_HASH_LEN]);
+void proto__ram_page_sum(const struct proto_ram *ram, uint8_t out[PROTO_HASH_LEN]);
 /* The same hash over one buffer, as if it were a single block. */
 void proto__hash_buf(const void *buf, size_t len, uint8_t out[PROTO_HASH_LEN]);
 

@@ -252,3 +252,34 @@ void proto__hash_buf(const void *buf, size_t len, uint8_t out[PROTO_HASH_LEN])
 	proto_hash__update(&h, buf, len);
 	proto_hash__final(&h, out);
 }
+
+/* ---- post-copy sum ---- */
+
+void proto__page_sum_add(uint64_t acc[4], uint64_t page, const void *data)
+{
+	struct proto_hash h;
+	proto_hash__init(&h);
+	proto_hash__update(&h, data, PROTO_PAGE_SIZE);
+	for (int i = 0; i < 4; i++) {
+		uint64_t n = h.v[(i + 1) & 3];
+		acc[i] += proto__fmix64(h.v[i] ^ ((page + 1) * H_P3) ^ ((n << 23) | (n >> 41)));
+	}
+}
+
+void proto__page_sum_out(const uint64_t acc[4], uint8_t out[PROTO_HASH_LEN])
+{
+	for (int i = 0; i < 4; i++)
+		le__put64(out + 8 * i, acc[i]);
+}
+
+void proto__ram_page_sum(const struct proto_ram *ram, uint8_t out[PROTO_HASH_LEN])
+{
+	uint64_t acc[4] = { 0 };
+	uint64_t page = 0;
+	unsigned n = ram->nr_blocks <= PROTO_MAX_BLOCKS ? ram->nr_blocks : PROTO_MAX_BLOCKS;
+	for (unsigned i = 0; i < n; i++)
+		for (uint64_t off = 0; off + PROTO_PAGE_SIZE <= ram->blocks[i].size;
+		     off += PROTO_PAGE_SIZE)
+			proto__page_sum_add(acc, page++, ram->blocks[i].host + off);
+	proto__page_sum_out(acc, out);
+}

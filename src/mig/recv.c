@@ -240,11 +240,14 @@ static int recv__discard(struct mig_recv *r, const struct proto_hdr *h, const vo
 	return e;
 }
 
-static int recv__postcopy(struct mig_recv *r)
+static int recv__postcopy(struct mig_recv *r, uint32_t flags)
 {
 	if (!recv__postcopy_hooks(r))
 		return mig_recv__fail(r, -EPROTO, "POSTCOPY record but post-copy is not enabled here "
 				      "(capability postcopy-ram)");
+	r->pc_verify = flags & PROTO_F_HAS_CHECKSUM;
+	if (r->pc_verify && !r->ops.postcopy_check)
+		return mig_recv__fail(r, -EPROTO, "POSTCOPY announces a checksum this side cannot check");
 	int rc = r->ops.on_postcopy(r->ops.ctx);
 	if (rc) {
 		rc = recv__hook_ret(rc);
@@ -283,10 +286,16 @@ static int recv__end(struct mig_recv *r, const struct proto_hdr *h, const void *
 	if (proto__decode_end(p, h->length, h->flags, theirs, &has, &why))
 		return mig_recv__fail(r, -EPROTO, "END: %s", why);
 	r->checksum_present = has;
-	if (has && r->state == MIG_RECV_POSTCOPY)
-		return mig_recv__fail(r, -EPROTO, "END: a RAM checksum after post-copy "
-				      "(the guest ran here meanwhile)");
-	if (has) {
+	if (r->state == MIG_RECV_POSTCOPY && has != r->pc_verify)
+		return mig_recv__fail(r, -EPROTO, has ? "END: a RAM checksum POSTCOPY did not announce"
+						      : "END without the checksum POSTCOPY announced");
+	if (has && r->state == MIG_RECV_POSTCOPY) {
+		int rc = r->ops.postcopy_check(r->ops.ctx, theirs);
+		r->checksum_ok = rc == 0;
+		if (rc)
+			return mig_recv__fail(r, -EBADMSG, "END: guest RAM checksum mismatch after "
+					      "post-copy (pages lost or corrupted)");
+	} else if (has) {
 		proto__ram_hash(r->ram, ours);
 		r->checksum_ok = memcmp(ours, theirs, PROTO_HASH_LEN) == 0;
 		if (!r->checksum_ok)
@@ -376,7 +385,7 @@ static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const
 	case PROTO_DISCARD:
 		return recv__discard(r, h, p);
 	case PROTO_POSTCOPY:
-		return recv__postcopy(r);
+		return recv__postcopy(r, h->flags);
 	case PROTO_END:
 		return recv__end(r, h, p);
 	default:

@@ -72,6 +72,10 @@ struct mig_recv_ops {
 	int (*on_postcopy)(void *ctx);
 	int (*place_page)(void *ctx, uint32_t block, uint64_t offset, const void *data);
 	int (*place_zero)(void *ctx, uint32_t block, uint64_t offset);
+	/* Optional, post-copy with a checksum (POSTCOPY's HAS_CHECKSUM flag,
+	 * refused without this hook): END's post-copy sum (proto.h) against
+	 * the pages as this side holds and placed them; 0 if they match. */
+	int (*postcopy_check)(void *ctx, const uint8_t hash[PROTO_HASH_LEN]);
 	void *ctx;
 };
 
@@ -96,6 +100,7 @@ struct mig_recv {
 	struct mig_recv_stats stats;
 	bool checksum_present, checksum_ok;
 	bool link_lost;         /* FAILED in POSTCOPY because the stream broke */
+	bool pc_verify;         /* POSTCOPY announced END's post-copy checksum */
 	int err;
 	char errmsg[256];
 	uint8_t *payload;       /* record buffer for step(), lazily allocated */
@@ -132,6 +137,11 @@ int mig_recv__fail(struct mig_recv *r, int err, const char *fmt, ...) KMIG_PRINT
  * goes back to POSTCOPY for a new stream; -EINVAL for any other state or
  * failure. */
 int mig_recv__resume(struct mig_recv *r) KMIG_MUST_CHECK;
+/* Whether POSTCOPY announced a checksum at END (for on_postcopy). */
+static inline bool mig_recv__postcopy_verify(const struct mig_recv *r)
+{
+	return r->pc_verify;
+}
 /* Whether the receiver failed in POSTCOPY only because its stream broke. */
 static inline bool mig_recv__link_lost(const struct mig_recv *r)
 {

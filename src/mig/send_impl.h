@@ -42,6 +42,8 @@ struct sender {
 	bool hybrid_refused;        /* x-postcopy-auto could not switch (said once) */
 	struct multifd_send *mf;    /* parallel channels, or NULL */
 	uint64_t bytes_closed;      /* sent on links closed before (post-copy recovery) */
+	uint64_t pc_skip;           /* post-copy: the page a skip-page fault keeps back, or
+				     * UINT64_MAX (fault.h; test builds) */
 	struct proto_ram pr;        /* guest RAM as the protocol sees it */
 	uint64_t round;             /* passes completed (SYNC numbers) */
 	enum vm_status prev_status; /* VM status before switchover */

@@ -377,6 +377,7 @@ void *migration__send_thread(void *arg)
 	s->ram = &m->vm->ram;
 	s->stream = &m->stream;
 	s->rec_cap = SENDER_REC_CAP;
+	s->pc_skip = UINT64_MAX;
 	s->rec = malloc(s->rec_cap);
 	s->zero_detect = m->params.cap_zero_detect;
 	s->comp = m->params.compression;

@@ -77,6 +77,8 @@ static int pc__serve(struct sender *s, struct postcopy_src *q)
 	     p = bitmap__next_set(&q->wanted, p + 1)) {
 		bitmap__clear_bit(&q->wanted, p);
 		bitmap__clear_bit(&s->m->todo, p);  /* sent now: not pushed again */
+		if (p == s->pc_skip)
+			continue;
 		int rc = sender__send_page(s, p);
 		if (rc)
 			return rc;
@@ -93,6 +95,10 @@ static int pc__push(struct sender *s, size_t *cursor)
 	size_t p = *cursor;
 	while (n < PC_PUSH_PAGES && (p = bitmap__next_set(todo, p)) < todo->nbits) {
 		bitmap__clear_bit(todo, p);
+		if (p == s->pc_skip || mig_fault__skip(&s->fault, p)) {
+			s->pc_skip = p++;   /* never sent, asked for or not */
+			continue;
+		}
 		int rc = sender__send_page(s, p);
 		if (rc)
 			return rc;
@@ -189,7 +195,13 @@ static int pc__run(struct sender *s, struct postcopy_src *q, uint64_t t0)
 static int pc__complete(struct sender *s, struct postcopy_src *q)
 {
 	int rc = pc__send_rest(s, q);
-	ssize_t n = rc ? rc : proto__encode_end(s->rec, s->rec_cap, NULL);
+	/* x-verify: every page as this side holds it (the guest is stopped here
+	 * since the switch), as a sum the destination adds up page by page */
+	uint8_t hash[PROTO_HASH_LEN];
+	bool verify = s->m->params.cap_verify;
+	if (!rc && verify)
+		proto__ram_page_sum(&s->pr, hash);
+	ssize_t n = rc ? rc : proto__encode_end(s->rec, s->rec_cap, verify ? hash : NULL);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 	rc = rc ? rc : mig_stream__flush(s->stream);
 	if (!rc)
@@ -366,7 +378,7 @@ int sender__postcopy(struct sender *s)
 	if (!migration__advance(m, MIG_DEVICE, MIG_POSTCOPY_ACTIVE))
 		return -ECANCELED;
 	s->postcopy_sent = true;
-	ssize_t n = proto__encode_empty(s->rec, s->rec_cap, PROTO_POSTCOPY);
+	ssize_t n = proto__encode_postcopy(s->rec, s->rec_cap, m->params.cap_verify);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 	rc = rc ? rc : mig_stream__flush(s->stream);
 	if (rc)

@@ -79,11 +79,12 @@ def booted(src, cpus):
                is not None for c in range(cpus))
 
 
-def start(src, dst, uri, params=None):
-    """Both sides get postcopy-ram; the source starts migrating."""
+def start(src, dst, uri, params=None, verify=False):
+    """Both sides get postcopy-ram; the source starts migrating (with
+    x-verify: the post-copy checksum at END)."""
     kt.set_caps(dst.qmp(), postcopy_ram=True)
     q = src.qmp()
-    kt.set_caps(q, postcopy_ram=True)
+    kt.set_caps(q, postcopy_ram=True, x_verify=verify)
     kt.set_params(q, max_bandwidth=LIMIT, **(params or {}))
     kt.wait_incoming(dst)
     q.cmd("migrate", uri=uri)
@@ -121,6 +122,12 @@ def completed_postcopy(check, src, dst, r, seen):
     return True
 
 
+def check_verified(check, dst):
+    """x-verify: the destination checked END's post-copy checksum."""
+    check("x_verify", kt.wait_output(dst, r"x-verify: every page as it came matches",
+                                     kt.slow(5)) is not None, dst.output()[-400:])
+
+
 def check_dst_runs(check, src, dst):
     """The destination's guest goes on (two more rounds of its own check)
     with no page wrong; source postmigrate, destination running."""
@@ -151,7 +158,7 @@ def test_verify(d, vms, check, backend, cpus):
         return
     # the push held to the limit too: at link speed it can be over before
     # the destination's vCPUs first touch a page still missing
-    q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT})
+    q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}, verify=True)
     # after the bulk pass (about 3 s at the limit): the first dirty round
     deadline = time.time() + kt.slow(60)
     while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
@@ -171,6 +178,7 @@ def test_verify(d, vms, check, backend, cpus):
     print("# destination: %r" % pc)
     check("dst_completed", dq.get("status") == "completed", repr(dq))
     check("dst_faults", pc.get("faults", 0) > 0 and pc.get("requested", 0) > 0, repr(dq))
+    check_verified(check, dst)
     check_dst_runs(check, src, dst)
 
 
@@ -180,7 +188,7 @@ def test_hybrid(d, vms, check):
     if not check("boot", booted(src, 1), dump(src)):
         return
     kt.set_caps(src.qmp(), postcopy_ram=True, x_postcopy_auto=True, auto_converge=True)
-    q = start(src, dst, uri)
+    q = start(src, dst, uri, verify=True)
     r, seen = follow(q, kt.slow(60))
     print("# postcopy_hybrid: statuses %r, dirty-sync-count %s, throttle %s, requests %s"
           % (seen, r.get("ram", {}).get("dirty-sync-count"), r.get("cpu-throttle-percentage"),
@@ -189,6 +197,7 @@ def test_hybrid(d, vms, check):
         return
     check("one_round", r.get("ram", {}).get("dirty-sync-count", 0) <= 2, repr(r))
     check("never_throttled", r.get("cpu-throttle-percentage", 0) == 0, repr(r))
+    check_verified(check, dst)
     check_dst_runs(check, src, dst)
 
 

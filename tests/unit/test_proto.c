@@ -357,6 +357,37 @@ static void t_resume_records(struct t *t)
 	bitmap__free(&other);
 }
 
+/* The post-copy sum: order-free, page numbers matter, one word shows. */
+static void t_page_sum(struct t *t)
+{
+	uint8_t *mem = page_block(4, 3);
+	struct proto_ram ram = { .nr_blocks = 2, .blocks = {
+		{ 0, 2 * PROTO_PAGE_SIZE, mem }, { 1 << 20, 2 * PROTO_PAGE_SIZE, mem + 2 * PROTO_PAGE_SIZE } } };
+	uint8_t whole[PROTO_HASH_LEN], parts[PROTO_HASH_LEN];
+	proto__ram_page_sum(&ram, whole);
+	uint64_t acc[4] = { 0 };
+	for (int p = 3; p >= 0; p--)
+		proto__page_sum_add(acc, (uint64_t)p, mem + (size_t)p * PROTO_PAGE_SIZE);
+	proto__page_sum_out(acc, parts);
+	T_CHECK(t, memcmp(whole, parts, PROTO_HASH_LEN) == 0);
+	memset(acc, 0, sizeof(acc));       /* two pages swapped */
+	proto__page_sum_add(acc, 0, mem + PROTO_PAGE_SIZE);
+	proto__page_sum_add(acc, 1, mem);
+	proto__page_sum_add(acc, 2, mem + 2 * PROTO_PAGE_SIZE);
+	proto__page_sum_add(acc, 3, mem + 3 * PROTO_PAGE_SIZE);
+	proto__page_sum_out(acc, parts);
+	T_CHECK(t, memcmp(whole, parts, PROTO_HASH_LEN) != 0);
+	mem[3 * PROTO_PAGE_SIZE + 808] ^= 1;
+	proto__ram_page_sum(&ram, parts);
+	T_CHECK(t, memcmp(whole, parts, PROTO_HASH_LEN) != 0);
+	free(mem);
+	uint8_t b[PROTO_HDR_SIZE];
+	struct proto_hdr h;
+	T_CHECK_EQ(t, proto__encode_postcopy(b, sizeof(b), true), PROTO_HDR_SIZE);
+	T_CHECK_EQ(t, proto__decode_header(b, sizeof(b), &h), 0);
+	T_CHECK(t, h.type == PROTO_POSTCOPY && h.flags == PROTO_F_HAS_CHECKSUM);
+}
+
 static void t_hash(struct t *t)
 {
 	size_t len = 1 << 20;
@@ -474,6 +505,7 @@ int main(void)
 	T_RUN(&t, t_pages_comp);
 	T_RUN(&t, t_small_records);
 	T_RUN(&t, t_resume_records);
+	T_RUN(&t, t_page_sum);
 	T_RUN(&t, t_hash);
 	T_RUN(&t, t_hash_as_zero);
 	T_RUN(&t, t_hash_speed);

@@ -803,6 +803,36 @@ static void t_postcopy_resume(struct t *t)
 	free(src.mem);
 }
 
+static int pc_check_ret;
+static int pc_check(void *c, const uint8_t *hash) { (void)c; (void)hash; return pc_check_ret; }
+
+/* POSTCOPY's checksum flag, and END's post-copy checksum through the hook. */
+static void t_postcopy_checksum(struct t *t)
+{
+	struct mig_recv r;
+	struct fake f;
+	struct pc_hooks h;
+	uint8_t buf[PROTO_HDR_SIZE + PROTO_HASH_LEN], hash[PROTO_HASH_LEN] = { 1 };
+	for (int k = 0; k < 5; k++) {
+		pc__setup(&r, &f, &h, true);
+		if (k)          /* k == 0: no hook to check with */
+			r.ops.postcopy_check = pc_check;
+		pc_check_ret = k == 2 ? -EBADMSG : 0;
+		int rc = feed(&r, buf, proto__encode_postcopy(buf, sizeof(buf), k != 4));
+		if (k == 0) {
+			T_CHECK(t, rc == -EPROTO && strstr(mig_recv__error(&r), "cannot check"));
+		} else {
+			T_CHECK_EQ(t, rc, 0);
+			/* k 3: END without the announced checksum; k 4: one not announced */
+			rc = feed(&r, buf, proto__encode_end(buf, sizeof(buf), k == 3 ? NULL : hash));
+			T_CHECK_EQ(t, rc, k == 1 ? 0 : k == 2 ? -EBADMSG : -EPROTO);
+			T_CHECK(t, k != 1 || (mig_recv__checksum_present(&r) && mig_recv__checksum_ok(&r)));
+		}
+		mig_recv__free(&r);
+		free(f.mem);
+	}
+}
+
 int main(void)
 {
 	struct t t = {0};
@@ -818,6 +848,7 @@ int main(void)
 	T_RUN(&t, t_stream);
 	T_RUN(&t, t_postcopy);
 	T_RUN(&t, t_postcopy_resume);
+	T_RUN(&t, t_postcopy_checksum);
 	T_RUN(&t, t_fuzz);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);
