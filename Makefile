@@ -1,7 +1,7 @@
 # kmig build.  `make` builds build/kmig; `make guest` the test guest;
 # `make test` installs missing packages and runs every test;
 # `make SAN=1` builds with ASan + UBSan and the test-only fault hooks
-# (src/mig/fault.h) into build-san/.
+# (src/mig/send/fault.h) into build-san/.
 CC      ?= cc
 BUILD   ?= build
 CFLAGS  := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Isrc -pthread
@@ -29,7 +29,7 @@ LDFLAGS += -fsanitize=fuzzer,address,undefined
 endif
 FUZZ_SECONDS ?= 60
 
-SRCS      := $(sort $(wildcard src/*/*.c))
+SRCS      := $(sort $(wildcard src/*/*.c src/*/*/*.c))
 LIB_SRCS  := $(filter-out src/main.c,$(SRCS))
 OBJS      := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRCS) src/main.c)
 LIB_OBJS  := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))

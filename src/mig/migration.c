@@ -128,6 +128,15 @@ void migration__set_error(struct migration *m, const char *fmt, ...)
 	pthread_mutex_unlock(&m->lock);
 }
 
+void migration__proto_ram(const struct ram *ram, struct proto_ram *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->nr_blocks = ram->nr_blocks;
+	for (unsigned i = 0; i < ram->nr_blocks; i++)
+		out->blocks[i] = (struct proto_ram_block){ ram->blocks[i].gpa, ram->blocks[i].size,
+							   ram->blocks[i].host };
+}
+
 bool mig_status__busy(enum mig_status s)
 {
 	return s == MIG_SETUP || s == MIG_ACTIVE || s == MIG_PRE_SWITCHOVER || s == MIG_DEVICE ||

@@ -18,14 +18,15 @@
 #include "base/bitmap.h"
 #include "base/log.h"
 #include "kvm/dirtylimit.h"
-#include "mig/calcrate.h"
+#include "mig/policy/calcrate.h"
 #include "mig/multifd.h"
-#include "mig/policy.h"
-#include "mig/proto.h"
-#include "mig/stream.h"
-#include "mig/tls.h"
+#include "mig/policy/policy.h"
+#include "mig/wire/proto.h"
+#include "mig/wire/stream.h"
+#include "mig/wire/tls.h"
 
 struct control;
+struct ram;
 struct vm;
 
 /* QMP MigrationStatus names. */
@@ -206,7 +207,10 @@ int migration__register_qmp(struct migration *m) KMIG_MUST_CHECK;
  * commands (mig/qmp_rate.c). */
 int migration__register_rate_qmp(struct migration *m) KMIG_MUST_CHECK;
 
-/* Outgoing worker (mig/send.c) and incoming worker (mig/incoming.c). */
+/* Guest RAM as the wire protocol describes it (both sides). */
+void migration__proto_ram(const struct ram *ram, struct proto_ram *out);
+
+/* Outgoing worker (mig/send/send.c) and incoming worker (mig/recv/incoming.c). */
 void *migration__send_thread(void *arg);
 void *migration__incoming_thread(void *arg);
 

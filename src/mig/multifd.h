@@ -21,10 +21,10 @@
 #include <stdint.h>
 
 #include "base/log.h"
-#include "mig/proto.h"
-#include "mig/recv.h"
-#include "mig/stream.h"
-#include "mig/tls.h"
+#include "mig/wire/proto.h"
+#include "mig/recv/recv.h"
+#include "mig/wire/stream.h"
+#include "mig/wire/tls.h"
 
 #define MULTIFD_QUEUE 8              /* batches queued per channel */
 #define MULTIFD_BATCH 4096           /* offsets per batch (zero batches) */

@@ -28,7 +28,7 @@
 
 #include "base/bitmap.h"
 #include "base/log.h"
-#include "mig/stream.h"
+#include "mig/wire/stream.h"
 
 struct ram;
 

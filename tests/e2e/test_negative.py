@@ -1,7 +1,7 @@
 """Negative controls: kmig's loss checks can fail.
 
 A source built with the test-only fault hooks (`make SAN=1`, build-san/:
-src/mig/fault.h) breaks a migration on purpose, once, as KMIG_FAULT asks:
+src/mig/send/fault.h) breaks a migration on purpose, once, as KMIG_FAULT asks:
 the final pass leaves out one dirty page (skip-page), sends a copy an
 earlier pass sent (stale-page), or a page is sent again with one byte
 flipped (flip-byte); or one state section is not sent (drop-state).  The

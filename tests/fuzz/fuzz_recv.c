@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mig/proto.h"
-#include "mig/recv.h"
+#include "mig/wire/proto.h"
+#include "mig/recv/recv.h"
 
 #define B0_PAGES 16
 #define B1_PAGES 8

@@ -18,7 +18,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.join(ROOT, os.environ.get("KMIG_BUILD", "build"))
 KMIG = os.path.join(BUILD, "kmig")
-# the build with the test-only fault hooks (make SAN=1; src/mig/fault.h)
+# the build with the test-only fault hooks (make SAN=1; src/mig/send/fault.h)
 KMIG_FAULTS = os.path.join(ROOT, "build-san", "kmig")
 GUEST = os.path.join(ROOT, "build", "guest", "kmig-guest.elf")
 

@@ -4,7 +4,7 @@
 #include <stdint.h>
 
 #include "harness.h"
-#include "mig/policy.h"
+#include "mig/policy/policy.h"
 #include "kvm/throttle_math.h"
 
 #define N(a) (sizeof(a) / sizeof((a)[0]))

@@ -5,7 +5,7 @@
 
 #include "base/timeutil.h"
 #include "harness.h"
-#include "mig/proto.h"
+#include "mig/wire/proto.h"
 
 static uint8_t *page_block(size_t pages, unsigned seed)
 {

@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "mig/proto_le.h"
-#include "mig/recv.h"
+#include "mig/wire/proto_le.h"
+#include "mig/recv/recv.h"
 
 #define B0_PAGES 16
 #define B1_PAGES 8

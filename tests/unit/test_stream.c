@@ -11,7 +11,7 @@
 
 #include "base/timeutil.h"
 #include "harness.h"
-#include "mig/stream.h"
+#include "mig/wire/stream.h"
 
 static int pair(struct mig_stream *a, struct mig_stream *b)
 {

@@ -10,8 +10,8 @@
 
 #include "base/timeutil.h"
 #include "harness.h"
-#include "mig/stream.h"
-#include "mig/tls.h"
+#include "mig/wire/stream.h"
+#include "mig/wire/tls.h"
 
 static char g_dir[64], g_other[64];    /* two sets of credentials, two CAs */
 

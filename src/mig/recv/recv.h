@@ -31,8 +31,8 @@
 #include <stdint.h>
 
 #include "base/log.h"
-#include "mig/proto.h"
-#include "mig/stream.h"
+#include "mig/wire/proto.h"
+#include "mig/wire/stream.h"
 
 enum mig_recv_state {
 	MIG_RECV_WAIT_START,

@@ -13,8 +13,8 @@
 #include "kvm/vm.h"
 #include "mem/dirty.h"
 #include "mig/migration.h"
-#include "mig/proto.h"
-#include "mig/send_impl.h"
+#include "mig/wire/proto.h"
+#include "mig/send/send_impl.h"
 #include "state/state.h"
 
 /* Longest wait at the switchover for throttled vCPUs to begin a sleep:
@@ -288,7 +288,7 @@ static int sender__end(struct sender *s)
 	bool verify = s->m->params.cap_verify;
 	if (verify) {
 		struct proto_ram pr;
-		sender__proto_ram(s->ram, &pr);
+		migration__proto_ram(s->ram, &pr);
 		proto__ram_hash_as_zero(&pr, s->unsent.words ? &s->unsent : NULL, hash);
 		if (s->unsent.words)
 			log_info("x-verify: %zu pages hinted free or ballooned and never written since "

@@ -1,5 +1,5 @@
 /* Migration receiver state machine; see recv.h. */
-#include "mig/recv.h"
+#include "mig/recv/recv.h"
 #include "base/utf8.h"
 
 #include <errno.h>

@@ -16,7 +16,7 @@
 
 #include "base/timeutil.h"
 #include "mem/ram.h"
-#include "mig/proto.h"
+#include "mig/wire/proto.h"
 
 #define PC_FAULT_BATCH 32
 

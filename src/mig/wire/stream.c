@@ -1,5 +1,5 @@
 /* Migration stream: buffered blocking I/O with a sticky error; see stream.h. */
-#include "mig/stream.h"
+#include "mig/wire/stream.h"
 #include "base/utf8.h"
 
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* TLS credential and authorization objects; see tls.h. */
-#include "mig/tls.h"
+#include "mig/wire/tls.h"
 
 #include <errno.h>
 #include <gnutls/gnutls.h>
@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "base/utf8.h"
-#include "mig/tls_impl.h"
-#include "mig/stream.h"
+#include "mig/wire/tls_impl.h"
+#include "mig/wire/stream.h"
 
 void tls_objects__init(struct tls_objects *o)
 {

@@ -9,20 +9,11 @@
 #include "dev/balloon.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
-#include "mig/send_impl.h"
+#include "mig/send/send_impl.h"
 
 /* room for a ZERO batch, or a PAGES batch written whole (compression) */
 #define SENDER_REC_CAP (PROTO_HDR_SIZE + 16 + SENDER_BATCH_ZERO * 8 + \
 			SENDER_BATCH_PAGES * (8 + RAM_PAGE_SIZE))
-
-void sender__proto_ram(const struct ram *ram, struct proto_ram *out)
-{
-	memset(out, 0, sizeof(*out));
-	out->nr_blocks = ram->nr_blocks;
-	for (unsigned i = 0; i < ram->nr_blocks; i++)
-		out->blocks[i] = (struct proto_ram_block){ ram->blocks[i].gpa, ram->blocks[i].size,
-							   ram->blocks[i].host };
-}
 
 void sender__update_stats(struct sender *s)
 {
@@ -123,7 +114,7 @@ static int sender__setup(struct sender *s, const char *uri)
 	mig_stream__set_rate(s->stream, m->params.max_bandwidth);
 	struct proto_start st;
 	struct proto_ram *pr = &s->pr;
-	sender__proto_ram(s->ram, pr);
+	migration__proto_ram(s->ram, pr);
 	proto_start__from_ram(&st, pr);
 	ssize_t n = proto__encode_start(s->rec, s->rec_cap, &st);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);

@@ -1,12 +1,12 @@
 /* Record encoding and decoding; see proto.h and docs/protocol.md. */
-#include "mig/proto.h"
+#include "mig/wire/proto.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "mig/proto_le.h"
+#include "mig/wire/proto_le.h"
 
 const char *proto__type_name(uint32_t type)
 {

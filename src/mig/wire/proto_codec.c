@@ -1,5 +1,5 @@
 /* Compression of page runs and the RAM checksum; see proto.h. */
-#include "mig/proto.h"
+#include "mig/wire/proto.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -9,7 +9,7 @@
 #include <zstd.h>
 #include <zstd_errors.h>
 
-#include "mig/proto_le.h"
+#include "mig/wire/proto_le.h"
 
 #define PROTO_ZSTD_LEVEL 1
 

@@ -1,6 +1,6 @@
 #include <errno.h>
 
-#include "mig/policy.h"
+#include "mig/policy/policy.h"
 
 #define PCT_CAP 99u
 

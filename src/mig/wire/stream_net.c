@@ -1,5 +1,5 @@
 /* Migration URIs, connect, listen and accept; see stream.h. */
-#include "mig/stream.h"
+#include "mig/wire/stream.h"
 #include "base/timeutil.h"
 #include "base/utf8.h"
 

@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #include "base/log.h"
-#include "mig/proto.h"
+#include "mig/wire/proto.h"
 
 #define MIG_STREAM_WBUF (256u << 10)
 #define MIG_STREAM_RBUF (64u << 10)
@@ -56,7 +56,7 @@ struct mig_stream {
 	_Atomic uint64_t bytes_out, bytes_in;
 	_Atomic uint64_t read_deadline_ms; /* time__now_ms() limit of reads, 0 = none */
 	const atomic_bool *cancel;      /* from connect: ends reads under a deadline */
-	void *tls;                      /* GnuTLS session (mig/tls.h), NULL = plain */
+	void *tls;                      /* GnuTLS session (mig/wire/tls.h), NULL = plain */
 	int tls_push_errno, tls_pull_errno; /* the socket's errno of a failed TLS write / read */
 };
 

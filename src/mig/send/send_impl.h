@@ -8,9 +8,9 @@
 #include "kvm/vm.h"
 #include "mem/ram.h"
 #include "mig/migration.h"
-#include "mig/fault.h"
+#include "mig/send/fault.h"
 #include "mig/multifd.h"
-#include "mig/proto.h"
+#include "mig/wire/proto.h"
 
 #define SENDER_BATCH_PAGES 256
 #define SENDER_BATCH_ZERO 4096
@@ -92,6 +92,5 @@ int sender__check_return_path(struct sender *s, int timeout_ms);
 /* Bytes written on the main stream and every channel. */
 uint64_t sender__bytes(struct sender *s);
 void sender__update_stats(struct sender *s);
-void sender__proto_ram(const struct ram *ram, struct proto_ram *out);
 
 #endif

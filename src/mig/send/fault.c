@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "mem/ram.h"
-#include "mig/fault.h"
+#include "mig/send/fault.h"
 #include "state/state.h"
 
 #define FAULT_PAGE 4096u

@@ -1,4 +1,4 @@
-#include "mig/calcrate.h"
+#include "mig/policy/calcrate.h"
 
 #include <errno.h>
 #include <time.h>
@@ -10,7 +10,7 @@
 #include "kvm/vm.h"
 #include "mem/dirty.h"
 #include "mem/dirtyrate.h"
-#include "mig/proto.h"
+#include "mig/wire/proto.h"
 
 static const char *const calc_mode_names[] = { "page-sampling", "dirty-ring", "dirty-bitmap" };
 static const char *const calc_status_names[] = { "unstarted", "measuring", "measured" };

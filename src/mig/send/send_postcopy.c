@@ -11,7 +11,7 @@
 #include "ctl/control.h"
 #include "kvm/vm.h"
 #include "mig/postcopy.h"
-#include "mig/send_impl.h"
+#include "mig/send/send_impl.h"
 #include "state/state.h"
 
 /* pages pushed between two looks at the destination's requests: 64 KiB,

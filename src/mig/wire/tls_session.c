@@ -1,5 +1,5 @@
 /* TLS handshakes of migration streams; see tls.h. */
-#include "mig/tls.h"
+#include "mig/wire/tls.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -10,7 +10,7 @@
 
 #include "base/timeutil.h"
 #include "base/utf8.h"
-#include "mig/stream.h"
+#include "mig/wire/stream.h"
 
 /* TLS 1.3 only; PSK with an (EC)DHE exchange preferred, for forward secrecy. */
 #define TLS_PRIO_X509 "NORMAL:-VERS-ALL:+VERS-TLS1.3"

@@ -9,7 +9,7 @@
 
 #include "base/timeutil.h"
 #include "mem/ram.h"
-#include "mig/proto.h"
+#include "mig/wire/proto.h"
 
 int postcopy_src__init(struct postcopy_src *q, struct mig_stream *s, const struct ram *ram)
 {

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "base/utf8.h"
-#include "mig/tls_impl.h"
+#include "mig/wire/tls_impl.h"
 
 #define TLS_PSK_FILE_MAX (64u << 10)
 

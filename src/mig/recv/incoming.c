@@ -14,8 +14,7 @@
 #include "mig/migration.h"
 #include "mig/multifd.h"
 #include "mig/postcopy.h"
-#include "mig/recv.h"
-#include "mig/send_impl.h"
+#include "mig/recv/recv.h"
 #include "state/state.h"
 
 #define INCOMING_MAX_SECTIONS 1024 /* far above 6 + 9 per vCPU */
@@ -534,7 +533,7 @@ void *migration__incoming_thread(void *arg)
 	if (!in)
 		return NULL;
 	in->m = m;
-	sender__proto_ram(&m->vm->ram, &in->pr);
+	migration__proto_ram(&m->vm->ram, &in->pr);
 	struct mig_recv_ops ops = { .on_state = incoming__on_state, .on_zero = incoming__on_zero,
 				    .on_page_written = incoming__on_page, .on_sync = incoming__on_sync,
 				    .on_channels = incoming__on_channels, .ctx = in };

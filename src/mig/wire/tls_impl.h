@@ -4,7 +4,7 @@
 
 #include <stddef.h>
 
-#include "mig/tls.h"
+#include "mig/wire/tls.h"
 
 /* Reads c->dir/keys.psk into c->psk_keys and makes the GnuTLS
  * credentials: a server's that answers from those keys, and a client's
