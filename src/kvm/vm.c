@@ -14,6 +14,7 @@
 #include "mem/dirty.h"
 #include "x86/boot.h"
 #include "x86/cpuid.h"
+#include "x86/mptable.h"
 
 #define VM_TSS_ADDR 0xfffbd000ul
 #define VM_IDENTITY_MAP_ADDR 0xfffbc000ul
@@ -157,6 +158,26 @@ static int vm__create_tracker(struct vm *vm, char *err, size_t errlen)
 	return rc;
 }
 
+/* The MP table in the BIOS area: how a guest without ACPI finds its CPUs. */
+static int vm__write_mptable(struct vm *vm, char *err, size_t errlen)
+{
+	size_t size = mptable__size(vm->nr_vcpus);
+	uint8_t *host = ram__gpa_to_host(&vm->ram, MPTABLE_GPA, size);
+	long n = host ? mptable__build(host, size, MPTABLE_GPA, vm->nr_vcpus) : -ERANGE;
+	if (n < 0)
+		snprintf(err, errlen, "cannot write the MP table: %s", strerror((int)-n));
+	return n < 0 ? (int)n : 0;
+}
+
+/* COM1's interrupt line into the in-kernel irqchip (PIC and IOAPIC pin 4). */
+static void vm__serial_irq(void *ctx, bool level)
+{
+	struct vm *vm = ctx;
+	struct kvm_irq_level l = { .irq = SERIAL_IRQ, .level = level };
+	if (ioctl(vm->vm_fd, KVM_IRQ_LINE, &l) < 0)
+		log_debug("serial: KVM_IRQ_LINE %d: %s", level, strerror(errno));
+}
+
 int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t errlen)
 {
 	memset(vm, 0, sizeof(*vm));
@@ -170,6 +191,8 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 	int rc = vm__open_kvm(vm, err, errlen);
 	if (!rc)
 		rc = vm__setup_platform(vm, err, errlen);
+	if (!rc)
+		serial__connect_irq(&vm->serial, vm__serial_irq, vm);
 	if (!rc) {
 		rc = ram__create(&vm->ram, vm->vm_fd, cfg->mem_size);
 		if (rc)
@@ -181,6 +204,8 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 	if (!rc && !cfg->incoming) {
 		struct boot_info bi;
 		rc = boot__load(&vm->ram, cfg->kernel, cfg->initrd, cfg->cmdline, &bi, err, errlen);
+		if (!rc)
+			rc = vm__write_mptable(vm, err, errlen);
 		if (!rc)
 			rc = vcpu__setup_entry32(&vm->vcpus[0], bi.entry, bi.ebx, bi.esi);
 	}
@@ -351,21 +376,40 @@ void vm__kick(struct vm *vm, unsigned i)
 	pthread_mutex_unlock(&vm->lock);
 }
 
-void vm__kick_all_sync(struct vm *vm)
+/* Kicks every vCPU and waits for each to take it, for ever (timeout_ns 0)
+ * or until the deadline; false if one did not in time. */
+static bool vm__kick_all_wait(struct vm *vm, uint64_t timeout_ns)
 {
 	uint64_t want[VM_MAX_VCPUS];
+	struct timespec ts = time__deadline(timeout_ns);
+	bool all = true;
 	pthread_mutex_lock(&vm->lock);
 	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
 		want[i] = ++vm->vcpus[i].kick_req;
 		vcpu__signal(&vm->vcpus[i]);
 	}
-	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
+	for (unsigned i = 0; i < vm->nr_vcpus && all; i++) {
 		struct vcpu *v = &vm->vcpus[i];
-		while (v->thread_started && !v->parked && v->kick_ack < want[i] && !vm->quit)
-			pthread_cond_wait(&vm->cond, &vm->lock);
+		while (v->thread_started && !v->parked && v->kick_ack < want[i] && !vm->quit && all) {
+			if (!timeout_ns)
+				pthread_cond_wait(&vm->cond, &vm->lock);
+			else if (pthread_cond_timedwait(&vm->cond, &vm->lock, &ts) == ETIMEDOUT)
+				all = false;
+		}
 	}
 	pthread_mutex_unlock(&vm->lock);
+	return all;
 }
+
+void vm__kick_all_sync(struct vm *vm)
+{
+	vm__kick_all_wait(vm, 0);
+}
+
+/* How long the halt probe waits for the vCPUs: one held in the kernel
+ * (a post-copy page that has not arrived) is not halted, and the control
+ * loop that asks must not wait with it. */
+#define VM_PROBE_WAIT_NS 200000000ull
 
 bool vm__all_halted(struct vm *vm)
 {
@@ -380,8 +424,7 @@ bool vm__all_halted(struct vm *vm)
 		atomic_store(&vm->vcpus[i].dead_halted, false);
 		atomic_store(&vm->vcpus[i].probe, true);
 	}
-	vm__kick_all_sync(vm);
-	bool all = true;
+	bool all = vm__kick_all_wait(vm, VM_PROBE_WAIT_NS);
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)
 		all &= atomic_load(&vm->vcpus[i].dead_halted);
 	return all && vm__status(vm) == VM_STATUS_RUNNING;

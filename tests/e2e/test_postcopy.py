@@ -296,7 +296,7 @@ def wait_status(q, status, timeout):
     return r
 
 
-@pytest.mark.parametrize("action", ["cut", "stall"])
+@pytest.mark.parametrize("action", ["cut", pytest.param("stall", marks=pytest.mark.slow)])
 def test_recover(d, vms, check, action):
     uri = tcp_uri()
     src, dst = pair(d, vms, VERIFY % (128, 1), uri, RING)
@@ -311,7 +311,8 @@ def test_recover(d, vms, check, action):
     check("no_pause_precopy", "postcopy-active" in e, e)
     proxy = FaultProxy(int(uri.rsplit(":", 1)[1]), ("manual",), action)
     # the push is held back, so the cut lands with most pages still here
-    q = start(src, dst, "tcp:127.0.0.1:%d" % proxy.port, {"max_postcopy_bandwidth": LIMIT})
+    q = start(src, dst, "tcp:127.0.0.1:%d" % proxy.port, {"max_postcopy_bandwidth": LIMIT},
+              verify=True)
     deadline = time.time() + kt.slow(30)
     while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
             "dirty-sync-count", 0) < 1:
@@ -361,6 +362,7 @@ def test_recover(d, vms, check, action):
         return
     dr = kt.wait_migration(dq, kt.slow(20))
     check("dst_completed", dr.get("status") == "completed", repr(dr))
+    check_verified(check, dst)
     check_dst_runs(check, src, dst)
     proxy.close()
 
@@ -371,6 +373,7 @@ def cli(qmp_path, *args, timeout=120):
                           capture_output=True, text=True, timeout=kt.slow(timeout))
 
 
+@pytest.mark.slow
 def test_cli_after_pass_and_resume(d, vms, check):
     """kmig migrate --postcopy after-pass through a link that is cut in
     post-copy: it stops with status 3 and says how to go on; --resume on
@@ -415,6 +418,7 @@ def test_cli_after_pass_and_resume(d, vms, check):
     proxy.close()
 
 
+@pytest.mark.slow
 def test_destination_lost(d, vms, check):
     """The destination is killed during post-copy: the source pauses
     (postcopy-paused), never runs its copy of the guest again, and quits."""
