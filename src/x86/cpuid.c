@@ -54,6 +54,7 @@ static void cpuid__topology(struct kvm_cpuid2 *c, unsigned index, unsigned ncpus
 		case 1:
 			e->ebx = (e->ebx & 0x0000ffff) | (index << 24) | ((ncpus & 0xff) << 16);
 			e->edx |= 1u << 28; /* HTT: the count in EBX[23:16] is valid */
+			e->ecx |= 1u << 31; /* a hypervisor: Linux then looks for KVM's leaves (kvm-clock) */
 			break;
 		case 4:
 			e->eax &= 0x3ff;
@@ -89,6 +90,18 @@ static void cpuid__timing(struct kvm_cpuid2 *c, uint32_t tsc_khz)
 		memcpy(&e->ebx, "KVMK", 4);
 		memcpy(&e->ecx, "VMKV", 4);
 		memcpy(&e->edx, "M\0\0\0", 4);
+	}
+	/* of KVM's paravirtual features only the clock: kvm-clock
+	 * (CLOCKSOURCE, CLOCKSOURCE2, its stable bit) and no port-0x80 delay.
+	 * The others change how vCPUs wait and signal each other (PV_UNHALT:
+	 * a spinlock waiter halts with interrupts off until a hypercall wakes
+	 * it, which the control loop would take for a guest that has ended;
+	 * with them Linux's SMP bring-up stalled here) and carry state kmig
+	 * does not migrate (steal time, async page faults, PV EOI). */
+	e = cpuid__find(c, 0x40000001, 0);
+	if (e) {
+		e->eax &= 1u << 0 | 1u << 1 | 1u << 3 | 1u << 24;
+		e->edx = 0;
 	}
 	e = cpuid__get(c, 0x40000010, 0);
 	if (e) {
