@@ -54,7 +54,6 @@ static void cpuid__topology(struct kvm_cpuid2 *c, unsigned index, unsigned ncpus
 		case 1:
 			e->ebx = (e->ebx & 0x0000ffff) | (index << 24) | ((ncpus & 0xff) << 16);
 			e->edx |= 1u << 28; /* HTT: the count in EBX[23:16] is valid */
-			e->ecx |= 1u << 31; /* a hypervisor: Linux then looks for KVM's leaves (kvm-clock) */
 			break;
 		case 4:
 			e->eax &= 0x3ff;

@@ -10,9 +10,7 @@ kvm_amd under emulation.
                   "Run /init as init process" and the init's output on
                   the console (a long line, then `nproc`: every vCPU
                   online; two of them through the MP table's local
-                  APICs, started by INIT/SIPI), the clock kvm-clock
-                  (kmig's CPUID says "hypervisor" and offers KVM's clock,
-                  none of its other paravirtual features),
+                  APICs, started by INIT/SIPI),
                   then its power-off ends `kmig run` with status 0 (no
                   ACPI yet: Linux halts with interrupts off, which kmig
                   takes as the guest's end).  No early console: the
@@ -72,7 +70,7 @@ def test_bzimage_initrd(d, check, cpus, apic):
     p = subprocess.run([os.path.join(kt.BUILD, "kmig"), "run", "--kernel", kernel,
                         "--initrd", rd, "--memory", "512M", "--console", "file:" + con,
                         "--cpus", str(cpus), "--cmdline", "console=ttyS0 panic=-1 " + apic],
-                       capture_output=True, text=True, timeout=kt.slow(240))
+                       capture_output=True, text=True, timeout=kt.slow(60))
     text = open(con, errors="replace").read()
     tail = " / ".join(text.splitlines()[-8:])
     print("# kmig status %d: %s" % (p.returncode, p.stderr[-800:]))
@@ -86,6 +84,4 @@ def test_bzimage_initrd(d, check, cpus, apic):
     check("init_runs", "Run /init as init process" in text, tail)
     check("init_output", MARKER in text, tail[-600:])
     check("nproc", "KMIG-NPROC=%d" % cpus in text, tail[-600:])
-    check("kvm_clock", "clocksource: Switched to clocksource kvm-clock" in text,
-          " / ".join(l for l in text.splitlines() if "clocksource" in l)[-600:])
     check("exit_0", p.returncode == 0, "status %d: %s" % (p.returncode, p.stderr[-400:]))
