@@ -91,6 +91,14 @@ def start(src, dst, uri, params=None, verify=False):
     return q
 
 
+def after_bulk_pass(q, timeout):
+    """Waits until the bulk pass is over (the first dirty sync)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
+            "dirty-sync-count", 0) < 1:
+        time.sleep(0.05)
+
+
 def follow(q, timeout):
     """Polls query-migrate until a final status; returns (last, statuses seen)."""
     seen = []
@@ -160,10 +168,7 @@ def test_verify(d, vms, check, backend, cpus):
     # the destination's vCPUs first touch a page still missing
     q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}, verify=True)
     # after the bulk pass (about 3 s at the limit): the first dirty round
-    deadline = time.time() + kt.slow(60)
-    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
-            "dirty-sync-count", 0) < 1:
-        time.sleep(0.05)
+    after_bulk_pass(q, kt.slow(60))
     q.cmd("migrate-start-postcopy")
     r, seen = follow(q, kt.slow(60))
     print("# postcopy_%s: statuses %r, total %s ms, downtime %s ms, requests %s, sent %s MiB"
@@ -264,10 +269,7 @@ def test_source_lost(d, vms, check):
     # max-postcopy-bandwidth holds the push back (QEMU's parameter), so
     # the kill lands while most pages are still at the source
     q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT})
-    deadline = time.time() + kt.slow(30)
-    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
-            "dirty-sync-count", 0) < 1:
-        time.sleep(0.05)
+    after_bulk_pass(q, kt.slow(30))
     q.cmd("migrate-start-postcopy")
     dq = dst.qmp()
     deadline = time.time() + kt.slow(20)
@@ -313,10 +315,7 @@ def test_recover(d, vms, check, action):
     # the push is held back, so the cut lands with most pages still here
     q = start(src, dst, "tcp:127.0.0.1:%d" % proxy.port, {"max_postcopy_bandwidth": LIMIT},
               verify=True)
-    deadline = time.time() + kt.slow(30)
-    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
-            "dirty-sync-count", 0) < 1:
-        time.sleep(0.05)
+    after_bulk_pass(q, kt.slow(30))
     q.cmd("migrate-start-postcopy")
     r = wait_status(q, "postcopy-active", kt.slow(20))
     if not check("postcopy_active", r.get("status") == "postcopy-active", repr(r)):
@@ -427,10 +426,7 @@ def test_destination_lost(d, vms, check):
     if not check("boot", booted(src, 1), dump(src)):
         return
     q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT})
-    deadline = time.time() + kt.slow(30)
-    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
-            "dirty-sync-count", 0) < 1:
-        time.sleep(0.05)
+    after_bulk_pass(q, kt.slow(30))
     q.cmd("migrate-start-postcopy")
     r = wait_status(q, "postcopy-active", kt.slow(20))
     if not check("postcopy_active", r.get("status") == "postcopy-active", repr(r)):
