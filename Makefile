@@ -72,7 +72,7 @@ deps:
 	@scripts/setup-deps.sh
 
 test: deps
-	$(MAKE) all guest unit
+	$(MAKE) all guest linux-guest unit
 	$(MAKE) SAN=1 all unit
 	$(MAKE) TSAN=1 all unit
 	$(MAKE) FUZZ=1 fuzz-bins
@@ -99,4 +99,5 @@ clean:
 	rm -rf build build-san build-fuzz
 
 -include guest/guest.mk
+-include guest/linux/linux.mk
 -include $(OBJS:.o=.d)

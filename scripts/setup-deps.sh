@@ -14,8 +14,9 @@ pkgs=(
   python3              # test and benchmark drivers
   python3-pytest       # runs the Python test suites (tests/conftest.py)
   python3-pytest-timeout  # a per-test time limit, so a hung test fails instead of hanging CI
-  cpio                 # scripts/kvm-vm: packs its initramfs
-  busybox-static       # scripts/kvm-vm: the initramfs's shell and tools
+  libc6-dev            # static glibc (libc.a) for the Linux guest's memcheck
+  cpio                 # scripts/kvm-vm and make linux-guest: pack their initramfs
+  busybox-static       # scripts/kvm-vm and make linux-guest: the initramfs's shell and tools
   socat                # talking QMP by hand
   iproute2             # ip netns / veth / tc for shaped-link tests
   libgnutls28-dev      # TLS 1.3 for the migration streams (PSK and X.509)

@@ -1,0 +1,18 @@
+# kmig's Linux guest userland (included by the top-level Makefile).
+# `make linux-guest` builds build/linux/initrd.gz: Debian's busybox-static,
+# memcheck (a static C program that dirties and checks memory from Linux
+# userspace) and /init (guest/linux/init).  The kernel is Debian's own,
+# unpacked by scripts/kvm-vm --prepare, never installed (docs/guest.md).
+LINUX_OUT      := build/linux
+LINUX_INITRD   := $(LINUX_OUT)/initrd.gz
+LINUX_MEMCHECK := $(LINUX_OUT)/memcheck
+
+linux-guest: $(LINUX_INITRD)
+.PHONY: linux-guest
+
+$(LINUX_MEMCHECK): guest/linux/memcheck.c guest/linux/linux.mk
+	@mkdir -p $(LINUX_OUT)
+	gcc -std=gnu11 -O2 -g -Wall -Wextra -Werror -static -pthread -o $@ $<
+
+$(LINUX_INITRD): $(LINUX_MEMCHECK) guest/linux/init guest/linux/mkinitrd.sh
+	guest/linux/mkinitrd.sh $@ $(LINUX_MEMCHECK)
