@@ -266,6 +266,7 @@ static void *vcpu__thread(void *arg)
 	char name[16];
 	snprintf(name, sizeof(name), "vcpu%u", v->index);
 	pthread_setname_np(pthread_self(), name);
+	atomic_store(&v->tid, (int)gettid());
 	while (vcpu__gate(v)) {
 		vcpu__throttle(v);
 		int rc = ioctl(v->fd, KVM_RUN, 0);

@@ -24,6 +24,7 @@ struct vcpu {
 	struct kvm_run *run;
 	pthread_t thread;
 	bool thread_started;
+	atomic_int tid;              /* the vCPU thread's id, once it runs (0 before) */
 	/* under vm->lock */
 	uint64_t kick_req, kick_ack;
 	bool parked;

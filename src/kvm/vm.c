@@ -411,6 +411,14 @@ void vm__kick_all_sync(struct vm *vm)
  * loop that asks must not wait with it. */
 #define VM_PROBE_WAIT_NS 200000000ull
 
+unsigned vm__vcpu_tids(struct vm *vm, int *tids, unsigned max)
+{
+	unsigned n = vm->nr_vcpus < max ? vm->nr_vcpus : max;
+	for (unsigned i = 0; i < n; i++)
+		tids[i] = atomic_load(&vm->vcpus[i].tid);
+	return n;
+}
+
 bool vm__all_halted(struct vm *vm)
 {
 	uint64_t exits = 0;

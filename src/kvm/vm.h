@@ -156,6 +156,8 @@ bool vm__resume_from(struct vm *vm, unsigned from, enum vm_status to);
  * finds every vCPU halted with interrupts off (or never started): nothing
  * can wake the guest again.  Control loop, about once a second. */
 bool vm__all_halted(struct vm *vm);
+/* The vCPU threads' ids (0 for one not started) into tids[max]; the count. */
+unsigned vm__vcpu_tids(struct vm *vm, int *tids, unsigned max);
 /* Called from a vCPU thread: the guest powered off (exit code 0). */
 void vm__shutdown(struct vm *vm, int exit_code);
 /* Called from a vCPU thread on a guest failure: parks every vCPU. */

@@ -310,6 +310,16 @@ void migration__cancel_incoming(struct migration *m)
 	pthread_mutex_unlock(&m->lock);
 }
 
+/* postcopy-blocktime (destination): QEMU's two members, in ms */
+static void migration__blocktime_json(json_t *r, const struct mig_stats *st)
+{
+	json_t *per = json_array();
+	for (unsigned i = 0; i < st->blocktime_vcpus; i++)
+		json_array_append_new(per, json_integer((json_int_t)st->vcpu_blocktime_ms[i]));
+	json_object_set_new(r, "postcopy-blocktime", json_integer((json_int_t)st->blocktime_ms));
+	json_object_set_new(r, "postcopy-vcpu-blocktime", per);
+}
+
 static json_t *migration__ram_json(const struct mig_stats *st)
 {
 	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I}",
@@ -367,6 +377,8 @@ json_t *migration__query(struct migration *m)
 				"zero-mapped", (json_int_t)st.postcopy_zero_mapped,
 				"latency-p50-us", (json_int_t)st.postcopy_lat_p50_us,
 				"latency-p99-us", (json_int_t)st.postcopy_lat_p99_us));
+		if (st.blocktime)
+			migration__blocktime_json(r, &st);
 		json_object_set_new(r, "cpu-throttle-percentage", json_integer(st.throttle_pct));
 		json_object_set_new(r, "x-dirty-rate-peak", json_integer((json_int_t)st.dirty_rate_peak));
 		json_object_set_new(r, "x-iterations", json_integer((json_int_t)st.iteration));

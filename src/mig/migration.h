@@ -21,6 +21,7 @@
 #include "mig/policy/calcrate.h"
 #include "mig/multifd.h"
 #include "mig/policy/policy.h"
+#include "mig/recv/blocktime.h"
 #include "mig/wire/proto.h"
 #include "mig/wire/stream.h"
 #include "mig/wire/tls.h"
@@ -61,6 +62,7 @@ struct mig_params {
 	bool cap_pause_before_switchover; /* stop in pre-switchover until migrate-continue */
 	bool cap_postcopy_ram;       /* postcopy-ram: migrate-start-postcopy may switch */
 	bool cap_postcopy_auto;      /* x-postcopy-auto: switch by itself (policy__postcopy_now) */
+	bool cap_postcopy_blocktime; /* postcopy-blocktime: the destination measures vCPU waits */
 	unsigned multifd_channels;   /* multifd-channels */
 	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */
 	uint64_t vcpu_dirty_limit;   /* vcpu-dirty-limit, MB/s */
@@ -95,6 +97,10 @@ struct mig_stats {
 	uint64_t postcopy_faults;    /* destination: faults, pages asked for, mapped as zero */
 	uint64_t postcopy_asked, postcopy_zero_mapped;
 	uint64_t postcopy_lat_p50_us, postcopy_lat_p99_us; /* RP_REQ to placement */
+	bool blocktime;              /* destination, postcopy-blocktime: the two below */
+	uint64_t blocktime_ms;       /* every vCPU waiting for a page at once */
+	unsigned blocktime_vcpus;
+	uint64_t vcpu_blocktime_ms[BLOCKTIME_MAX_VCPUS];
 	bool switchover_wait_timed_out;
 };
 

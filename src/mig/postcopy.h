@@ -28,6 +28,7 @@
 
 #include "base/bitmap.h"
 #include "base/log.h"
+#include "mig/recv/blocktime.h"
 #include "mig/wire/stream.h"
 
 struct ram;
@@ -53,6 +54,7 @@ struct postcopy_dst {
 	atomic_ullong faults, requests, zero_mapped, placed;
 	atomic_int error;            /* first -errno of the fault thread (named in the failure) */
 	bool verify;                 /* sum pages for END's checksum (set before start) */
+	struct blocktime *bt;        /* postcopy-blocktime, or NULL (set before start) */
 	uint64_t sum[4];             /* proto__page_sum_add of the pages as they came */
 };
 

@@ -291,6 +291,7 @@ static const struct cap_desc caps[] = {
 	{ "pause-before-switchover", offsetof(struct mig_params, cap_pause_before_switchover) },
 	{ "postcopy-ram", offsetof(struct mig_params, cap_postcopy_ram) },
 	{ "x-postcopy-auto", offsetof(struct mig_params, cap_postcopy_auto) },
+	{ "postcopy-blocktime", offsetof(struct mig_params, cap_postcopy_blocktime) },
 };
 #define NCAPS (sizeof(caps) / sizeof(caps[0]))
 

@@ -11,7 +11,8 @@ default) except where a test needs it slow.
   verify[ring|bitmap|smp]  switch after the bulk pass: completes, the
                 guest runs on at the destination with every page intact,
                 the destination asked for pages (postcopy-requests > 0) and
-                mapped some as zero without asking;
+                mapped some as zero without asking, and with postcopy-
+                blocktime reports how long each vCPU waited;
   hybrid        x-postcopy-auto: no migrate-start-postcopy; the source
                 switches by itself after the bulk pass (the guest dirties
                 far faster than the limit) and never throttles;
@@ -164,6 +165,7 @@ def test_verify(d, vms, check, backend, cpus):
                     cpus=cpus)
     if not check("boot", booted(src, cpus), dump(src)):
         return
+    kt.set_caps(dst.qmp(), postcopy_blocktime=True)
     # the push held to the limit too: at link speed it can be over before
     # the destination's vCPUs first touch a page still missing
     q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}, verify=True)
@@ -183,8 +185,23 @@ def test_verify(d, vms, check, backend, cpus):
     print("# destination: %r" % pc)
     check("dst_completed", dq.get("status") == "completed", repr(dq))
     check("dst_faults", pc.get("faults", 0) > 0 and pc.get("requested", 0) > 0, repr(dq))
+    check_blocktime(check, dq, cpus, r.get("total-time", 0))
     check_verified(check, dst)
     check_dst_runs(check, src, dst)
+
+
+def check_blocktime(check, dq, cpus, total_ms):
+    """postcopy-blocktime on the destination: one figure per vCPU, each
+    vCPU waited (its faults were asked for) for less than the whole
+    migration took, and every vCPU at once no longer than the least."""
+    per = dq.get("postcopy-vcpu-blocktime")
+    bt = dq.get("postcopy-blocktime")
+    print("# blocktime: all %r ms, per vCPU %r ms (migration %s ms)" % (bt, per, total_ms))
+    if not check("blocktime_keys", isinstance(per, list) and isinstance(bt, int), repr(dq)):
+        return
+    check("blocktime_vcpus", len(per) == cpus, repr(per))
+    check("vcpus_waited", all(0 < x < total_ms for x in per), "%r of %s ms" % (per, total_ms))
+    check("all_at_once", bt <= min(per) and (cpus > 1 or bt == per[0]), "%r %r" % (bt, per))
 
 
 def test_hybrid(d, vms, check):

@@ -36,6 +36,8 @@ struct incoming {
 	bool connected;              /* under m->lock: stream holds a connection */
 	bool cancelled;              /* under m->lock */
 	struct postcopy_dst pc;      /* capability postcopy-ram */
+	struct blocktime bt;         /* capability postcopy-blocktime */
+	bool bt_ready;
 	bool pc_ready;               /* pc initialised */
 	bool postcopy;               /* POSTCOPY came: the guest runs here */
 };
@@ -185,16 +187,29 @@ static int incoming__on_discard(void *ctx, uint32_t block, uint64_t offset)
 	return postcopy_dst__discard(&in->pc, incoming__page(in, block, offset));
 }
 
+static void incoming__postcopy_stats(struct incoming *in);
+
+/* query-migrate here sees post-copy's figures as they grow */
+static void incoming__placed(struct incoming *in)
+{
+	if ((atomic_load(&in->pc.placed) & 1023) == 0)
+		incoming__postcopy_stats(in);
+}
+
 static int incoming__place_page(void *ctx, uint32_t block, uint64_t offset, const void *data)
 {
 	struct incoming *in = ctx;
-	return postcopy_dst__place(&in->pc, incoming__page(in, block, offset), data);
+	int rc = postcopy_dst__place(&in->pc, incoming__page(in, block, offset), data);
+	incoming__placed(in);
+	return rc;
 }
 
 static int incoming__place_zero(void *ctx, uint32_t block, uint64_t offset)
 {
 	struct incoming *in = ctx;
-	return postcopy_dst__place_zero(&in->pc, incoming__page(in, block, offset));
+	int rc = postcopy_dst__place_zero(&in->pc, incoming__page(in, block, offset));
+	incoming__placed(in);
+	return rc;
 }
 
 static int incoming__postcopy_check(void *ctx, const uint8_t hash[PROTO_HASH_LEN])
@@ -204,6 +219,26 @@ static int incoming__postcopy_check(void *ctx, const uint8_t hash[PROTO_HASH_LEN
 	if (!rc)
 		log_info("incoming migration: x-verify: every page as it came matches the source's");
 	return rc;
+}
+
+/* With postcopy-blocktime: the vCPUs' thread ids, for the fault thread. */
+static int incoming__blocktime(struct incoming *in)
+{
+	struct migration *m = in->m;
+	int tids[BLOCKTIME_MAX_VCPUS];
+	pthread_mutex_lock(&m->lock);
+	bool on = m->params.cap_postcopy_blocktime;
+	pthread_mutex_unlock(&m->lock);
+	if (!on || in->bt_ready)
+		return 0;
+	if (m->vm->nr_vcpus > BLOCKTIME_MAX_VCPUS)
+		return -EINVAL;
+	int rc = blocktime__init(&in->bt, tids, vm__vcpu_tids(m->vm, tids, BLOCKTIME_MAX_VCPUS));
+	if (rc)
+		return rc;
+	in->bt_ready = true;
+	in->pc.bt = &in->bt;
+	return 0;
 }
 
 /* POSTCOPY: the state is complete; RAM goes under userfaultfd, the guest
@@ -219,6 +254,10 @@ static int incoming__on_postcopy(void *ctx)
 	if (rc)
 		return rc;
 	in->pc.verify = mig_recv__postcopy_verify(&in->recv);   /* x-verify at the source */
+	rc = incoming__blocktime(in);
+	if (rc)
+		return mig_recv__fail(&in->recv, rc, "postcopy-blocktime: more than %d vCPUs",
+				      BLOCKTIME_MAX_VCPUS);
 	rc = postcopy_dst__start(&in->pc, err, sizeof(err));
 	if (rc)
 		return mig_recv__fail(&in->recv, rc, "%s", err);
@@ -247,6 +286,12 @@ static void incoming__postcopy_stats(struct incoming *in)
 	in->m->stats.postcopy_zero_mapped = atomic_load(&in->pc.zero_mapped);
 	in->m->stats.postcopy_lat_p50_us = postcopy_dst__latency_us(&in->pc, 50);
 	in->m->stats.postcopy_lat_p99_us = postcopy_dst__latency_us(&in->pc, 99);
+	if (in->bt_ready) {
+		struct mig_stats *st = &in->m->stats;
+		st->blocktime = true;
+		st->blocktime_vcpus = in->bt.nr_vcpus;
+		st->blocktime_ms = blocktime__read(&in->bt, time__now_ns(), st->vcpu_blocktime_ms);
+	}
 	pthread_mutex_unlock(&in->m->lock);
 }
 
@@ -587,6 +632,8 @@ void *migration__incoming_thread(void *arg)
 		mig_stream__close(&in->stream);
 	if (in->pc_ready)
 		postcopy_dst__free(&in->pc);
+	if (in->bt_ready)
+		blocktime__free(&in->bt);
 	bitmap__free(&in->written);
 	free(in);
 	return NULL;

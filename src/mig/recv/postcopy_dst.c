@@ -75,6 +75,8 @@ uint64_t postcopy_dst__latency_us(const struct postcopy_dst *d, unsigned pct)
 /* A page placed: the time since it was asked for, if it was. */
 static void pc__answered(struct postcopy_dst *d, uint64_t page)
 {
+	if (d->bt)
+		blocktime__placed(d->bt, page, time__now_ns());
 	uint64_t t = atomic_exchange(&d->req_ns[page], 0);
 	if (t) {
 		uint64_t us = (time__now_ns() - t) / 1000;
@@ -178,7 +180,7 @@ static int pc__request(struct postcopy_dst *d, uint64_t page)
 
 /* One fault: a page received as zero is mapped here; any other is asked
  * for (once: the UFFDIO_COPY of its arrival wakes every waiter). */
-static int pc__fault(struct postcopy_dst *d, uint64_t addr)
+static int pc__fault(struct postcopy_dst *d, uint64_t addr, int tid)
 {
 	uint64_t page = pc__page_of(d->ram, addr);
 	if (page == UINT64_MAX)
@@ -188,6 +190,11 @@ static int pc__fault(struct postcopy_dst *d, uint64_t addr)
 		atomic_fetch_add(&d->zero_mapped, 1);
 		return pc__zeropage(d, page);
 	}
+	/* blocked until placed; a page placed since the test above (valid is
+	 * set before its placement looks for waiters) ends the wait at once */
+	if (d->bt && blocktime__fault(d->bt, tid, page, time__now_ns()) >= 0 &&
+	    bitmap__test(d->valid, page))
+		blocktime__placed(d->bt, page, time__now_ns());
 	if (!bitmap__test_and_set(&d->requested, page))
 		return 0;
 	atomic_store(&d->req_ns[page], time__now_ns());
@@ -224,7 +231,8 @@ static void *pc__fault_thread(void *arg)
 		for (size_t i = 0; i < (size_t)n / sizeof(msg[0]); i++) {
 			if (msg[i].event != UFFD_EVENT_PAGEFAULT)
 				continue;
-			int rc = pc__fault(d, msg[i].arg.pagefault.address);
+			int rc = pc__fault(d, msg[i].arg.pagefault.address,
+					   (int)msg[i].arg.pagefault.feat.ptid);
 			if (rc) {
 				pc__fault_failed(d, rc);
 				return NULL;
@@ -243,10 +251,12 @@ static int pc__register(struct postcopy_dst *d, char *err, size_t errlen)
 		snprintf(err, errlen, "post-copy needs userfaultfd: %s", strerror(e));
 		return -e;
 	}
-	struct uffdio_api api = { .api = UFFD_API };
+	/* the faulting thread's id tells blocktime which vCPU waits */
+	struct uffdio_api api = { .api = UFFD_API, .features = d->bt ? UFFD_FEATURE_THREAD_ID : 0 };
 	if (ioctl(d->uffd, UFFDIO_API, &api) < 0) {
 		int e = errno;
-		snprintf(err, errlen, "userfaultfd API: %s", strerror(e));
+		snprintf(err, errlen, "userfaultfd API%s: %s",
+			 d->bt ? " with thread ids (postcopy-blocktime)" : "", strerror(e));
 		return -e;
 	}
 	for (unsigned i = 0; i < d->ram->nr_blocks; i++) {
