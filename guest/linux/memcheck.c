@@ -12,16 +12,18 @@
  *
  *   verify     check each page before rewriting it (the default)
  *   stress     rewrite one word and the header of each page, no check
- *   fill-free  fill N MiB, check it, free it, then idle (free memory that
- *              is not zero: what free page hinting is for)
+ *   fill-free  fill N MiB, check it, free it and exit (free memory that is
+ *              not zero: what free page hinting is for; /init's
+ *              kmig.then=wait keeps the guest up afterwards)
  *
  * Console lines (docs/guest.md, "Linux guest"), one per report interval:
  *   memcheck mode=M thr=T gen=G pages=P bad=B t_ms=MS max_step_ms=S back=K
  * gen is the lowest generation every thread has completed, bad the pages
  * found wrong so far (the first few are named on "memcheck BAD" lines),
- * max_step_ms the longest step of CLOCK_MONOTONIC between two pages
- * (a clock that jumps shows here), back the times it went backwards.
- * With --seconds the run ends with a last full check:
+ * max_step_ms the longest step of CLOCK_MONOTONIC between two readings
+ * (one per 64 pages: a clock that jumps shows here), back the times it
+ * went backwards.  With --seconds the run ends (verify: after a last
+ * check of every page):
  *   memcheck done bad=B
  * and the exit status is 0 when no page was bad.  --corrupt PAGE flips a
  * word of thread 0's page PAGE once its first generation is written: the
@@ -56,6 +58,7 @@ struct worker {
 	size_t pages;
 	unsigned index;
 	_Atomic uint64_t gen;	/* generations completed */
+	size_t cut;		/* pages of generation gen + 1 written when stopped */
 	_Atomic uint64_t bad;
 	_Atomic uint64_t max_step_ns;
 	_Atomic uint64_t back;
@@ -68,7 +71,7 @@ struct run {
 	unsigned threads;
 	unsigned report_ms;
 	unsigned seconds;
-	long corrupt;		/* page of thread 0 to damage, or -1 */
+	_Atomic long corrupt;	/* page of thread 0 for its worker to damage, or -1 */
 	_Atomic int stop;
 	_Atomic unsigned named_bad;
 	struct worker w[MAX_THREADS];
@@ -150,6 +153,21 @@ static void step_clock(struct worker *w, uint64_t *last)
 	*last = t;
 }
 
+/* The negative control: thread 0 damages one page it has written, between
+ * two of its own passes, so no rewrite of its own hides the damage. */
+static void corrupt_once(struct run *r, struct worker *w)
+{
+	long page = atomic_load(&r->corrupt);
+
+	if (w->index != 0 || page < 0 || atomic_load(&w->gen) < 1)
+		return;
+	atomic_store(&r->corrupt, -1);
+	if ((size_t)page >= w->pages)
+		return;
+	w->base[(size_t)page * WORDS + 7] ^= 1;
+	printf("memcheck corrupted thr=0 page=%ld\n", page);
+}
+
 static void *worker__main(void *arg)
 {
 	struct worker *w = arg;
@@ -158,8 +176,10 @@ static void *worker__main(void *arg)
 
 	while (!atomic_load(&r->stop)) {
 		uint64_t gen = atomic_load(&w->gen);
+		size_t i;
 
-		for (size_t i = 0; i < w->pages && !atomic_load(&r->stop); i++) {
+		corrupt_once(r, w);
+		for (i = 0; i < w->pages && !atomic_load(&r->stop); i++) {
 			uint64_t *p = w->base + i * WORDS;
 			uint64_t page = (uint64_t)w->index << 40 | i;
 
@@ -173,8 +193,10 @@ static void *worker__main(void *arg)
 			if ((i & 63) == 0)
 				step_clock(w, &last);
 		}
-		if (!atomic_load(&r->stop))
+		if (i == w->pages)
 			atomic_store(&w->gen, gen + 1);
+		else
+			w->cut = i;
 	}
 	return NULL;
 }
@@ -186,26 +208,16 @@ static void check_all(struct run *r)
 		struct worker *w = &r->w[t];
 		uint64_t gen = atomic_load(&w->gen);
 
-		/* a generation cut short: pages before the cut hold gen + 1 */
+		/* a generation cut short: pages before the cut hold gen + 1
+		 * (joined: the worker's cut is visible here) */
 		for (size_t i = 0; i < w->pages; i++) {
 			uint64_t page = (uint64_t)t << 40 | i;
-			const uint64_t *p = w->base + i * WORDS;
+			uint64_t want = i < w->cut ? gen + 1 : gen;
 
-			if (page__check(p, page, gen) && page__check(p, page, gen + 1))
-				note_bad(r, w, i, gen);
+			if (page__check(w->base + i * WORDS, page, want))
+				note_bad(r, w, i, want);
 		}
 	}
-}
-
-static void corrupt_once(struct run *r)
-{
-	struct worker *w = &r->w[0];
-
-	if (r->corrupt < 0 || (size_t)r->corrupt >= w->pages || atomic_load(&w->gen) < 1)
-		return;
-	w->base[(size_t)r->corrupt * WORDS + 7] ^= 1;
-	printf("memcheck corrupted thr=0 page=%ld\n", r->corrupt);
-	r->corrupt = -1;
 }
 
 static void report(struct run *r, uint64_t t0)
@@ -343,7 +355,6 @@ int main(int argc, char **argv)
 	       r.mode == MODE_VERIFY ? "verify" : "stress", r.mib, r.threads);
 	while (!r.seconds || now_ns() - t0 < (uint64_t)r.seconds * 1000000000ull) {
 		usleep(r.report_ms * 1000u);
-		corrupt_once(&r);
 		report(&r, t0);
 	}
 	atomic_store(&r.stop, 1);

@@ -35,8 +35,11 @@ struct blocktime {
 /* tids: the vCPU threads' ids, index = vCPU; -EINVAL beyond the maximum. */
 int blocktime__init(struct blocktime *b, const int *tids, unsigned nr_vcpus) KMIG_MUST_CHECK;
 /* Thread tid faulted on page at now; the vCPU's index, or -1 when tid is
- * no vCPU's (or it waits already: a second fault before the first page
- * came cannot happen for one thread). */
+ * no vCPU's.  A vCPU that waits already (its fault was cut short by a
+ * signal and it faulted on another page) goes on waiting, for the new
+ * page.  With KVM's asynchronous page faults a kernel worker, not the
+ * vCPU thread, may fault for a guest with interrupts on: such waits do
+ * not count. */
 int blocktime__fault(struct blocktime *b, int tid, uint64_t page, uint64_t now);
 /* page is in place at now: every vCPU waiting for it runs again. */
 void blocktime__placed(struct blocktime *b, uint64_t page, uint64_t now);

@@ -189,10 +189,12 @@ static int incoming__on_discard(void *ctx, uint32_t block, uint64_t offset)
 
 static void incoming__postcopy_stats(struct incoming *in);
 
-/* query-migrate here sees post-copy's figures as they grow */
-static void incoming__placed(struct incoming *in)
+/* query-migrate here sees post-copy's figures as they grow: from the
+ * first page placed, then every 1024 */
+static void incoming__note_placed(struct incoming *in)
 {
-	if ((atomic_load(&in->pc.placed) & 1023) == 0)
+	uint64_t n = atomic_load(&in->pc.placed);
+	if (n == 1 || (n & 1023) == 0)
 		incoming__postcopy_stats(in);
 }
 
@@ -200,7 +202,7 @@ static int incoming__place_page(void *ctx, uint32_t block, uint64_t offset, cons
 {
 	struct incoming *in = ctx;
 	int rc = postcopy_dst__place(&in->pc, incoming__page(in, block, offset), data);
-	incoming__placed(in);
+	incoming__note_placed(in);
 	return rc;
 }
 
@@ -208,7 +210,7 @@ static int incoming__place_zero(void *ctx, uint32_t block, uint64_t offset)
 {
 	struct incoming *in = ctx;
 	int rc = postcopy_dst__place_zero(&in->pc, incoming__page(in, block, offset));
-	incoming__placed(in);
+	incoming__note_placed(in);
 	return rc;
 }
 
@@ -221,8 +223,10 @@ static int incoming__postcopy_check(void *ctx, const uint8_t hash[PROTO_HASH_LEN
 	return rc;
 }
 
+_Static_assert(BLOCKTIME_MAX_VCPUS >= VM_MAX_VCPUS, "blocktime covers every vCPU");
+
 /* With postcopy-blocktime: the vCPUs' thread ids, for the fault thread. */
-static int incoming__blocktime(struct incoming *in)
+static int incoming__init_blocktime(struct incoming *in)
 {
 	struct migration *m = in->m;
 	int tids[BLOCKTIME_MAX_VCPUS];
@@ -231,8 +235,6 @@ static int incoming__blocktime(struct incoming *in)
 	pthread_mutex_unlock(&m->lock);
 	if (!on || in->bt_ready)
 		return 0;
-	if (m->vm->nr_vcpus > BLOCKTIME_MAX_VCPUS)
-		return -EINVAL;
 	int rc = blocktime__init(&in->bt, tids, vm__vcpu_tids(m->vm, tids, BLOCKTIME_MAX_VCPUS));
 	if (rc)
 		return rc;
@@ -254,10 +256,9 @@ static int incoming__on_postcopy(void *ctx)
 	if (rc)
 		return rc;
 	in->pc.verify = mig_recv__postcopy_verify(&in->recv);   /* x-verify at the source */
-	rc = incoming__blocktime(in);
+	rc = incoming__init_blocktime(in);
 	if (rc)
-		return mig_recv__fail(&in->recv, rc, "postcopy-blocktime: more than %d vCPUs",
-				      BLOCKTIME_MAX_VCPUS);
+		return mig_recv__fail(&in->recv, rc, "postcopy-blocktime: %s", strerror(-rc));
 	rc = postcopy_dst__start(&in->pc, err, sizeof(err));
 	if (rc)
 		return mig_recv__fail(&in->recv, rc, "%s", err);
@@ -534,6 +535,7 @@ static int incoming__paused(struct incoming *in, int rc)
 			 "migrate-recover here and migrate resume=true there continue", why);
 		utf8__sanitize(m->error);
 		pthread_mutex_unlock(&m->lock);
+		incoming__postcopy_stats(in);
 		migration__set_status(m, MIG_POSTCOPY_PAUSED);
 		log_warn("incoming migration: %s", m->error);
 		if (!migration__await_recovery(m, &m->recover, &in->cancelled))

@@ -44,6 +44,9 @@ struct sender {
 	uint64_t bytes_closed;      /* sent on links closed before (post-copy recovery) */
 	uint64_t pc_skip;           /* post-copy: the page a skip-page fault keeps back, or
 				     * UINT64_MAX (fault.h; test builds) */
+	struct bitmap pc_sent;      /* post-copy: pages sent since the switch (or the
+				     * last resume): on their way, never sent again */
+	uint64_t pc_dup_asks;       /* requests for such pages, not answered */
 	struct proto_ram pr;        /* guest RAM as the protocol sees it */
 	uint64_t round;             /* passes completed (SYNC numbers) */
 	enum vm_status prev_status; /* VM status before switchover */

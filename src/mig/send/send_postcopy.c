@@ -67,8 +67,20 @@ static int pc__flushed(struct sender *s, int n)
 	return rc ? rc : n;
 }
 
-/* Sends what the destination asked for; returns pages sent or -errno. */
-static int pc__serve(struct sender *s, struct postcopy_src *q)
+/* One page out in post-copy: it is on its way from now on. */
+static int pc__send(struct sender *s, size_t p)
+{
+	bitmap__clear_bit(&s->m->todo, p);  /* not pushed again */
+	bitmap__set(&s->pc_sent, p);
+	return sender__send_page(s, p);
+}
+
+/* Sends what the destination asked for, and moves the push to follow the
+ * last page asked for (a guest that faults on a page tends to touch the
+ * next ones).  A page already sent since the switch is on its way: the
+ * destination asked before it arrived, and it is not sent twice.  Returns
+ * pages sent or -errno. */
+static int pc__serve(struct sender *s, struct postcopy_src *q, size_t *cursor)
 {
 	int n = 0;
 	if (!atomic_exchange(&q->asked, false))
@@ -76,10 +88,16 @@ static int pc__serve(struct sender *s, struct postcopy_src *q)
 	for (size_t p = bitmap__next_set(&q->wanted, 0); p < q->wanted.nbits;
 	     p = bitmap__next_set(&q->wanted, p + 1)) {
 		bitmap__clear_bit(&q->wanted, p);
-		bitmap__clear_bit(&s->m->todo, p);  /* sent now: not pushed again */
-		if (p == s->pc_skip)
+		*cursor = p + 1;
+		if (bitmap__test(&s->pc_sent, p)) {
+			s->pc_dup_asks++;
 			continue;
-		int rc = sender__send_page(s, p);
+		}
+		if (p == s->pc_skip) {
+			bitmap__clear_bit(&s->m->todo, p);
+			continue;
+		}
+		int rc = pc__send(s, p);
 		if (rc)
 			return rc;
 		n++;
@@ -87,19 +105,22 @@ static int pc__serve(struct sender *s, struct postcopy_src *q)
 	return pc__flushed(s, n);
 }
 
-/* The next pages of todo from *cursor; returns pages sent or -errno. */
+/* The next pages of todo from *cursor, round to the start once at the
+ * end; returns pages sent or -errno. */
 static int pc__push(struct sender *s, size_t *cursor)
 {
 	struct bitmap *todo = &s->m->todo;
 	int n = 0;
-	size_t p = *cursor;
+	size_t p = *cursor < todo->nbits ? *cursor : 0;
+	if (bitmap__next_set(todo, p) >= todo->nbits)
+		p = 0;
 	while (n < PC_PUSH_PAGES && (p = bitmap__next_set(todo, p)) < todo->nbits) {
-		bitmap__clear_bit(todo, p);
 		if (p == s->pc_skip || mig_fault__skip(&s->fault, p)) {
+			bitmap__clear_bit(todo, p);
 			s->pc_skip = p++;   /* never sent, asked for or not */
 			continue;
 		}
-		int rc = sender__send_page(s, p);
+		int rc = pc__send(s, p);
 		if (rc)
 			return rc;
 		n++;
@@ -131,7 +152,7 @@ static int pc__send_rest(struct sender *s, struct postcopy_src *q)
 			rc = -EPROTO;   /* RP_OK before END */
 		if (rc)
 			return rc;
-		int served = pc__serve(s, q);
+		int served = pc__serve(s, q, &cursor);
 		if (served < 0)
 			return served;
 		int pushed = pc__push(s, &cursor);
@@ -260,6 +281,8 @@ static int pc__handshake(struct sender *s)
 	}
 	mig_stream__set_read_deadline(s->stream, 0);
 	if (!rc) {
+		/* what the old link carried and the destination lacks goes again */
+		bitmap__clear_all(&s->pc_sent);
 		bitmap__set_all(&m->todo);
 		bitmap__andnot(&m->todo, &have);
 		log_info("post-copy: resuming, %zu pages the destination lacks",
@@ -360,7 +383,9 @@ static int pc__recover(struct sender *s, bool *again, char *why, size_t n)
 	return rc;
 }
 
-int sender__postcopy(struct sender *s)
+/* The switch: the stop, discards, state and POSTCOPY, then the rest of
+ * post-copy (and its recoveries). */
+static int pc__switch(struct sender *s)
 {
 	struct migration *m = s->m;
 	uint64_t t0, bytes0 = sender__bytes(s);
@@ -400,5 +425,17 @@ int sender__postcopy(struct sender *s)
 	pc__end_reader(s, &q);
 	while (again)
 		rc = pc__recover(s, &again, why, sizeof(why));
+	return rc;
+}
+
+int sender__postcopy(struct sender *s)
+{
+	int rc = bitmap__init(&s->pc_sent, s->ram->npages);
+	if (rc)
+		return rc;
+	rc = pc__switch(s);
+	log_info("post-copy: %llu requests for pages already on their way",
+		 (unsigned long long)s->pc_dup_asks);
+	bitmap__free(&s->pc_sent);
 	return rc;
 }
