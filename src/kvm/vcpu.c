@@ -83,6 +83,14 @@ void vcpu__signal(struct vcpu *v)
 		pthread_kill(v->thread, VCPU_KICK_SIGNAL);
 }
 
+/* A PC's reset requests: the keyboard controller's pulse-reset command
+ * and the reset control register's reset bit (Linux's reboot tries both
+ * before a triple fault). */
+static bool vcpu__is_reset(uint16_t port, uint8_t v)
+{
+	return (port == 0x64 && v == 0xfe) || (port == 0xcf9 && (v & 0x04));
+}
+
 static void vcpu__pio(struct vcpu *v)
 {
 	struct kvm_run *run = v->run;
@@ -92,7 +100,13 @@ static void vcpu__pio(struct vcpu *v)
 		uint16_t port = run->io.port;
 		if (port >= SERIAL_BASE && port < SERIAL_BASE + SERIAL_NPORTS && run->io.size == 1) {
 			serial__pio(&v->vm->serial, port, wr, data);
+		} else if (port >= RTC_BASE && port < RTC_BASE + RTC_NPORTS && run->io.size == 1) {
+			rtc__pio(&v->vm->rtc, port, wr, data);
 		} else if (port == VM_POWEROFF_PORT && wr) {
+			vm__shutdown(v->vm, 0);
+		} else if (wr && run->io.size == 1 && vcpu__is_reset(port, *data)) {
+			log_info("vCPU %u: the guest asked for a reset (port 0x%x); kmig does not "
+				 "reboot a guest: the VM ends", v->index, port);
 			vm__shutdown(v->vm, 0);
 		} else if (v->vm->pci && port >= PCI_CONF_ADDR && port < PCI_CONF_ADDR + PCI_CONF_NPORTS) {
 			pci__pio(v->vm->pci, port, wr, data, run->io.size);

@@ -187,6 +187,7 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 	pthread_mutex_init(&vm->lock, NULL);
 	time__cond_init(&vm->cond); /* vCPU throttle sleeps wait on it */
 	serial__init(&vm->serial, cfg->console_fd);
+	rtc__init(&vm->rtc);
 	vm->status = VM_STATUS_PRELAUNCH;
 	int rc = vm__open_kvm(vm, err, errlen);
 	if (!rc)
@@ -262,6 +263,7 @@ void vm__destroy(struct vm *vm)
 	free(vm->cpuid);
 	ram__destroy(&vm->ram);
 	serial__destroy(&vm->serial);
+	rtc__destroy(&vm->rtc);
 	if (vm->vm_fd >= 0)
 		close(vm->vm_fd);
 	if (vm->kvm_fd >= 0)

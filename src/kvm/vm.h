@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "base/log.h"
+#include "dev/rtc.h"
 #include "dev/serial.h"
 #include "kvm/dirtylimit.h"
 #include "kvm/kvm_stats.h"
@@ -79,6 +80,7 @@ struct vm {
 	struct kvm_cpuid2 *cpuid;    /* supported table, adjusted per vCPU */
 	struct ram ram;
 	struct serial serial;
+	struct rtc rtc;
 	struct dirty *dirty;         /* NULL until the tracker is created */
 	struct kvm_stats kstats;     /* fd -1 where KVM has no binary statistics */
 	struct pci_bus *pci;         /* NULL without --balloon */

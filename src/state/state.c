@@ -75,6 +75,10 @@ static int state__save_vm(struct vm *vm, state_put_fn put, void *ctx)
 	serial__save(&vm->serial, ser);
 	if (!rc)
 		rc = put(ctx, STATE_DEV_SERIAL, STATE_VERSION, 0, ser, sizeof(ser));
+	uint8_t rtc[RTC_STATE_SIZE];
+	rtc__save(&vm->rtc, rtc);
+	if (!rc)
+		rc = put(ctx, STATE_DEV_RTC, STATE_VERSION, 0, rtc, sizeof(rtc));
 	if (!rc && vm->balloon)
 		rc = balloon__save(vm->balloon, put, ctx);
 	return rc;
@@ -116,7 +120,8 @@ static int state__put_slot(uint64_t *slots, unsigned *n, unsigned cap, uint32_t 
 int state__expected_slots(struct vm *vm, uint64_t *slots, unsigned cap)
 {
 	static const uint32_t vm_ids[] = { STATE_VM_TSC, STATE_VM_IRQCHIP, STATE_VM_PIT,
-					   STATE_DEV_SERIAL, STATE_VM_CLOCK, STATE_VM_RUNSTATE };
+					   STATE_DEV_SERIAL, STATE_DEV_RTC, STATE_VM_CLOCK,
+					   STATE_VM_RUNSTATE };
 	static const uint32_t vcpu_ids[] = { STATE_VCPU_SREGS, STATE_VCPU_REGS, STATE_VCPU_XSAVE,
 					     STATE_VCPU_MSRS, STATE_VCPU_LAPIC, STATE_VCPU_MP_STATE,
 					     STATE_VCPU_EVENTS, STATE_VCPU_XCRS,
@@ -150,7 +155,7 @@ const char *state__name(uint32_t id)
 		{ STATE_VM_IRQCHIP, "irqchip" }, { STATE_VM_PIT, "pit" },
 		{ STATE_VM_CLOCK, "clock" }, { STATE_VM_RUNSTATE, "runstate" },
 		{ STATE_VM_TSC, "tsc" }, { STATE_DEV_SERIAL, "serial" },
-		{ STATE_DEV_VIRTIO, "virtio-balloon" },
+		{ STATE_DEV_VIRTIO, "virtio-balloon" }, { STATE_DEV_RTC, "rtc" },
 	};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (names[i].id == id)

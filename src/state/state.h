@@ -37,6 +37,7 @@ enum state_section {
 	STATE_VM_TSC = 24,          /* the guest TSC and the wall clock at one instant */
 	STATE_DEV_SERIAL = 30,
 	STATE_DEV_VIRTIO = 31,
+	STATE_DEV_RTC = 32,
 };
 #define STATE_VERSION 1
 

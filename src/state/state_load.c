@@ -75,7 +75,8 @@ static int state__load_vm(struct vm *vm, uint32_t id, const void *data, size_t l
 	const char *what = NULL;
 	size_t want = id == STATE_VM_IRQCHIP ? 3 * sizeof(struct kvm_irqchip) :
 		      id == STATE_VM_PIT ? sizeof(struct kvm_pit_state2) :
-		      id == STATE_VM_CLOCK ? sizeof(struct kvm_clock_data) : SERIAL_STATE_SIZE;
+		      id == STATE_VM_CLOCK ? sizeof(struct kvm_clock_data) :
+		      id == STATE_DEV_RTC ? RTC_STATE_SIZE : SERIAL_STATE_SIZE;
 	if (len != want || len > sizeof(buf)) {
 		snprintf(why, whylen, "state section %u has %zu bytes, expected %zu", id, len, want);
 		return -EINVAL;
@@ -83,6 +84,8 @@ static int state__load_vm(struct vm *vm, uint32_t id, const void *data, size_t l
 	memcpy(buf, data, len);
 	if (id == STATE_DEV_SERIAL)
 		return serial__load(&vm->serial, buf, len) ? (snprintf(why, whylen, "bad serial state"), -EINVAL) : 0;
+	if (id == STATE_DEV_RTC)
+		return rtc__load(&vm->rtc, buf, len) ? (snprintf(why, whylen, "bad RTC state"), -EINVAL) : 0;
 	if (id == STATE_VM_IRQCHIP) {
 		struct kvm_irqchip *c = (void *)buf;
 		for (unsigned i = 0; i < 3 && !what; i++)
@@ -135,7 +138,8 @@ int state__load(struct vm *vm, uint32_t id, uint32_t version, uint32_t instance,
 		}
 		return balloon__load(vm->balloon, data, len, why, whylen);
 	}
-	bool vm_wide = (id >= STATE_VM_IRQCHIP && id <= STATE_VM_CLOCK) || id == STATE_DEV_SERIAL;
+	bool vm_wide = (id >= STATE_VM_IRQCHIP && id <= STATE_VM_CLOCK) || id == STATE_DEV_SERIAL ||
+		       id == STATE_DEV_RTC;
 	if (vm_wide) {
 		if (instance != 0) {
 			snprintf(why, whylen, "state section %u with instance %u", id, instance);

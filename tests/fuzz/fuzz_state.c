@@ -1,5 +1,5 @@
 /* libFuzzer harness: the destination's state-section loaders (state__load:
- * vCPU registers, MSRs, XSAVE, irqchip, PIT, clock, serial, TSC, run state,
+ * vCPU registers, MSRs, XSAVE, irqchip, PIT, clock, serial, RTC, TSC, run state,
  * the balloon) on a VM skeleton whose KVM descriptors are closed: every
  * size, count and range check runs, and what would reach KVM fails there
  * cleanly (EBADF).  Input: sections (u32 id, u8 instance, u16 length,
@@ -28,6 +28,7 @@ static struct vm *skeleton(void)
 		vcpus[i].index = i;
 	}
 	serial__init(&vm->serial, -1);
+	rtc__init(&vm->rtc);
 	struct balloon_conf c = { .ram = &vm->ram, .irq_line = BALLOON_IRQ,
 				  .bar_gpa = BALLOON_BAR_GPA };
 	if (balloon__create(&vm->balloon, &c))

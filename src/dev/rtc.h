@@ -1,0 +1,48 @@
+/* MC146818 CMOS real-time clock at ports 0x70 (index) and 0x71 (data), as
+ * a PC has it: what Linux's rtc_cmos and its boot-time wall clock read.
+ *
+ * The clock is the host's wall clock (CLOCK_REALTIME, UTC) plus an offset
+ * the guest sets by writing the time: registers 0x00..0x09 while register
+ * B's SET bit is on are held, and clearing SET makes them the guest's new
+ * time.  Register A never shows update-in-progress (a read always sees a
+ * settled time), register D always says the battery is good, register C
+ * has no flag (there is no RTC interrupt: no alarm, periodic or update
+ * interrupt is raised).  Register B's data mode (BCD or binary) and hour
+ * mode (12 or 24) apply to what is read and written.  The other bytes of
+ * the 128-byte CMOS RAM are plain storage; 0x32 is the BCD century.
+ *
+ * State (index, RAM, offset) migrates: the destination's clock goes on
+ * from the same offset against its own host clock.  Pure logic apart from
+ * reading the host clock: rtc__pio_at takes the time for tests.
+ * Thread-safe: any vCPU thread may call rtc__pio. */
+#ifndef KMIG_DEV_RTC_H
+#define KMIG_DEV_RTC_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RTC_BASE 0x70
+#define RTC_NPORTS 2
+#define RTC_RAM_SIZE 128
+#define RTC_STATE_SIZE (4 + RTC_RAM_SIZE + 8) /* version, index, 2 pad; RAM; offset */
+
+struct rtc {
+	pthread_mutex_t lock;
+	uint8_t index;
+	uint8_t ram[RTC_RAM_SIZE];  /* time bytes 0..9 only meaningful while SET */
+	int64_t offset_s;           /* guest time = host time + offset */
+};
+
+void rtc__init(struct rtc *r);
+void rtc__destroy(struct rtc *r);
+/* One byte of port I/O at RTC_BASE..RTC_BASE+1. */
+void rtc__pio(struct rtc *r, uint16_t port, bool is_write, uint8_t *data);
+/* The same with the host's time given (seconds since the epoch, UTC). */
+void rtc__pio_at(struct rtc *r, uint16_t port, bool is_write, uint8_t *data, int64_t host_s);
+void rtc__save(struct rtc *r, uint8_t out[RTC_STATE_SIZE]);
+/* -EINVAL for a wrong size, version, index or register value. */
+int rtc__load(struct rtc *r, const uint8_t *in, size_t len);
+
+#endif

@@ -1,0 +1,140 @@
+/* CMOS RTC (src/dev/rtc.c): the time as the guest reads it in BCD and
+ * binary, 12- and 24-hour modes; setting the time under SET; register A,
+ * C, D; index masking; state save/load and its refusals. */
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "dev/rtc.h"
+#include "harness.h"
+
+/* 2026-12-02 13:45:07 UTC, a Wednesday */
+#define T0 1796219107ll
+
+static uint8_t rd(struct rtc *r, uint8_t reg, int64_t now)
+{
+	uint8_t v = reg;
+	rtc__pio_at(r, RTC_BASE, true, &v, now);
+	rtc__pio_at(r, RTC_BASE + 1, false, &v, now);
+	return v;
+}
+
+static void wr(struct rtc *r, uint8_t reg, uint8_t val, int64_t now)
+{
+	rtc__pio_at(r, RTC_BASE, true, &reg, now);
+	rtc__pio_at(r, RTC_BASE + 1, true, &val, now);
+}
+
+static void t_bcd_24h(struct t *t)
+{
+	struct rtc r;
+	rtc__init(&r);
+	T_CHECK_EQ(t, rd(&r, 0x00, T0), 0x07);
+	T_CHECK_EQ(t, rd(&r, 0x02, T0), 0x45);
+	T_CHECK_EQ(t, rd(&r, 0x04, T0), 0x13);
+	T_CHECK_EQ(t, rd(&r, 0x06, T0), 0x04);      /* Wednesday: 4 (Sunday = 1) */
+	T_CHECK_EQ(t, rd(&r, 0x07, T0), 0x02);
+	T_CHECK_EQ(t, rd(&r, 0x08, T0), 0x12);
+	T_CHECK_EQ(t, rd(&r, 0x09, T0), 0x26);
+	T_CHECK_EQ(t, rd(&r, 0x32, T0), 0x20);
+	T_CHECK_EQ(t, rd(&r, 0x00, T0 + 60), 0x07); /* a minute later */
+	T_CHECK_EQ(t, rd(&r, 0x02, T0 + 60), 0x46);
+	rtc__destroy(&r);
+}
+
+static void t_binary_12h(struct t *t)
+{
+	struct rtc r;
+	rtc__init(&r);
+	wr(&r, 0x0b, 0x04, T0);                     /* binary, 12-hour */
+	T_CHECK_EQ(t, rd(&r, 0x00, T0), 7);
+	T_CHECK_EQ(t, rd(&r, 0x02, T0), 45);
+	T_CHECK_EQ(t, rd(&r, 0x04, T0), 0x80 | 1);  /* 1 PM */
+	T_CHECK_EQ(t, rd(&r, 0x04, T0 - 13 * 3600), 12); /* 00:45: 12 AM */
+	T_CHECK_EQ(t, rd(&r, 0x09, T0), 26);
+	rtc__destroy(&r);
+}
+
+static void t_registers(struct t *t)
+{
+	struct rtc r;
+	rtc__init(&r);
+	T_CHECK_EQ(t, rd(&r, 0x0a, T0) & 0x80, 0);  /* never update-in-progress */
+	wr(&r, 0x0a, 0xa6, T0);
+	T_CHECK_EQ(t, rd(&r, 0x0a, T0), 0x26);
+	T_CHECK_EQ(t, rd(&r, 0x0c, T0), 0);
+	T_CHECK_EQ(t, rd(&r, 0x0d, T0), 0x80);      /* battery good */
+	wr(&r, 0x0d, 0x00, T0);
+	T_CHECK_EQ(t, rd(&r, 0x0d, T0), 0x80);
+	wr(&r, 0x80 | 0x40, 0x5a, T0);              /* NMI mask bit, plain RAM */
+	T_CHECK_EQ(t, rd(&r, 0x40, T0), 0x5a);
+	uint8_t v = 0;
+	rtc__pio_at(&r, RTC_BASE, false, &v, T0);
+	T_CHECK_EQ(t, v, 0xff);
+	rtc__destroy(&r);
+}
+
+/* The guest sets 2030-01-01 00:00:00 under SET; the clock runs from there. */
+static void t_set_time(struct t *t)
+{
+	struct rtc r;
+	rtc__init(&r);
+	wr(&r, 0x0b, 0x82, T0);                     /* SET, 24h BCD */
+	T_CHECK_EQ(t, rd(&r, 0x02, T0 + 500), 0x45); /* held while SET */
+	wr(&r, 0x00, 0x00, T0);
+	wr(&r, 0x02, 0x00, T0);
+	wr(&r, 0x04, 0x00, T0);
+	wr(&r, 0x07, 0x01, T0);
+	wr(&r, 0x08, 0x01, T0);
+	wr(&r, 0x09, 0x30, T0);
+	T_CHECK_EQ(t, rd(&r, 0x09, T0 + 5), 0x30);
+	wr(&r, 0x0b, 0x02, T0 + 10);                /* SET off at host T0 + 10 */
+	T_CHECK_EQ(t, rd(&r, 0x09, T0 + 15), 0x30);
+	T_CHECK_EQ(t, rd(&r, 0x08, T0 + 15), 0x01);
+	T_CHECK_EQ(t, rd(&r, 0x00, T0 + 15), 0x05);
+	T_CHECK_EQ(t, rd(&r, 0x06, T0 + 15), 0x03); /* 2030-01-01 is a Tuesday */
+	rtc__destroy(&r);
+}
+
+static void t_state(struct t *t)
+{
+	struct rtc a, b;
+	rtc__init(&a);
+	rtc__init(&b);
+	wr(&a, 0x0b, 0x82, T0);
+	wr(&a, 0x09, 0x40, T0);
+	wr(&a, 0x0b, 0x02, T0);                     /* 2040 */
+	wr(&a, 0x41, 0x99, T0);
+	uint8_t s[RTC_STATE_SIZE];
+	rtc__save(&a, s);
+	T_CHECK_EQ(t, rtc__load(&b, s, sizeof(s)), 0);
+	T_CHECK_EQ(t, rd(&b, 0x09, T0 + 3), 0x40);
+	T_CHECK_EQ(t, rd(&b, 0x41, T0), 0x99);
+	T_CHECK_EQ(t, rtc__load(&b, s, sizeof(s) - 1), -EINVAL);
+	uint8_t bad[RTC_STATE_SIZE];
+	memcpy(bad, s, sizeof(bad));
+	bad[0] = 2;
+	T_CHECK_EQ(t, rtc__load(&b, bad, sizeof(bad)), -EINVAL);
+	memcpy(bad, s, sizeof(bad));
+	bad[1] = 0x80;                              /* index past the RAM */
+	T_CHECK_EQ(t, rtc__load(&b, bad, sizeof(bad)), -EINVAL);
+	memcpy(bad, s, sizeof(bad));
+	int64_t far = INT64_MAX;
+	memcpy(bad + 4 + RTC_RAM_SIZE, &far, sizeof(far));
+	T_CHECK_EQ(t, rtc__load(&b, bad, sizeof(bad)), -EINVAL);
+	T_CHECK_EQ(t, rd(&b, 0x09, T0), 0x40);      /* a refused load changed nothing */
+	rtc__destroy(&a);
+	rtc__destroy(&b);
+}
+
+int main(void)
+{
+	struct t t = {0};
+
+	T_RUN(&t, t_bcd_24h);
+	T_RUN(&t, t_binary_12h);
+	T_RUN(&t, t_registers);
+	T_RUN(&t, t_set_time);
+	T_RUN(&t, t_state);
+	return T_DONE(&t);
+}
