@@ -49,7 +49,7 @@ __attribute__((noreturn)) static inline void halt_cpu(void)
 
 /* ---- configuration (command line) ---- */
 enum workload { WL_STRESS, WL_IDLE, WL_FILL_FREE, WL_VERIFY };
-enum crash { CRASH_NONE, CRASH_TRIPLE, CRASH_EMUL, CRASH_UD };
+enum crash { CRASH_NONE, CRASH_TRIPLE, CRASH_EMUL, CRASH_UD, CRASH_RESET };
 enum balloon_test { BT_NONE, BT_NOKICK, BT_REBAR, BT_FLOOD };
 
 struct cfg {

@@ -80,6 +80,7 @@ static void parse_option(char *key)
 		if (streq(val, "triple")) cfg.crash = CRASH_TRIPLE;
 		else if (streq(val, "emul")) cfg.crash = CRASH_EMUL;
 		else if (streq(val, "ud")) cfg.crash = CRASH_UD;
+		else if (streq(val, "reset")) cfg.crash = CRASH_RESET;
 		else kprintf("kmig-guest warning: unknown crash \"%s\", ignored\n", val);
 		return;
 	}
@@ -460,6 +461,11 @@ static void crash_now(void)
 		kprintf("kmig-guest crash=emul: popcnt from gpa 0x%x (no memory) in ring 0\n",
 			CRASH_EMUL_GPA);
 		trap(TRAP_CRASH_EMUL, 0, 0);
+		break;
+	case CRASH_RESET:
+		kprintf("kmig-guest crash=reset: 0xfe to port 0x64 (keyboard controller reset)\n");
+		trap(TRAP_OUT8, 0x64, 0xfe);
+		kprintf("kmig-guest crash=reset: still running after the reset request\n");
 		break;
 	case CRASH_UD:
 		kprintf("kmig-guest crash=ud: ud2 in ring 3 without the magic\n");

@@ -202,6 +202,17 @@ def test_crash_triple(d, vms, check):
           "rc=%s %s" % (rc, vm.console.text()[-200:]))
 
 
+@pytest.mark.slow   # the same request under kmig: tests/kvm/test_halt.py
+def test_crash_reset(d, vms, check):
+    """QEMU with -no-reboot exits on the guest's keyboard-controller reset,
+    as kmig ends the VM on it."""
+    vm = boot(d, vms, "crash-reset", "crash=reset", extra=["-no-reboot"])
+    rc = vm.wait_exit(kt.slow(20))
+    text = vm.console.text()
+    check("exits", rc is not None and "crash=reset: 0xfe" in text, "rc=%s %s" % (rc, text[-300:]))
+    check("not_after", "still running after" not in text, text[-300:])
+
+
 @pytest.mark.slow   # the same crash under kmig: tests/kvm/test_failures.py
 def test_crash_emul(d, vms, check):
     vm = boot(d, vms, "crash-emul", "crash=emul")

@@ -1,6 +1,7 @@
 """A guest that halts every vCPU with interrupts off ends `kmig run` with
 status 0 (a halt probe of the control loop); one that keeps a vCPU running
-does not."""
+does not.  A guest's reset request (0xfe to port 0x64) ends it too, at
+once and said so: kmig does not reboot a guest."""
 import time
 
 import pytest
@@ -38,3 +39,16 @@ def test_halt_one_vcpu_running_keeps_vm_alive(d, vms, check):
     n = vm.console.count(r"^heartbeat")
     time.sleep(1)
     check("heartbeats_continue", vm.console.count(r"^heartbeat") > n)
+
+
+def test_reset_request_exits_0(d, vms, check):
+    # two vCPUs: the AP keeps running its workload, so only the reset
+    # request (not the halt probe) can end the VM
+    vm = kt.kmig_vm(d, "reset", "workload=idle crash=reset", memory="256M", cpus=2)
+    vms.append(vm)
+    rc = vm.wait_exit(kt.slow(15))
+    check("exit_status_0", rc == 0, "exit status %r" % rc)
+    text = vm.console.text()
+    check("guest_asked", "crash=reset: 0xfe to port 0x64" in text, text[-400:])
+    check("no_guest_after_reset", "still running after the reset request" not in text, text[-400:])
+    check("reason_logged", "asked for a reset (port 0x64)" in vm.output(), vm.output()[-600:])
