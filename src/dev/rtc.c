@@ -99,10 +99,17 @@ static void rtc__commit(struct rtc *r, int64_t host_s)
 		r->offset_s = (int64_t)t - host_s;
 }
 
+/* The bytes that hold the time (not the alarm bytes 1, 3 and 5). */
+static bool rtc__is_time(uint8_t i)
+{
+	return i == R_SEC || i == R_MIN || i == R_HOUR || (i >= R_WDAY && i <= R_YEAR) ||
+	       i == R_CENTURY;
+}
+
 static uint8_t rtc__read(struct rtc *r, int64_t host_s)
 {
 	uint8_t i = r->index;
-	if (i <= R_YEAR || i == R_CENTURY) {
+	if (rtc__is_time(i)) {
 		if (!(r->ram[R_B] & B_SET))
 			rtc__latch(r, host_s);
 		return r->ram[i];
@@ -131,9 +138,14 @@ static void rtc__write(struct rtc *r, uint8_t v, int64_t host_s)
 		return;                        /* read-only */
 	if (i == R_A)
 		v &= ~A_UIP;
+	if (rtc__is_time(i) && !(r->ram[R_B] & B_SET)) {
+		/* outside SET a write takes effect at once, on the time as it is now */
+		rtc__latch(r, host_s);
+		r->ram[i] = v;
+		rtc__commit(r, host_s);
+		return;
+	}
 	r->ram[i] = v;
-	if ((i <= R_YEAR || i == R_CENTURY) && !(r->ram[R_B] & B_SET))
-		rtc__commit(r, host_s);        /* a write outside SET takes effect at once */
 }
 
 void rtc__pio_at(struct rtc *r, uint16_t port, bool is_write, uint8_t *data, int64_t host_s)

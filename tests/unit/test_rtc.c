@@ -1,5 +1,6 @@
 /* CMOS RTC (src/dev/rtc.c): the time as the guest reads it in BCD and
- * binary, 12- and 24-hour modes; setting the time under SET; register A,
+ * binary, 12- and 24-hour modes; setting the time under SET and outside
+ * it, alarm bytes; register A,
  * C, D; index masking; state save/load and its refusals. */
 #include <errno.h>
 #include <stdint.h>
@@ -96,6 +97,24 @@ static void t_set_time(struct t *t)
 	rtc__destroy(&r);
 }
 
+/* Outside SET: an alarm byte is plain storage, a time byte changes only
+ * that field of the time as it is at the write (not as last read). */
+static void t_write_outside_set(struct t *t)
+{
+	struct rtc r;
+	rtc__init(&r);
+	T_CHECK_EQ(t, rd(&r, 0x02, T0), 0x45);      /* RAM now holds T0's time */
+	wr(&r, 0x01, 0x30, T0 + 3600);              /* seconds alarm, an hour later */
+	T_CHECK_EQ(t, rd(&r, 0x01, T0 + 3600), 0x30);
+	T_CHECK_EQ(t, rd(&r, 0x04, T0 + 3600), 0x14); /* the clock went on: 14:45 */
+	wr(&r, 0x02, 0x10, T0 + 3600);              /* minutes := 10 */
+	T_CHECK_EQ(t, rd(&r, 0x04, T0 + 3600), 0x14);
+	T_CHECK_EQ(t, rd(&r, 0x02, T0 + 3600), 0x10);
+	T_CHECK_EQ(t, rd(&r, 0x00, T0 + 3605), 0x12); /* seconds kept running */
+	T_CHECK_EQ(t, rd(&r, 0x07, T0 + 3600), 0x02);
+	rtc__destroy(&r);
+}
+
 static void t_state(struct t *t)
 {
 	struct rtc a, b;
@@ -135,6 +154,7 @@ int main(void)
 	T_RUN(&t, t_binary_12h);
 	T_RUN(&t, t_registers);
 	T_RUN(&t, t_set_time);
+	T_RUN(&t, t_write_outside_set);
 	T_RUN(&t, t_state);
 	return T_DONE(&t);
 }
