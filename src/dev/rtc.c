@@ -13,6 +13,9 @@ enum { R_SEC = 0, R_MIN = 2, R_HOUR = 4, R_WDAY = 6, R_MDAY = 7, R_MON = 8, R_YE
 #define D_VRT 0x80
 #define HOUR_PM 0x80
 #define RTC_STATE_VERSION 1
+/* the guest clock's offset stays within +-10000 years of the host's, where
+ * gmtime and timegm are defined and a destination accepts it */
+#define RTC_MAX_OFFSET_S 315360000000ll
 
 void rtc__init(struct rtc *r)
 {
@@ -95,8 +98,9 @@ static void rtc__commit(struct rtc *r, int64_t host_s)
 		.tm_year = (int)((century ? century : 20) * 100 + rtc__dec(r, r->ram[R_YEAR])) - 1900,
 	};
 	time_t t = timegm(&tm);
-	if (t != (time_t)-1)
-		r->offset_s = (int64_t)t - host_s;
+	int64_t off = (int64_t)t - host_s;
+	if (t != (time_t)-1 && off <= RTC_MAX_OFFSET_S && off >= -RTC_MAX_OFFSET_S)
+		r->offset_s = off;      /* else the time written is ignored */
 }
 
 /* The bytes that hold the time (not the alarm bytes 1, 3 and 5). */
@@ -190,8 +194,7 @@ int rtc__load(struct rtc *r, const uint8_t *in, size_t len)
 		return -EINVAL;
 	int64_t off;
 	memcpy(&off, in + 4 + RTC_RAM_SIZE, sizeof(off));
-	/* within +-10000 years of the host: timegm and gmtime stay defined */
-	if (off > 315360000000ll || off < -315360000000ll)
+	if (off > RTC_MAX_OFFSET_S || off < -RTC_MAX_OFFSET_S)
 		return -EINVAL;
 	pthread_mutex_lock(&r->lock);
 	r->index = in[1];

@@ -8,7 +8,8 @@
  * settled time), register D always says the battery is good, register C
  * has no flag (there is no RTC interrupt: no alarm, periodic or update
  * interrupt is raised).  Register B's data mode (BCD or binary) and hour
- * mode (12 or 24) apply to what is read and written.  The other bytes of
+ * mode (12 or 24) apply to what is read and written; a time more than
+ * 10000 years from the host's is ignored (it could not migrate).  The other bytes of
  * the 128-byte CMOS RAM are plain storage; 0x32 is the BCD century.
  *
  * State (index, RAM, offset) migrates: the destination's clock goes on

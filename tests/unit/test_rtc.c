@@ -112,6 +112,15 @@ static void t_write_outside_set(struct t *t)
 	T_CHECK_EQ(t, rd(&r, 0x02, T0 + 3600), 0x10);
 	T_CHECK_EQ(t, rd(&r, 0x00, T0 + 3605), 0x12); /* seconds kept running */
 	T_CHECK_EQ(t, rd(&r, 0x07, T0 + 3600), 0x02);
+	wr(&r, 0x32, 0xff, T0 + 3600);              /* century "165": out of range */
+	T_CHECK_EQ(t, rd(&r, 0x09, T0 + 3600), 0x26); /* ignored */
+	T_CHECK_EQ(t, rd(&r, 0x02, T0 + 3600), 0x10);
+	uint8_t s[RTC_STATE_SIZE];
+	struct rtc b;
+	rtc__init(&b);
+	rtc__save(&r, s);
+	T_CHECK_EQ(t, rtc__load(&b, s, sizeof(s)), 0); /* what a guest sets migrates */
+	rtc__destroy(&b);
 	rtc__destroy(&r);
 }
 

@@ -17,7 +17,7 @@
 #include "mig/recv/recv.h"
 #include "state/state.h"
 
-#define INCOMING_MAX_SECTIONS 1024 /* far above 6 + 9 per vCPU */
+#define INCOMING_MAX_SECTIONS 1024 /* far above 7 + 9 per vCPU */
 
 struct incoming {
 	struct migration *m;
