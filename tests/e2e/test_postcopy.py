@@ -385,10 +385,27 @@ def test_recover(d, vms, check, action):
     proxy.close()
 
 
-def cli(qmp_path, *args, timeout=120):
+def cli(qmp_path, *args, timeout=120, vms=()):
+    """kmig migrate; one that does not end in time is killed and comes back
+    with returncode None, what it printed, and both sides' state."""
     import subprocess
-    return subprocess.run([kt.KMIG, "migrate", "--qmp", "unix:" + qmp_path] + list(args),
-                          capture_output=True, text=True, timeout=kt.slow(timeout))
+    cmd = [kt.KMIG, "migrate", "--qmp", "unix:" + qmp_path] + list(args)
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=kt.slow(timeout))
+    except subprocess.TimeoutExpired as e:
+        def text(b):
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        state = []
+        for vm in vms:
+            side = os.path.basename(vm.qmp_path)
+            try:
+                state.append("%s: %r" % (side, vm.qmp().cmd("query-migrate")))
+            except (OSError, EOFError, RuntimeError, ValueError) as err:
+                state.append("%s: no answer (%r)" % (side, err))
+            state.append(dump(vm, 30))
+        return subprocess.CompletedProcess(cmd, None, text(e.stdout), text(e.stderr) +
+                                           "\n# not done in %d s; %s" % (kt.slow(timeout),
+                                                                         " | ".join(state)))
 
 
 @pytest.mark.slow
@@ -420,16 +437,17 @@ def test_cli_after_pass_and_resume(d, vms, check):
     r = cli(src.qmp_path, "--bandwidth", "20", "--postcopy", "after-pass",
             "--dest-qmp", "unix:" + dst.qmp_path, "tcp:127.0.0.1:%d" % proxy.port)
     t.join(5)
-    print("# cli: status %d\n%s\n%s" % (r.returncode, r.stdout, r.stderr[-600:]))
+    print("# cli: status %s\n%s\n%s" % (r.returncode, r.stdout, r.stderr[-600:]))
     check("paused_exit_3", r.returncode == 3 and "postcopy-paused" in r.stdout and
-          "--resume" in r.stderr, "%d %r %r" % (r.returncode, r.stdout, r.stderr[-300:]))
+          "--resume" in r.stderr, "%s %r %r" % (r.returncode, r.stdout, r.stderr[-300:]))
     check("progress_postcopy", "postcopy-active" in r.stderr, r.stderr[-300:])
     uri2 = tcp_uri()
     kt.set_params(src.qmp(), max_postcopy_bandwidth=0)
-    r = cli(src.qmp_path, "--resume", "--dest-qmp", "unix:" + dst.qmp_path, uri2)
-    print("# cli --resume: status %d\n%s" % (r.returncode, r.stdout))
+    r = cli(src.qmp_path, "--resume", "--dest-qmp", "unix:" + dst.qmp_path, uri2,
+            vms=(src, dst))
+    print("# cli --resume: status %s\n%s" % (r.returncode, r.stdout))
     if not check("resumed", r.returncode == 0 and "status completed" in r.stdout and
-                 "post-copy:" in r.stdout, "%d %r %r" % (r.returncode, r.stdout, r.stderr[-300:])):
+                 "post-copy:" in r.stdout, "%s %r %r" % (r.returncode, r.stdout, r.stderr[-3000:])):
         return
     check("dst_completed", kt.wait_migration(dq, kt.slow(20)).get("status") == "completed")
     check_dst_runs(check, src, dst)
