@@ -25,7 +25,7 @@ kvm_amd under emulation.
                   QEMU too: docs/platform.md); such a boot, or one whose
                   kernel panicked (the platform's twice-delivered
                   interrupt), is printed with where it stopped and tried
-                  again, 4 boots and 20 minutes at most; any other
+                  again, 8 boots and 20 minutes at most; any other
                   failure is not.  On a real KVM the one boot must pass.
 """
 import os
@@ -74,7 +74,7 @@ def initramfs(d):
 # is printed and the boot tried again, up to EMULATED_TRIES in all; on a
 # real KVM one boot must do.
 QUIET = 75
-EMULATED_TRIES = 4
+EMULATED_TRIES = 8
 BUDGET = 1200       # all tries together, under run.sh's per-test timeout
 
 
