@@ -178,7 +178,7 @@ static int migrate__resume(struct qmp_client *c, const struct migrate_opts *o, c
 	if (qmp_client__connect(&d, o->dest_qmp, err, n))
 		return -1;
 	json_t *r = qmp_client__call(&d, "migrate-recover", json_pack("{s:s}", "uri", o->uri), err, n);
-	for (int i = 0; r && i < 100; i++) {
+	for (int i = 0; r && i < 500; i++) {     /* 10 s at most */
 		json_t *q = qmp_client__call(&d, "query-migrate", NULL, err, n);
 		const char *st = q ? json_string_value(json_object_get(q, "status")) : NULL;
 		bool done = !q || (st && !strcmp(st, "postcopy-recover"));   /* listening */

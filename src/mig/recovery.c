@@ -62,20 +62,23 @@ int migration__resume(struct migration *m, const char *uri, char *err, size_t er
 	char u[sizeof(m->resume_uri)];
 	if (migration__recovery_uri(uri, u, sizeof(u), err, errlen))
 		return -EINVAL;
+	/* postcopy-recover at once, as QEMU shows it, and before the sender
+	 * wakes: its own moves (to postcopy-active, or back to paused when
+	 * the new link fails) must come after this one, or a quick failure
+	 * would leave the status at postcopy-recover with nobody recovering */
 	pthread_mutex_lock(&m->lock);
 	bool ok = m->status == MIG_POSTCOPY_PAUSED && migration__outgoing(m) && !m->resume;
-	if (ok) {
-		snprintf(m->resume_uri, sizeof(m->resume_uri), "%s", u);
-		m->resume = true;
-		pthread_cond_broadcast(&m->cont_cond);
-	}
 	pthread_mutex_unlock(&m->lock);
-	/* at once, as QEMU: the next query-migrate shows the recovery */
-	if (ok && !migration__advance(m, MIG_POSTCOPY_PAUSED, MIG_POSTCOPY_RECOVER))
-		log_debug("migrate resume: the status moved on meanwhile");
-	if (!ok)
+	if (!ok || !migration__advance(m, MIG_POSTCOPY_PAUSED, MIG_POSTCOPY_RECOVER)) {
 		snprintf(err, errlen, "Cannot resume if there is no paused migration");
-	return ok ? 0 : -EINVAL;
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&m->lock);
+	snprintf(m->resume_uri, sizeof(m->resume_uri), "%s", u);
+	m->resume = true;
+	pthread_cond_broadcast(&m->cont_cond);
+	pthread_mutex_unlock(&m->lock);
+	return 0;
 }
 
 bool migration__await_recovery(struct migration *m, bool *flag, const bool *cancelled)

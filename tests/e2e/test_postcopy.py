@@ -33,7 +33,8 @@ default) except where a test needs it slow.
                 destination and migrate resume=true on the source finish
                 the migration on a new link with every page intact; before
                 that, resume and recover are refused while nothing is
-                paused;
+                paused, and resumes to a URI nobody listens on leave the
+                source paused again each time;
   destination_lost  the destination is killed during post-copy: the
                 source pauses, keeps its guest stopped and quits;
   cli_after_pass_and_resume  kmig migrate --postcopy after-pass stops
@@ -365,6 +366,16 @@ def test_recover(d, vms, check, action):
     check("no_bad_while_paused", not bad_lines(dst), " / ".join(bad_lines(dst)[:5]))
     e = q.cmd_full("migrate_cancel").get("error", {}).get("desc", "")
     check("no_cancel_paused", "can't be cancelled" in e, e)
+    # a resume to a URI nobody listens on fails at once, and the source is
+    # paused again, ready for the next (the status must not stay
+    # postcopy-recover with the sender waiting for a resume)
+    dead = tcp_uri()
+    for i in range(10):
+        q.cmd("migrate", uri=dead, resume=True)
+        r = wait_status(q, "postcopy-paused", kt.slow(5))
+        if not check("refused_resume_paused", r.get("status") == "postcopy-paused",
+                     "try %d: %r" % (i, r)):
+            return
     # a second link, straight to the destination, at link speed
     uri2 = tcp_uri()
     dq.cmd("migrate-recover", uri=uri2)
