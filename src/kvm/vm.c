@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/timeutil.h"
+#include "dev/balloon.h"
 #include "kvm/vm_balloon.h"
 #include "kvm/vcpu.h"
 #include "mem/dirty.h"
@@ -158,12 +159,16 @@ static int vm__create_tracker(struct vm *vm, char *err, size_t errlen)
 	return rc;
 }
 
-/* The MP table in the BIOS area: how a guest without ACPI finds its CPUs. */
+/* The MP table in the BIOS area: how a guest without ACPI finds its CPUs,
+ * and the balloon's INTA when there is a PCI bus. */
 static int vm__write_mptable(struct vm *vm, char *err, size_t errlen)
 {
-	size_t size = mptable__size(vm->nr_vcpus);
+	const struct mptable_pci_irq balloon = { BALLOON_PCI_SLOT, 1, BALLOON_IRQ };
+	unsigned npci = vm->cfg.balloon ? 1 : 0;
+	size_t size = mptable__size(vm->nr_vcpus, npci);
 	uint8_t *host = ram__gpa_to_host(&vm->ram, MPTABLE_GPA, size);
-	long n = host ? mptable__build(host, size, MPTABLE_GPA, vm->nr_vcpus) : -ERANGE;
+	long n = host ? mptable__build(host, size, MPTABLE_GPA, vm->nr_vcpus, &balloon, npci)
+		      : -ERANGE;
 	if (n < 0)
 		snprintf(err, errlen, "cannot write the MP table: %s", strerror((int)-n));
 	return n < 0 ? (int)n : 0;

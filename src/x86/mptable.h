@@ -10,6 +10,13 @@
  * every local APIC's LINT0 and NMI on LINT1.  Every checksum makes its
  * structure sum to zero (mod 256).
  *
+ * With PCI interrupt routes (a PCI bus exists): bus 0 is "PCI" (Linux
+ * takes an MP bus id for the PCI bus number) and bus 1 "ISA"; each route
+ * is an I/O interrupt entry from PCI bus 0, device slot, pin INTA..INTD,
+ * to its I/O APIC pin, level-triggered and active high (as KVM's I/O APIC
+ * treats every line: asserted is high), and that pin is left out of the
+ * ISA entries.
+ *
  * Pure memory: mptable__build writes into a buffer. */
 #ifndef KMIG_X86_MPTABLE_H
 #define KMIG_X86_MPTABLE_H
@@ -25,11 +32,23 @@
 #define MPTABLE_LAPIC_GPA 0xfee00000u
 #define MPTABLE_ISA_IRQS 16u
 
-/* Bytes the table takes for ncpus vCPUs. */
-size_t mptable__size(unsigned ncpus);
+#define MPTABLE_MAX_PCI_IRQS 8u
+
+/* One PCI device's interrupt pin and the I/O APIC pin (GSI) it drives. */
+struct mptable_pci_irq {
+	uint8_t slot;   /* device number on bus 0, 0..31 */
+	uint8_t pin;    /* 1..4: INTA..INTD */
+	uint8_t gsi;    /* I/O APIC pin, 0..MPTABLE_ISA_IRQS-1 */
+};
+
+/* Bytes the table takes for ncpus vCPUs and npci PCI routes (valid ones:
+ * distinct GSIs). */
+size_t mptable__size(unsigned ncpus, unsigned npci);
 /* Writes the floating pointer and table for ncpus (1..MPTABLE_MAX_CPUS)
- * into buf, to be placed at guest-physical gpa; returns the size, or
- * -EINVAL / -ENOSPC. */
-long mptable__build(uint8_t *buf, size_t cap, uint32_t gpa, unsigned ncpus) KMIG_MUST_CHECK;
+ * and npci routes (0..MPTABLE_MAX_PCI_IRQS, distinct GSIs) into buf, to
+ * be placed at guest-physical gpa; returns the size, or -EINVAL /
+ * -ENOSPC. */
+long mptable__build(uint8_t *buf, size_t cap, uint32_t gpa, unsigned ncpus,
+		    const struct mptable_pci_irq *pci, unsigned npci) KMIG_MUST_CHECK;
 
 #endif
