@@ -29,7 +29,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: kmig run --kernel FILE [--initrd FILE] [--cmdline S] [--memory SIZE] [--cpus N]\n"
 		"                [--console stdio|file:PATH|none] [--qmp unix:PATH]\n"
-		"                [--dirty-ring ENTRIES|auto] [--reaper fixed|adaptive] [--balloon]\n"
+		"                [--dirty-ring ENTRIES|auto] [--reaper fixed|adaptive]\n"
+		"                [--balloon[=free-page-hint=on|off,free-page-reporting=on|off]]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
 		"                [--object tls-creds-psk,id=ID,dir=DIR[,username=NAME]]\n"
 		"                [--object tls-creds-x509,id=ID,dir=DIR[,verify-peer=on|off]]\n"
@@ -38,6 +39,7 @@ static void usage(FILE *f)
 		"       kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS]\n"
 		"                    [--auto-converge step|computed] [--dirty-limit MB/s] [--multifd N]\n"
 		"                    [--compression none|zstd|lz4]\n"
+		"                    [--postcopy auto|after-pass|off] [--dest-qmp unix:PATH] [--resume]\n"
 		"                    [--tls-creds ID] [--tls-hostname NAME]\n"
 		"                    [--verify] [--json]\n"
 		"       kmig version\n");
@@ -59,6 +61,30 @@ static int open_console(const char *spec, int *fd)
 	return 0;
 }
 
+/* --balloon=KEY=on|off[,...]: which free page features the device offers. */
+static void parse_balloon(const char *spec, struct vm_config *c)
+{
+	char buf[128];
+	if (snprintf(buf, sizeof(buf), "%s", spec) >= (int)sizeof(buf))
+		die("--balloon=%.40s...: too long", spec);
+	char *save = NULL;
+	for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+		char *v = strchr(kv, '=');
+		bool on = v && !strcmp(v + 1, "on");
+		if (!v || (!on && strcmp(v + 1, "off")))
+			die("--balloon=%s: %s: expected free-page-hint=on|off or "
+			    "free-page-reporting=on|off", spec, kv);
+		*v = 0;
+		if (!strcmp(kv, "free-page-hint"))
+			c->balloon_no_hint = !on;
+		else if (!strcmp(kv, "free-page-reporting"))
+			c->balloon_no_reporting = !on;
+		else
+			die("--balloon=%s: unknown property %s (free-page-hint, free-page-reporting)",
+			    spec, kv);
+	}
+}
+
 static void parse_run(int argc, char **argv, struct run_opts *o)
 {
 	static const struct option longopts[] = {
@@ -67,7 +93,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		{ "memory", required_argument, 0, 'm' }, { "cpus", required_argument, 0, 'n' },
 		{ "console", required_argument, 0, 'o' }, { "qmp", required_argument, 0, 'q' },
 		{ "dirty-ring", required_argument, 0, 'r' }, { "incoming", required_argument, 0, 'i' },
-		{ "reaper", required_argument, 0, 'R' }, { "balloon", no_argument, 0, 'B' },
+		{ "reaper", required_argument, 0, 'R' }, { "balloon", optional_argument, 0, 'B' },
 		{ "object", required_argument, 0, 'O' }, { "tls-creds", required_argument, 0, 'T' },
 		{ "tls-authz", required_argument, 0, 'A' },
 		{ "tls-hostname", required_argument, 0, 'H' },
@@ -120,7 +146,11 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 				die("--reaper %s: expected fixed or adaptive", optarg);
 			o->vm.reaper_fixed = !strcmp(optarg, "fixed");
 			break;
-		case 'B': o->vm.balloon = true; break;
+		case 'B':
+			o->vm.balloon = true;
+			if (optarg)
+				parse_balloon(optarg, &o->vm);
+			break;
 		case 'O':
 			if (o->nobjects == sizeof(o->objects) / sizeof(o->objects[0]))
 				die("--object: at most %zu", sizeof(o->objects) / sizeof(o->objects[0]));

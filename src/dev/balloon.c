@@ -71,6 +71,32 @@ static void balloon__pfns(struct balloon *b, const struct virtq_buf *buf, bool i
 	}
 }
 
+int balloon__queue(const struct balloon *b, enum balloon_vq role)
+{
+	static const unsigned feature[BALLOON_NR_VQS] = {
+		[BALLOON_VQ_STATS] = BALLOON_F_STATS_VQ, [BALLOON_VQ_FREE_PAGE] = BALLOON_F_FREE_PAGE_HINT,
+		[BALLOON_VQ_REPORTING] = BALLOON_F_REPORTING,
+	};
+	if ((unsigned)role >= BALLOON_NR_VQS)
+		return -1;
+	if (role <= BALLOON_VQ_DEFLATE)
+		return (int)role;
+	if (!virtio_pci__has(&b->vp, feature[role]))
+		return -1;
+	int qi = BALLOON_VQ_DEFLATE + 1;
+	for (unsigned r = BALLOON_VQ_STATS; r < (unsigned)role; r++)
+		qi += virtio_pci__has(&b->vp, feature[r]);
+	return qi;
+}
+
+int balloon__role(const struct balloon *b, unsigned qi)
+{
+	for (unsigned r = 0; r < BALLOON_NR_VQS; r++)
+		if (balloon__queue(b, (enum balloon_vq)r) == (int)qi)
+			return (int)r;
+	return -1;
+}
+
 void balloon__drain(struct balloon *b, unsigned qi, balloon_chain_fn fn)
 {
 	struct virtq *q = &b->vp.vqs[qi];
@@ -95,7 +121,7 @@ static void balloon__page_chain(struct balloon *b, unsigned qi, const struct vir
 {
 	struct balloon_run run = { 0, 0 };
 	for (unsigned i = 0; i < c->nout; i++)
-		balloon__pfns(b, &c->bufs[i], qi == BALLOON_VQ_INFLATE, &run);
+		balloon__pfns(b, &c->bufs[i], balloon__role(b, qi) == BALLOON_VQ_INFLATE, &run);
 	balloon__discard(b, run.gpa, run.len);
 }
 
@@ -116,7 +142,7 @@ static void balloon__report_chain(struct balloon *b, unsigned qi, const struct v
 static void balloon__notify(void *ctx, unsigned q)
 {
 	struct balloon *b = ctx;
-	switch (q) {
+	switch (balloon__role(b, q)) {
 	case BALLOON_VQ_INFLATE:
 	case BALLOON_VQ_DEFLATE: balloon__drain(b, q, balloon__page_chain); break;
 	case BALLOON_VQ_FREE_PAGE: balloon__drain(b, q, balloon__hint_chain); break;
@@ -180,8 +206,9 @@ int balloon__create(struct balloon **out, const struct balloon_conf *conf)
 	pthread_cond_init(&b->hint_cond, NULL);
 	struct virtio_pci_conf vc = {
 		.virtio_id = VIRTIO_ID_BALLOON, .class_code = 0xff0000,
-		.features = 1ull << BALLOON_F_STATS_VQ | 1ull << BALLOON_F_FREE_PAGE_HINT |
-			    1ull << BALLOON_F_REPORTING,
+		.features = 1ull << BALLOON_F_STATS_VQ |
+			    (conf->no_free_page_hint ? 0 : 1ull << BALLOON_F_FREE_PAGE_HINT) |
+			    (conf->no_reporting ? 0 : 1ull << BALLOON_F_REPORTING),
 		.nqueues = BALLOON_NR_VQS, .queue_max = BALLOON_QUEUE_SIZE,
 		.cfg_size = BALLOON_CFG_SIZE, .irq_line = conf->irq_line, .bar_gpa = conf->bar_gpa,
 	};

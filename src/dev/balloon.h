@@ -67,6 +67,10 @@
 #define BALLOON_IRQ 10
 #define BALLOON_BAR_GPA 0xe0000000ull
 
+/* The queues' roles.  Inflate and deflate are queues 0 and 1; the others
+ * follow in this order, each only when its feature was negotiated, with no
+ * gap (as Linux's driver and QEMU's device number them): with statsq and
+ * reporting but no hinting, reporting is queue 3. */
 enum balloon_vq { BALLOON_VQ_INFLATE, BALLOON_VQ_DEFLATE, BALLOON_VQ_STATS,
 		  BALLOON_VQ_FREE_PAGE, BALLOON_VQ_REPORTING, BALLOON_NR_VQS };
 
@@ -93,6 +97,8 @@ struct balloon_conf {
 	void *irq_ctx;
 	uint8_t irq_line;
 	uint64_t bar_gpa;
+	bool no_free_page_hint;                /* do not offer FREE_PAGE_HINT */
+	bool no_reporting;                     /* do not offer REPORTING */
 };
 
 struct balloon;

@@ -76,7 +76,7 @@ void balloon__hint_reset(struct balloon *b)
 static bool balloon__hint_usable(const struct balloon *b)
 {
 	return virtio_pci__running(&b->vp) && virtio_pci__has(&b->vp, BALLOON_F_FREE_PAGE_HINT) &&
-	       b->vp.vqs[BALLOON_VQ_FREE_PAGE].ready;
+	       b->vp.vqs[balloon__queue(b, BALLOON_VQ_FREE_PAGE)].ready;
 }
 
 bool balloon__hint_ready(struct balloon *b)

@@ -28,6 +28,10 @@ struct balloon {
 };
 
 /* balloon.c */
+/* The role of queue qi under the negotiated features, or -1; the queue
+ * index of a role, or -1 (lock held). */
+int balloon__role(const struct balloon *b, unsigned qi);
+int balloon__queue(const struct balloon *b, enum balloon_vq role);
 int64_t balloon__page_of(const struct balloon *b, uint64_t gpa);
 void balloon__discard(struct balloon *b, uint64_t gpa, uint64_t len);
 uint64_t balloon__actual_bytes_locked(const struct balloon *b);

@@ -57,6 +57,8 @@ struct vm_config {
 	bool incoming;           /* do not load a kernel: RAM and state arrive by migration */
 	bool reaper_fixed;       /* ring reaper every 1 s (QEMU's way) instead of adaptive */
 	bool balloon;            /* PCI bus with a virtio-balloon (kvm/vm_balloon.h) */
+	bool balloon_no_hint;    /* ... that does not offer free page hinting */
+	bool balloon_no_reporting; /* ... nor free page reporting */
 	uint64_t clear_chunk_pages; /* dirty tracker's deferred-clear chunk; 0 = default */
 };
 

@@ -36,7 +36,8 @@ int vm_balloon__attach(struct vm *vm, char *err, size_t errlen)
 	struct balloon_conf c = {
 		.ram = &vm->ram, .mark = vm_balloon__mark, .mark_ctx = vm,
 		.irq = vm_balloon__irq, .irq_ctx = vm, .irq_line = BALLOON_IRQ,
-		.bar_gpa = BALLOON_BAR_GPA,
+		.bar_gpa = BALLOON_BAR_GPA, .no_free_page_hint = vm->cfg.balloon_no_hint,
+		.no_reporting = vm->cfg.balloon_no_reporting,
 	};
 	int rc = balloon__create(&vm->balloon, &c);
 	if (!rc)

@@ -30,9 +30,11 @@ kvm_amd under emulation.
   balloon_linux_driver  Linux's virtio_pci and virtio_balloon modules bind
                   kmig's balloon (INTA through the MP table's PCI route),
                   QMP balloon inflates 256 MiB of 512 (MemTotal and
-                  query-balloon follow) and deflates it.
+                  query-balloon follow) and deflates it; Linux's free
+                  page reporting then drops freed blocks.
   migrate_idle_linux  a mostly idle Linux guest with its balloon driver
-                  bound migrates with x-verify: the destination goes on
+                  bound migrates with x-verify, its ballooned and
+                  hinted-free pages not sent: the destination goes on
                   ticking, its clock steps by no more than the downtime,
                   its console stays clean, its balloon driver works.
 """
@@ -197,6 +199,7 @@ while [ $i -lt 1200 ]; do
 	fi
 	sleep 0.25; i=$((i + 1))
 done
+sleep 5   # free page reporting: the deflated pages, freed, are reported
 echo KMIG-IRQ=$(grep -c virtio /proc/interrupts) $(grep virtio /proc/interrupts | tr -s ' ')
 poweroff -f
 """
@@ -293,7 +296,8 @@ def balloon_run(d, attempt, rd, limit):
                         if seen["actual_out"] == 512 * MIB:
                             break
                         time.sleep(0.1)
-                    wait(r"KMIG-IRQ=(.*)", "irq")
+                    if wait(r"KMIG-IRQ=(.*)", "irq"):
+                        seen["reported"] = q.cmd("query-balloon").get("x-reported-pages")
                     seen["status"] = vm.wait_exit(kt.slow(30))
     except (OSError, EOFError, RuntimeError, ValueError) as e:
         seen["error"] = repr(e)
@@ -347,6 +351,8 @@ def test_balloon_linux_driver(d, check):
     check("deflated", "deflated" in seen, tail)
     check("actual_deflated", seen.get("actual_out") == 512 * MIB, repr(seen))
     check("interrupts", re.match(r"[1-9]", seen.get("irq", "")) is not None, repr(seen))
+    # Linux's free page reporting: at least one 4 MiB block dropped
+    check("reported", (seen.get("reported") or 0) >= 1024, repr(seen))
     check("exit_0", seen.get("status") == 0, "%r / %s" % (seen, tail))
 
 
@@ -442,16 +448,19 @@ def migrate_linux(check, src, dst):
     kt.wait_incoming(dst, kt.slow(30))
     q = src.qmp()
     q.cmd("migrate-set-capabilities", capabilities=[{"capability": "x-verify", "state": True}])
-    q.cmd("migrate-set-parameters", **{"max-bandwidth": 1 << 30})
+    # the bulk pass waits for Linux's free page hints (up to 2 s)
+    q.cmd("migrate-set-parameters", **{"max-bandwidth": 1 << 30, "x-free-page-hint-wait": 2000})
     q.cmd("migrate", uri=next(a for a in dst.proc.args if a.startswith("tcp:")))
     r = kt.wait_migration(q, kt.slow(120))
-    print("# linux migration: %s, %s ms, downtime %s ms, %s MiB, %s ballooned pages skipped" % (
-        r.get("status"), r.get("total-time"), r.get("downtime"),
-        r.get("ram", {}).get("transferred", 0) >> 20, r.get("x-balloon-pages-skipped")))
+    print("# linux migration: %s, %s ms, downtime %s ms, %s MiB, %s ballooned and %s hinted "
+          "pages skipped" % (r.get("status"), r.get("total-time"), r.get("downtime"),
+                             r.get("ram", {}).get("transferred", 0) >> 20,
+                             r.get("x-balloon-pages-skipped"), r.get("x-free-pages-skipped")))
     if not check("completed", r.get("status") == "completed",
                  "%r / src %s / dst %s" % (r, dump_vm(src), dump_vm(dst))):
         return
     check("ballooned_not_sent", r.get("x-balloon-pages-skipped", 0) >= 64 * 256, repr(r))
+    check("hinted_not_sent", r.get("x-free-pages-skipped", 0) > 0, repr(r))
     last = [re.search(TICK, l) for l in src.console.text().splitlines()]
     last = [m for m in last if m][-1]
     later = dst.console.wait(r"KMIG-LINUX tick (%d) " % (int(last.group(1)) + 3), kt.slow(30),

@@ -69,6 +69,11 @@ BAD = [
     ("console_bogus", ["--kernel", kt.GUEST, "--console", "bogus"], ["--console", "bogus"]),
     ("qmp_tcp", G + ["--qmp", "tcp:x"], ["--qmp", "tcp:x"]),
     ("stray_argument", G + ["extra"], ["extra"]),
+    ("balloon_value", G + ["--balloon=free-page-hint=maybe"], ["--balloon", "maybe", "on|off"]),
+    ("balloon_property", G + ["--balloon=deflate-on-oom=on"], ["--balloon", "deflate-on-oom",
+                                                                "unknown property"]),
+    ("balloon_no_value", G + ["--balloon=free-page-reporting"], ["--balloon",
+                                                                 "free-page-reporting"]),
 ]
 
 

@@ -128,18 +128,24 @@ static uint8_t drv_start(struct drv *d, uint64_t features)
 #define ALL_FEATURES (1ull << 32 | 1ull << BALLOON_F_STATS_VQ | 1ull << BALLOON_F_FREE_PAGE_HINT | \
 		      1ull << BALLOON_F_REPORTING)
 
-static void drv_init_size(struct drv *d, uint64_t ram_size)
+static void drv_init_conf(struct drv *d, uint64_t ram_size, bool no_hint, bool no_reporting)
 {
 	memset(d, 0, sizeof(*d));
 	if (ram__create(&d->ram, -1, ram_size))
 		abort();
 	pci__init(&d->bus);
 	struct balloon_conf c = { .ram = &d->ram, .mark = mark, .mark_ctx = d, .irq = irq,
-				  .irq_ctx = d, .irq_line = BALLOON_IRQ, .bar_gpa = BALLOON_BAR_GPA };
+				  .irq_ctx = d, .irq_line = BALLOON_IRQ, .bar_gpa = BALLOON_BAR_GPA,
+				  .no_free_page_hint = no_hint, .no_reporting = no_reporting };
 	if (balloon__create(&d->b, &c) || pci__add(&d->bus, BALLOON_PCI_SLOT, balloon__pci(d->b)))
 		abort();
 	balloon__set_change_cb(d->b, on_change, d);
 	d->bar = BALLOON_BAR_GPA;
+}
+
+static void drv_init_size(struct drv *d, uint64_t ram_size)
+{
+	drv_init_conf(d, ram_size, false, false);
 }
 
 static void drv_init(struct drv *d)
@@ -594,6 +600,54 @@ static void t_reporting(struct t *t)
 	drv_fini(&d);
 }
 
+/* Queue numbers follow the negotiated features with no gap: reporting is
+ * queue 3 without hinting, 2 without statsq and hinting; a device that
+ * does not offer a feature refuses it.  Each reported range is dropped
+ * on the queue its layout gives, and a kick of a queue past the layout
+ * does nothing. */
+static void t_queue_layout(struct t *t)
+{
+	const struct { bool no_hint, no_rep; uint64_t feat; int rep_q, hint_q; } c[] = {
+		{ false, false, ALL_FEATURES, 4, 3 },
+		{ true, false, 1ull << 32 | 1ull << BALLOON_F_STATS_VQ | 1ull << BALLOON_F_REPORTING, 3, -1 },
+		{ false, false, 1ull << 32 | 1ull << BALLOON_F_REPORTING, 2, -1 },
+		{ false, true, 1ull << 32 | 1ull << BALLOON_F_STATS_VQ | 1ull << BALLOON_F_FREE_PAGE_HINT,
+		  -1, 3 },
+	};
+	for (unsigned i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		struct drv d;
+		drv_init_conf(&d, RAM_SIZE, c[i].no_hint, c[i].no_rep);
+		T_CHECK_EQ(t, drv_start(&d, c[i].feat), 0x0f);
+		T_CHECK_EQ(t, balloon__queue(d.b, BALLOON_VQ_REPORTING), c[i].rep_q);
+		T_CHECK_EQ(t, balloon__queue(d.b, BALLOON_VQ_FREE_PAGE), c[i].hint_q);
+		T_CHECK_EQ(t, balloon__role(d.b, 1), BALLOON_VQ_DEFLATE);
+		if (c[i].rep_q >= 0) {
+			memset(host(&d, 0x4000000), 0x77, 0x8000);
+			struct seg s = { 0x4000000, 0x8000, true };
+			add_chain(&d, (unsigned)c[i].rep_q, &s, 1);
+			kick(&d, (unsigned)c[i].rep_q);
+			T_CHECK_EQ(t, used_idx(&d, (unsigned)c[i].rep_q), 1);
+			T_CHECK_EQ(t, host(&d, 0x4000000)[0], 0);
+			T_CHECK_EQ(t, balloon__role(d.b, (unsigned)c[i].rep_q), BALLOON_VQ_REPORTING);
+		}
+		/* a queue past the layout: its buffers stay with the device */
+		unsigned past = (unsigned)(c[i].rep_q > c[i].hint_q ? c[i].rep_q : c[i].hint_q) + 1;
+		if (past < BALLOON_NR_VQS) {
+			struct seg s = { 0x4000000, 0x1000, true };
+			add_chain(&d, past, &s, 1);
+			kick(&d, past);
+			T_CHECK_EQ(t, used_idx(&d, past), 0);
+			T_CHECK_EQ(t, balloon__role(d.b, past), -1);
+		}
+		drv_fini(&d);
+	}
+	/* not offered: refused at FEATURES_OK */
+	struct drv d;
+	drv_init_conf(&d, RAM_SIZE, true, true);
+	T_CHECK(t, !(drv_start(&d, ALL_FEATURES) & VIRTIO_STATUS_FEATURES_OK));
+	drv_fini(&d);
+}
+
 struct saved {
 	uint8_t buf[256 << 10];
 	size_t len;
@@ -739,5 +793,6 @@ int main(void)
 	T_RUN(&t, t_state);
 	T_RUN(&t, t_state_fragmented);
 	T_RUN(&t, t_state_refused_features);
+	T_RUN(&t, t_queue_layout);
 	return T_DONE(&t);
 }
