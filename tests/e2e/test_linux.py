@@ -29,7 +29,7 @@ kvm_amd under emulation.
                   failure is not.  On a real KVM the one boot must pass.
   balloon_linux_driver  Linux's virtio_pci and virtio_balloon modules bind
                   kmig's balloon (INTA through the MP table's PCI route),
-                  QMP balloon inflates 256 MiB of 512 (MemTotal and
+                  QMP balloon inflates 64 MiB of 512 (MemTotal and
                   query-balloon follow) and deflates it; Linux's free
                   page reporting then drops freed blocks.
   migrate_idle_linux  a mostly idle Linux guest with its balloon driver
@@ -193,11 +193,12 @@ while [ $i -lt 1200 ]; do
 	m=$(mem)
 	[ $m != $last ] && echo KMIG-MEM=$m
 	last=$m
-	[ $m -lt $((m0 - 65536)) ] && low=1
+	[ $m -lt $((m0 - 32768)) ] && low=1
 	if [ $low = 1 ] && [ $m -ge $m0 ]; then
 		echo KMIG-DEFLATED=$m; break
 	fi
 	sleep 0.25; i=$((i + 1))
+	[ $((i % 20)) = 0 ] && echo KMIG-ALIVE $i
 done
 sleep 5   # free page reporting: the deflated pages, freed, are reported
 echo KMIG-IRQ=$(grep -c virtio /proc/interrupts) $(grep virtio /proc/interrupts | tr -s ' ')
@@ -205,8 +206,11 @@ poweroff -f
 """
 
 
-# one vCPU: its boots have not hung so far, so less time for tries
-SHORT_BUDGET = 480
+# one vCPU: fewer boots hang than with two, so less time for the tries
+SHORT_BUDGET = 600
+# 64 MiB into the balloon: enough to see it work, few enough exits (the
+# emulated platform hangs more often while a balloon moves, docs/platform.md)
+BALLOON_TARGET = 448 * MIB
 
 
 def have_mods(check):
@@ -239,7 +243,7 @@ def balloon_initramfs(d):
 
 
 def balloon_run(d, attempt, rd, limit):
-    """One boot with --balloon: waits for the driver, inflates to 256 MiB
+    """One boot with --balloon: waits for the driver, inflates to 448 MiB
     of 512, deflates; (what it saw, console text, why it was stopped)."""
     con = os.path.join(d, "bcon%d.log" % attempt)
     qmp = os.path.join(d, "b%d.qmp" % attempt)
@@ -266,13 +270,21 @@ def balloon_run(d, attempt, rd, limit):
                     continue
                 if vm.proc.poll() is not None:
                     return False
-                if len(vm.console.lines) == n and vm.console.partial() == seen.get("_part"):
+                # progress: any line but the guest loop's heartbeat
+                new = vm.console.lines[n:]
+                alive = any("KMIG-ALIVE" in l for l in new)
+                if all("KMIG-ALIVE" in l for l in new) and \
+                        vm.console.partial() == seen.get("_part"):
                     seen["_quiet"] = seen.get("_quiet", 0) + 5
+                    seen["_alive"] = seen.get("_alive", False) or alive
+                    if seen["_quiet"] >= QUIET and seen["_alive"]:
+                        seen["stalled"] = "no balloon progress for %d s, the guest running" % QUIET
+                        return False
                     if seen["_quiet"] >= QUIET:
                         seen["why"] = "console silent for %d s" % QUIET
                         return False
                 else:
-                    seen["_quiet"] = 0
+                    seen["_quiet"], seen["_alive"] = 0, False
                 seen["_part"] = vm.console.partial()
             seen["why"] = "not done in %d s" % limit
             return False
@@ -280,13 +292,13 @@ def balloon_run(d, attempt, rd, limit):
                 wait(r"KMIG-MEMTOTAL=(\d+)", "memtotal"):
             m0 = int(seen["memtotal"])
             q = vm.qmp()
-            q.cmd("balloon", value=256 * MIB)
-            # inflated: MemTotal down by the whole 256 MiB
-            if wait(r"KMIG-MEM=(\d+)", "inflated", lambda v: int(v) <= m0 - 256 * 1024 + 64):
+            q.cmd("balloon", value=BALLOON_TARGET)
+            # inflated: MemTotal down by the whole 64 MiB
+            if wait(r"KMIG-MEM=(\d+)", "inflated", lambda v: int(v) <= m0 - 64 * 1024 + 64):
                 # the driver writes actual after its last page
                 for _ in range(int(kt.slow(10) / 0.1)):
                     seen["actual_in"] = q.cmd("query-balloon").get("actual")
-                    if seen["actual_in"] == 256 * MIB:
+                    if seen["actual_in"] == BALLOON_TARGET:
                         break
                     time.sleep(0.1)
                 q.cmd("balloon", value=512 * MIB)
@@ -310,12 +322,12 @@ def test_balloon_linux_driver(d, check):
     """Linux's own virtio_pci and virtio_balloon drivers (modules from the
     kernel package) bind kmig's balloon, its INTA routed through the MP
     table to I/O APIC pin 10: the QMP balloon command inflates the guest by
-    256 MiB (MemTotal falls by that, query-balloon's actual follows) and
+    64 MiB (MemTotal falls by that, query-balloon's actual follows) and
     deflates it again, which needs the device's interrupt (the driver
     waits for each buffer back); the interrupt is the MP table's
     level-triggered route (seen failing without the route: Linux then
     takes the configuration space's line, edge-triggered).  Emulated
-    hangs and panics are tried again, as for the boot test, within 8
+    hangs and panics are tried again, as for the boot test, within 10
     minutes."""
     if not have_mods(check):
         return
@@ -345,9 +357,9 @@ def test_balloon_linux_driver(d, check):
     if not check("inflated", "inflated" in seen, tail):
         return
     drop = int(seen["memtotal"]) - int(seen["inflated"])
-    check("memtotal_fell_256m", 256 * 1024 - 64 <= drop <= 256 * 1024 + 64,
+    check("memtotal_fell_64m", 64 * 1024 - 64 <= drop <= 64 * 1024 + 64,
           "MemTotal fell by %d kB" % drop)
-    check("actual_inflated", seen.get("actual_in") == 256 * MIB, repr(seen))
+    check("actual_inflated", seen.get("actual_in") == BALLOON_TARGET, repr(seen))
     check("deflated", "deflated" in seen, tail)
     check("actual_deflated", seen.get("actual_out") == 512 * MIB, repr(seen))
     check("interrupts", re.match(r"[1-9]", seen.get("irq", "")) is not None, repr(seen))
@@ -399,7 +411,7 @@ def test_migrate_idle_linux(d, check):
     destination).  Not under load: a busy Linux userspace
     crashes on the emulated KVM (docs/platform.md).  A boot that hangs or
     panics under emulation is tried again, as for the boot test, within
-    8 minutes."""
+    10 minutes."""
     if not have_mods(check):
         return
     rd = guest_initramfs(d)
