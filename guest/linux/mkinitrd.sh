@@ -1,6 +1,7 @@
 #!/bin/sh
 # mkinitrd.sh OUT MEMCHECK [MODS]: the Linux guest's initramfs (gzip'd newc
-# cpio): Debian's busybox-static, memcheck and guest/linux/init; with MODS
+# cpio): Debian's busybox-static, memcheck, rtcwait (beside MEMCHECK) and
+# guest/linux/init; with MODS
 # (a directory of kernel modules and their modules.list, in load order:
 # scripts/kvm-vm --prepare writes one for Linux's virtio_pci and
 # virtio_balloon) also those, which /init loads.
@@ -17,12 +18,13 @@ trap 'rm -rf "$root"' EXIT
 mkdir -p "$root/bin"
 cp "$busybox" "$root/bin/busybox"
 cp "$memcheck" "$root/bin/memcheck"
+cp "$(dirname "$memcheck")/rtcwait" "$root/bin/rtcwait"
 cp "$(dirname "$0")/init" "$root/init"
 if [ -n "$mods" ]; then
 	mkdir -p "$root/mods"
 	for m in $(cat "$mods/modules.list"); do cp "$mods/$m.ko" "$root/mods/"; done
 	cp "$mods/modules.list" "$root/mods/"
 fi
-chmod 755 "$root" "$root/bin" "$root/init" "$root/bin/memcheck"
+chmod 755 "$root" "$root/bin" "$root/init" "$root/bin/memcheck" "$root/bin/rtcwait"
 (cd "$root" && find . | cpio -o -H newc -R 0:0 --quiet | gzip -1) > "$out.tmp"
 mv "$out.tmp" "$out"

@@ -7,9 +7,19 @@
 enum { R_SEC = 0, R_MIN = 2, R_HOUR = 4, R_WDAY = 6, R_MDAY = 7, R_MON = 8, R_YEAR = 9,
        R_A = 0x0a, R_B = 0x0b, R_C = 0x0c, R_D = 0x0d, R_CENTURY = 0x32 };
 #define B_SET 0x80
+#define B_PIE 0x40
+#define B_AIE 0x20
+#define B_UIE 0x10
 #define B_BINARY 0x04
 #define B_24H 0x02
 #define A_UIP 0x80
+#define A_DIV_RUN 0x20          /* divider bits 6:4 = 010: the time base runs */
+#define C_IRQF 0x80
+#define C_PF 0x40
+#define C_AF 0x20
+#define C_UF 0x10
+#define C_FLAGS 0x70            /* PF, AF, UF: the same bits as PIE, AIE, UIE in B */
+#define NS 1000000000ll
 #define D_VRT 0x80
 #define HOUR_PM 0x80
 #define RTC_STATE_VERSION 1
@@ -21,6 +31,8 @@ void rtc__init(struct rtc *r)
 {
 	memset(r, 0, sizeof(*r));
 	pthread_mutex_init(&r->lock, NULL);
+	pthread_cond_init(&r->cond, NULL);
+	r->last_sec = r->last_period = -1;
 	r->ram[R_A] = 0x26;     /* 32.768 kHz time base, 1024 Hz rate */
 	r->ram[R_B] = B_24H;    /* 24-hour BCD, as a PC firmware leaves it */
 	r->ram[R_D] = D_VRT;
@@ -28,6 +40,7 @@ void rtc__init(struct rtc *r)
 
 void rtc__destroy(struct rtc *r)
 {
+	pthread_cond_destroy(&r->cond);
 	pthread_mutex_destroy(&r->lock);
 }
 
@@ -110,6 +123,145 @@ static bool rtc__is_time(uint8_t i)
 	       i == R_CENTURY;
 }
 
+/* ---------------------------------------------------------- interrupts */
+
+static bool rtc__running(const struct rtc *r)
+{
+	return (r->ram[R_A] & 0x70) == A_DIV_RUN;
+}
+
+/* The periodic interrupt's period in ns, 0 for none (rates 1 and 2 of a
+ * 32.768 kHz time base are those of 8 and 9). */
+static int64_t rtc__period_ns(const struct rtc *r)
+{
+	unsigned rate = r->ram[R_A] & 0x0f;
+	if (!rate || !(r->ram[R_B] & B_PIE) || !rtc__running(r))
+		return 0;
+	if (rate < 3)
+		rate += 7;
+	return (NS << (rate - 1)) / 32768;
+}
+
+/* UF and AF come with the updates: not while SET holds them. */
+static bool rtc__updates(const struct rtc *r)
+{
+	return (r->ram[R_B] & (B_UIE | B_AIE)) && !(r->ram[R_B] & B_SET) && rtc__running(r);
+}
+
+static void rtc__set_line(struct rtc *r, bool level)
+{
+	if (level != r->line && r->irq) {
+		r->line = level;
+		r->irq(r->irq_ctx, level);
+	} else {
+		r->line = level;
+	}
+}
+
+/* IRQF whenever a flag is set whose interrupt is enabled; the line follows. */
+static void rtc__update_irq(struct rtc *r)
+{
+	if (r->ram[R_C] & r->ram[R_B] & C_FLAGS)
+		r->ram[R_C] |= C_IRQF;
+	rtc__set_line(r, r->ram[R_C] & C_IRQF);
+}
+
+static bool rtc__alarm_byte(uint8_t alarm, uint8_t now)
+{
+	return alarm >= 0xc0 || alarm == now;
+}
+
+int64_t rtc__next_event_ns(const struct rtc *r, int64_t host_ns)
+{
+	int64_t next = -1, p = rtc__period_ns(r);
+	if (rtc__updates(r))
+		next = (host_ns / NS + 1) * NS;
+	if (p && (next < 0 || (host_ns / p + 1) * p < next))
+		next = (host_ns / p + 1) * p;
+	return next;
+}
+
+void rtc__tick_at(struct rtc *r, int64_t host_ns)
+{
+	int64_t sec = host_ns / NS, p = rtc__period_ns(r);
+	/* an interrupt just enabled counts from now, not from its last use */
+	if (rtc__updates(r) && sec != r->last_sec) {
+		bool was = r->last_sec >= 0;
+		r->last_sec = sec;
+		if (was) {
+			rtc__latch(r, sec);
+			r->ram[R_C] |= C_UF;
+			if (rtc__alarm_byte(r->ram[1], r->ram[R_SEC]) &&
+			    rtc__alarm_byte(r->ram[3], r->ram[R_MIN]) &&
+			    rtc__alarm_byte(r->ram[5], r->ram[R_HOUR]))
+				r->ram[R_C] |= C_AF;
+		}
+	} else if (!rtc__updates(r)) {
+		r->last_sec = -1;
+	}
+	if (p && host_ns / p != r->last_period) {
+		bool was = r->last_period >= 0;
+		r->last_period = host_ns / p;
+		if (was)
+			r->ram[R_C] |= C_PF;
+	} else if (!p) {
+		r->last_period = -1;
+	}
+	rtc__update_irq(r);
+}
+
+static int64_t rtc__now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * NS + ts.tv_nsec;
+}
+
+static void *rtc__thread(void *arg)
+{
+	struct rtc *r = arg;
+	pthread_mutex_lock(&r->lock);
+	while (!r->stopping) {
+		int64_t now = rtc__now_ns();
+		rtc__tick_at(r, now);
+		int64_t next = rtc__next_event_ns(r, now);
+		if (next < 0) {
+			pthread_cond_wait(&r->cond, &r->lock);
+		} else {
+			struct timespec ts = { (time_t)(next / NS), (long)(next % NS) };
+			pthread_cond_timedwait(&r->cond, &r->lock, &ts);
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
+	return NULL;
+}
+
+int rtc__start(struct rtc *r, rtc_irq_fn irq, void *ctx)
+{
+	pthread_mutex_lock(&r->lock);
+	r->irq = irq;
+	r->irq_ctx = ctx;
+	r->stopping = false;
+	pthread_mutex_unlock(&r->lock);
+	int rc = pthread_create(&r->thread, NULL, rtc__thread, r);
+	r->running = rc == 0;
+	return -rc;
+}
+
+void rtc__stop(struct rtc *r)
+{
+	if (!r->running)
+		return;
+	pthread_mutex_lock(&r->lock);
+	r->stopping = true;
+	pthread_cond_signal(&r->cond);
+	pthread_mutex_unlock(&r->lock);
+	pthread_join(r->thread, NULL);
+	r->running = false;
+}
+
+/* ---------------------------------------------------------- registers */
+
 static uint8_t rtc__read(struct rtc *r, int64_t host_s)
 {
 	uint8_t i = r->index;
@@ -120,7 +272,12 @@ static uint8_t rtc__read(struct rtc *r, int64_t host_s)
 	}
 	switch (i) {
 	case R_A: return r->ram[R_A] & ~A_UIP;
-	case R_C: return 0;
+	case R_C: {
+		uint8_t c = r->ram[R_C];     /* reading acknowledges */
+		r->ram[R_C] = 0;
+		rtc__set_line(r, false);
+		return c;
+	}
 	case R_D: return D_VRT;
 	default: return r->ram[i];
 	}
@@ -136,12 +293,17 @@ static void rtc__write(struct rtc *r, uint8_t v, int64_t host_s)
 		r->ram[R_B] = v;
 		if (was_set && !(v & B_SET))
 			rtc__commit(r, host_s);
+		rtc__update_irq(r);
+		pthread_cond_signal(&r->cond);  /* the next event may have moved */
 		return;
 	}
 	if (i == R_C || i == R_D)
 		return;                        /* read-only */
-	if (i == R_A)
-		v &= ~A_UIP;
+	if (i == R_A) {
+		r->ram[R_A] = v & ~A_UIP;
+		pthread_cond_signal(&r->cond);
+		return;
+	}
 	if (rtc__is_time(i) && !(r->ram[R_B] & B_SET)) {
 		/* outside SET a write takes effect at once, on the time as it is now */
 		rtc__latch(r, host_s);
@@ -199,7 +361,10 @@ int rtc__load(struct rtc *r, const uint8_t *in, size_t len)
 	pthread_mutex_lock(&r->lock);
 	r->index = in[1];
 	memcpy(r->ram, in + 4, RTC_RAM_SIZE);
+	r->ram[R_C] &= C_IRQF | C_FLAGS;
 	r->offset_s = off;
+	r->line = false;        /* raised again by the next flag, if enabled */
+	pthread_cond_signal(&r->cond);
 	pthread_mutex_unlock(&r->lock);
 	return 0;
 }

@@ -5,9 +5,18 @@
  * the guest sets by writing the time: registers 0x00..0x09 while register
  * B's SET bit is on are held, and clearing SET makes them the guest's new
  * time.  Register A never shows update-in-progress (a read always sees a
- * settled time), register D always says the battery is good, register C
- * has no flag (there is no RTC interrupt: no alarm, periodic or update
- * interrupt is raised).  Register B's data mode (BCD or binary) and hour
+ * settled time), register D always says the battery is good.
+ *
+ * Interrupts (IRQ 8): with register B's UIE, AIE or PIE on, the flags of
+ * register C are set as a real part sets them — UF at every second of
+ * the guest's time, AF when that second matches the alarm bytes (1, 3, 5;
+ * a byte of 0xc0 or more matches any value), PF at every period of
+ * register A's rate (rates 1 and 2 as 8 and 9; 0 or a stopped divider:
+ * none) — and IRQF with them when an enabled flag is set; the IRQ line
+ * is high while IRQF is, and reading C returns the flags, clears them and
+ * lowers the line.  With none of the three enabled no flag is set (a
+ * guest polling UF sees none).  rtc__start runs the thread that does this
+ * at each event's time; rtc__tick_at is its step, pure.  Register B's data mode (BCD or binary) and hour
  * mode (12 or 24) apply to what is read and written; a time more than
  * 10000 years from the host's is ignored (it could not migrate).  The other bytes of
  * the 128-byte CMOS RAM are plain storage; 0x32 is the BCD century.
@@ -24,20 +33,43 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/log.h"
+
 #define RTC_BASE 0x70
+#define RTC_IRQ 8
 #define RTC_NPORTS 2
 #define RTC_RAM_SIZE 128
 #define RTC_STATE_SIZE (4 + RTC_RAM_SIZE + 8) /* version, index, 2 pad; RAM; offset */
 
+typedef void (*rtc_irq_fn)(void *ctx, bool level);
+
 struct rtc {
 	pthread_mutex_t lock;
 	uint8_t index;
-	uint8_t ram[RTC_RAM_SIZE];  /* time bytes 0..9 only meaningful while SET */
+	uint8_t ram[RTC_RAM_SIZE];  /* time bytes 0..9 only meaningful while SET;
+				     * 0x0c: register C's flags */
 	int64_t offset_s;           /* guest time = host time + offset */
+	/* interrupts: the line, the last second and period ticked (host ns) */
+	rtc_irq_fn irq;
+	void *irq_ctx;
+	bool line;
+	int64_t last_sec, last_period;
+	pthread_cond_t cond;        /* a register that moves the next event changed */
+	pthread_t thread;
+	bool running, stopping;
 };
 
 void rtc__init(struct rtc *r);
+/* rtc__stop first if started. */
 void rtc__destroy(struct rtc *r);
+/* The interrupt thread, raising irq (IRQ 8's line) from now on. */
+int rtc__start(struct rtc *r, rtc_irq_fn irq, void *ctx) KMIG_MUST_CHECK;
+void rtc__stop(struct rtc *r);
+/* The host time (ns since the epoch) of the next event the guest enabled,
+ * or -1 (lock held). */
+int64_t rtc__next_event_ns(const struct rtc *r, int64_t host_ns);
+/* The events due by host_ns: flags set, the line raised (lock held). */
+void rtc__tick_at(struct rtc *r, int64_t host_ns);
 /* One byte of port I/O at RTC_BASE..RTC_BASE+1. */
 void rtc__pio(struct rtc *r, uint16_t port, bool is_write, uint8_t *data);
 /* The same with the host's time given (seconds since the epoch, UTC). */

@@ -183,6 +183,15 @@ static void vm__serial_irq(void *ctx, bool level)
 		log_debug("serial: KVM_IRQ_LINE %d: %s", level, strerror(errno));
 }
 
+/* The CMOS RTC's interrupt line (PIC and IOAPIC pin 8). */
+static void vm__rtc_irq(void *ctx, bool level)
+{
+	struct vm *vm = ctx;
+	struct kvm_irq_level l = { .irq = RTC_IRQ, .level = level };
+	if (ioctl(vm->vm_fd, KVM_IRQ_LINE, &l) < 0)
+		log_debug("rtc: KVM_IRQ_LINE %d: %s", level, strerror(errno));
+}
+
 int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t errlen)
 {
 	memset(vm, 0, sizeof(*vm));
@@ -199,6 +208,8 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 		rc = vm__setup_platform(vm, err, errlen);
 	if (!rc)
 		serial__connect_irq(&vm->serial, vm__serial_irq, vm);
+	if (!rc && (rc = rtc__start(&vm->rtc, vm__rtc_irq, vm)))
+		snprintf(err, errlen, "cannot start the RTC's thread: %s", strerror(-rc));
 	if (!rc) {
 		rc = ram__create(&vm->ram, vm->vm_fd, cfg->mem_size);
 		if (rc)
@@ -268,6 +279,7 @@ void vm__destroy(struct vm *vm)
 	free(vm->cpuid);
 	ram__destroy(&vm->ram);
 	serial__destroy(&vm->serial);
+	rtc__stop(&vm->rtc);
 	rtc__destroy(&vm->rtc);
 	if (vm->vm_fd >= 0)
 		close(vm->vm_fd);

@@ -12,7 +12,10 @@ kvm_amd under emulation.
                   online; two of them through the MP table's local
                   APICs, started by INIT/SIPI),
                   Linux's rtc_cmos finds kmig's CMOS clock and sets the
-                  system time from it: the host's wall clock,
+                  system time from it: the host's wall clock; an alarm
+                  interrupts reach Linux's RTC core (rtcwait: 3 update
+                  interrupts about a second apart, IRQ 8 through the PIC
+                  or the I/O APIC),
                   then its power-off ends `kmig run` with status 0 (no
                   ACPI yet: Linux halts with interrupts off, which kmig
                   takes as the guest's end).  No early console: the
@@ -56,6 +59,11 @@ MARKER = "KMIG-INIT-" + "".join("%04d" % i for i in range(300)) + "-END"
 INIT = """#!/bin/busybox sh
 /bin/busybox echo %s
 /bin/busybox echo KMIG-NPROC=$(/bin/busybox nproc)
+/bin/busybox mkdir -p /proc /dev
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t devtmpfs dev /dev
+/bin/rtcwait 3
+/bin/busybox echo KMIG-RTC-IRQ $(/bin/busybox grep rtc0 /proc/interrupts)
 /bin/busybox poweroff -f
 """ % MARKER
 
@@ -65,6 +73,7 @@ def initramfs(d):
     root = os.path.join(d, "root")
     os.makedirs(os.path.join(root, "bin"))
     shutil.copy(shutil.which("busybox") or "/bin/busybox", os.path.join(root, "bin", "busybox"))
+    shutil.copy(os.path.join(kt.BUILD, "linux", "rtcwait"), os.path.join(root, "bin", "rtcwait"))
     with open(os.path.join(root, "init"), "w") as f:
         f.write(INIT)
     os.chmod(os.path.join(root, "init"), 0o755)
@@ -168,6 +177,13 @@ def test_bzimage_initrd(d, check, cpus, apic):
     check("rtc_wall_clock", m is not None and t0 - 2 <= int(m.group(1)) <= t1 + 2,
           "want the host's time in %d..%d: %s" % (t0, t1, m.group(0) if m else tail[-600:]))
     check("nproc", "KMIG-NPROC=%d" % cpus in text, tail[-600:])
+    # Linux's RTC core waits for 3 of the chip's interrupts (IRQ 8, its
+    # alarm programmed for each next second): about 2 s from first to last
+    m = re.search(r"rtcwait interrupts=(\d+) of=3 ms=(\d+)", text)
+    irq = re.search(r"KMIG-RTC-IRQ\s+8:((?:\s+\d+)+)", text)
+    check("rtc_irq", m is not None and m.group(1) == "3" and 1000 <= int(m.group(2)) <= 4000 and
+          irq is not None and sum(int(x) for x in irq.group(1).split()) >= 3,
+          " / ".join(l for l in text.splitlines() if "rtc" in l.lower())[-600:])
     check("no_panic", PANIC not in text, tail[-600:])
     check("exit_0", status == 0, "status %s: %s / console: %s" % (status, err[-400:], tail[-600:]))
 

@@ -1,7 +1,9 @@
 /* CMOS RTC (src/dev/rtc.c): the time as the guest reads it in BCD and
  * binary, 12- and 24-hour modes; setting the time under SET and outside
  * it, alarm bytes; register A,
- * C, D; index masking; state save/load and its refusals. */
+ * C, D; index masking; state save/load and its refusals; the update,
+ * alarm and periodic interrupts (flags, IRQF, the line, the next event),
+ * stepped with rtc__tick_at. */
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -24,6 +26,119 @@ static void wr(struct rtc *r, uint8_t reg, uint8_t val, int64_t now)
 {
 	rtc__pio_at(r, RTC_BASE, true, &reg, now);
 	rtc__pio_at(r, RTC_BASE + 1, true, &val, now);
+}
+
+#define NS 1000000000ll
+
+struct line { int level, raises; };
+
+static void on_irq(void *ctx, bool level)
+{
+	struct line *l = ctx;
+	l->raises += level && !l->level;
+	l->level = level;
+}
+
+/* An RTC whose line goes to l (no thread: the test steps it). */
+static void irq_rtc(struct rtc *r, struct line *l)
+{
+	rtc__init(r);
+	memset(l, 0, sizeof(*l));
+	r->irq = on_irq;
+	r->irq_ctx = l;
+}
+
+/* UIE: UF and IRQF at each second of the guest's time, the line high
+ * until C is read; the next event is the next whole second. */
+static void t_update_irq(struct t *t)
+{
+	struct rtc r;
+	struct line l;
+	irq_rtc(&r, &l);
+	int64_t ns = T0 * NS + 300000000;           /* 13:45:07.3 */
+	T_CHECK_EQ(t, rtc__next_event_ns(&r, ns), -1);  /* nothing enabled */
+	wr(&r, 0x0b, 0x02 | 0x10, T0);              /* 24-hour BCD, UIE */
+	rtc__tick_at(&r, ns);                       /* counts from now: no flag yet */
+	T_CHECK_EQ(t, l.raises, 0);
+	T_CHECK_EQ(t, rtc__next_event_ns(&r, ns), (T0 + 1) * NS);
+	rtc__tick_at(&r, ns + 100000000);           /* the same second: nothing */
+	T_CHECK_EQ(t, l.raises, 0);
+	rtc__tick_at(&r, (T0 + 1) * NS);
+	T_CHECK(t, l.level == 1 && l.raises == 1);
+	T_CHECK_EQ(t, rd(&r, 0x0c, T0 + 1), 0x90);  /* IRQF | UF, then cleared */
+	T_CHECK_EQ(t, l.level, 0);
+	T_CHECK_EQ(t, rd(&r, 0x0c, T0 + 1), 0);
+	rtc__tick_at(&r, (T0 + 2) * NS + 5);
+	T_CHECK(t, l.level == 1 && l.raises == 2);
+	/* not read: the next second sets UF again, the line stays high */
+	rtc__tick_at(&r, (T0 + 3) * NS);
+	T_CHECK(t, l.level == 1 && l.raises == 2);
+	/* SET holds the updates: no event */
+	wr(&r, 0x0b, 0x80 | 0x02 | 0x10, T0 + 3);
+	T_CHECK_EQ(t, rtc__next_event_ns(&r, (T0 + 3) * NS), -1);
+	rtc__destroy(&r);
+}
+
+/* AIE: AF only at the second the alarm bytes match (0xc0 and above: any
+ * value); UF is set too, but raises nothing without UIE; enabling UIE
+ * with UF pending raises IRQF at once. */
+static void t_alarm_irq(struct t *t)
+{
+	struct rtc r;
+	struct line l;
+	irq_rtc(&r, &l);
+	wr(&r, 0x01, 0x10, T0);                     /* alarm 13:45:10 */
+	wr(&r, 0x03, 0x45, T0);
+	wr(&r, 0x05, 0x13, T0);
+	wr(&r, 0x0b, 0x02 | 0x20, T0);              /* AIE */
+	rtc__tick_at(&r, T0 * NS);
+	for (int64_t s = T0 + 1; s <= T0 + 2; s++)
+		rtc__tick_at(&r, s * NS);
+	T_CHECK_EQ(t, l.raises, 0);
+	T_CHECK_EQ(t, rd(&r, 0x0c, T0 + 2), 0x10);  /* UF alone */
+	rtc__tick_at(&r, (T0 + 3) * NS);            /* 13:45:10 */
+	T_CHECK_EQ(t, l.raises, 1);
+	T_CHECK_EQ(t, rd(&r, 0x0c, T0 + 3), 0xb0);  /* IRQF | AF | UF */
+	rtc__tick_at(&r, (T0 + 4) * NS);
+	T_CHECK_EQ(t, l.raises, 1);
+	wr(&r, 0x05, 0xff, T0 + 4);                 /* any hour, any minute */
+	wr(&r, 0x03, 0xc0, T0 + 4);
+	rtc__tick_at(&r, (T0 + 63) * NS);           /* 13:46:10 */
+	T_CHECK_EQ(t, l.raises, 2);
+	rd(&r, 0x0c, T0 + 63);
+	rtc__tick_at(&r, (T0 + 64) * NS);           /* UF pending, no UIE */
+	T_CHECK_EQ(t, l.level, 0);
+	wr(&r, 0x0b, 0x02 | 0x20 | 0x10, T0 + 64);  /* UIE now: IRQF at once */
+	T_CHECK(t, l.level == 1 && l.raises == 3);
+	rtc__destroy(&r);
+}
+
+/* PIE: PF at each period of register A's rate; rates 1 and 2 are 8 and 9;
+ * rate 0 or a stopped divider: no event. */
+static void t_periodic_irq(struct t *t)
+{
+	struct rtc r;
+	struct line l;
+	irq_rtc(&r, &l);
+	int64_t ns = T0 * NS, p = NS / 1024;       /* rate 6: 1024 Hz */
+	wr(&r, 0x0a, 0x26, T0);
+	wr(&r, 0x0b, 0x02 | 0x40, T0);
+	rtc__tick_at(&r, ns);
+	int64_t next = rtc__next_event_ns(&r, ns);
+	T_CHECK(t, next > ns && next <= ns + p + 1);
+	rtc__tick_at(&r, next);
+	T_CHECK_EQ(t, l.raises, 1);
+	T_CHECK_EQ(t, rd(&r, 0x0c, T0), 0xc0);      /* IRQF | PF */
+	wr(&r, 0x0a, 0x21, T0);                     /* rate 1: as 8, 256 Hz */
+	next = rtc__next_event_ns(&r, ns);
+	T_CHECK(t, next > ns && next <= ns + NS / 256 + 1);
+	wr(&r, 0x0a, 0x20, T0);                     /* rate 0 */
+	T_CHECK_EQ(t, rtc__next_event_ns(&r, ns), -1);
+	wr(&r, 0x0a, 0x76, T0);                     /* divider held in reset */
+	T_CHECK_EQ(t, rtc__next_event_ns(&r, ns), -1);
+	wr(&r, 0x0b, 0x02 | 0x10, T0);              /* UIE with the divider stopped */
+	T_CHECK_EQ(t, rtc__next_event_ns(&r, ns), -1);
+	rtc__destroy(&r);
 }
 
 static void t_bcd_24h(struct t *t)
@@ -165,5 +280,8 @@ int main(void)
 	T_RUN(&t, t_set_time);
 	T_RUN(&t, t_write_outside_set);
 	T_RUN(&t, t_state);
+	T_RUN(&t, t_update_irq);
+	T_RUN(&t, t_alarm_irq);
+	T_RUN(&t, t_periodic_irq);
 	return T_DONE(&t);
 }
