@@ -140,7 +140,9 @@ def one_run(env, vmm, case, mode, rep, a):
                    free_pages_skipped=r.get("x-free-pages-skipped"), note=cut)
         last = max([int(x) for x in re.findall(TICK, src.console.text())] or [0])
         res["dst_guest_ticks"] = r.get("status") == "completed" and dst.console.wait(
-            r"KMIG-LINUX tick %d " % (last + 2), 20, proc=dst.proc) is not None
+            r"KMIG-LINUX tick %d " % (last + 2), 60, proc=dst.proc) is not None
+        if not res["dst_guest_ticks"]:
+            res["dst_console_tail"] = dst.console.text().splitlines()[-4:]
         return res
     finally:
         src.kill()
@@ -226,9 +228,11 @@ def main():
                         r = one_run(env, vmm, case, mode, rep, a)
                         print("# %s" % json.dumps(r), flush=True)
                         runs.append(r)
-        summary = summarize(runs)
-        mig.save_results(a, "linux-free-pages", info, bins, runs, summary, table(summary),
-                         kmig_devices=KMIG_BALLOON, qemu_devices=QEMU_BALLOON)
+            # after each repetition, so that a run cut short keeps what it had
+            summary = summarize(runs)
+            mig.save_results(a, "linux-free-pages", info, bins, runs, summary, table(summary),
+                             kmig_devices=KMIG_BALLOON, qemu_devices=QEMU_BALLOON,
+                             reps_done=rep + 1)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

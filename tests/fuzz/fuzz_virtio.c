@@ -10,8 +10,12 @@
  *   5 BUF   u8 queue, u32 gpa, u32 len, u16 flags, u16 next: one descriptor
  *           made available, then the queue notified
  *   6 HOST  u8 action, u32 value: target, hint start/stop/done, save+load
- * Checks: every page the device marks dirty lies inside guest RAM, and a
+ *   7 PLUG  u8 variant: from here on a device (reset) that offers hinting
+ *           and reporting (0), not hinting (1), not reporting (2), neither
+ *           (3): the queue layout follows what is offered and negotiated
+ * Every input starts on variant 0.  Checks: every page the device marks dirty lies inside guest RAM, and a
  * state the device saves loads back. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,22 +113,36 @@ static void host(struct drv *d, uint8_t action, uint32_t v)
 	}
 }
 
-static struct drv *setup(void)
+#define VARIANTS 4
+
+/* Device variant v (see PLUG), created on first use, reset. */
+static struct drv *setup(unsigned v)
 {
-	static struct drv d;
-	log__set_level(LOG_ERROR);      /* a broken driver is warned about per buffer */
-	if (ram__create(&d.ram, -1, RAM_MIN_SIZE))
-		abort();
-	pci__init(&d.bus);
-	struct balloon_conf c = { .ram = &d.ram, .mark = mark, .irq_line = BALLOON_IRQ,
-				  .bar_gpa = BALLOON_BAR_GPA };
-	if (balloon__create(&d.b, &c) || pci__add(&d.bus, BALLOON_PCI_SLOT, balloon__pci(d.b)))
-		abort();
-	/* the BAR where the firmware would put it, memory decoding on */
-	uint32_t a = 0x80000000u | BALLOON_PCI_SLOT << 11 | 0x04, cmd = 0x6;
-	pci__pio(&d.bus, PCI_CONF_ADDR, true, &a, 4);
-	pci__pio(&d.bus, PCI_CONF_DATA, true, &cmd, 2);
-	return &d;
+	static struct drv ds[VARIANTS];
+	static bool made[VARIANTS];
+	struct drv *d = &ds[v];
+	if (!made[v]) {
+		log__set_level(LOG_ERROR);  /* a broken driver is warned about per buffer */
+		if (ram__create(&d->ram, -1, RAM_MIN_SIZE))
+			abort();
+		pci__init(&d->bus);
+		struct balloon_conf c = { .ram = &d->ram, .mark = mark, .irq_line = BALLOON_IRQ,
+					  .bar_gpa = BALLOON_BAR_GPA, .no_free_page_hint = v & 1,
+					  .no_reporting = v & 2 };
+		if (balloon__create(&d->b, &c) ||
+		    pci__add(&d->bus, BALLOON_PCI_SLOT, balloon__pci(d->b)))
+			abort();
+		/* the BAR where the firmware would put it, memory decoding on */
+		uint32_t a = 0x80000000u | BALLOON_PCI_SLOT << 11 | 0x04, cmd = 0x6;
+		pci__pio(&d->bus, PCI_CONF_ADDR, true, &a, 4);
+		pci__pio(&d->bus, PCI_CONF_DATA, true, &cmd, 2);
+		made[v] = true;
+	}
+	mw(d, VIRTIO_PCI_STATUS, 0, 1);                 /* reset */
+	memset(ram__gpa_to_host(&d->ram, QBASE, WINDOW), 0, WINDOW);
+	memset(d->avail, 0, sizeof(d->avail));
+	memset(d->desc, 0, sizeof(d->desc));
+	return d;
 }
 
 static uint64_t get(const uint8_t *p, size_t *off, size_t size, unsigned n)
@@ -138,16 +156,10 @@ static uint64_t get(const uint8_t *p, size_t *off, size_t size, unsigned n)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	static struct drv *d;
-	if (!d)
-		d = setup();
-	mw(d, VIRTIO_PCI_STATUS, 0, 1);                 /* reset */
-	memset(ram__gpa_to_host(&d->ram, QBASE, WINDOW), 0, WINDOW);
-	memset(d->avail, 0, sizeof(d->avail));
-	memset(d->desc, 0, sizeof(d->desc));
+	struct drv *d = setup(0);
 	size_t off = 0;
 	while (off < size) {
-		uint8_t op = data[off++] % 7;
+		uint8_t op = data[off++] % 8;
 		uint64_t a = 0, b = 0;
 		uint8_t n;
 		switch (op) {
@@ -189,9 +201,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			buffer(d, q, gpa, len, fl, nx);
 			break;
 		}
-		default:
+		case 6:
 			a = get(data, &off, size, 1);
 			host(d, (uint8_t)a, (uint32_t)get(data, &off, size, 4));
+			break;
+		default:
+			d = setup((unsigned)get(data, &off, size, 1) % VARIANTS);
 			break;
 		}
 	}

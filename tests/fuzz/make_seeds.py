@@ -160,6 +160,9 @@ def virtio_seeds():
         "stats_hint_report": start + stats + hint + report + save,
         "target": start + b"\x06" + struct.pack("<BI", 0, 1000) + b"\x02" + struct.pack("<HB", 0x2004, 2),
         "raw_mmio": b"\x01" + struct.pack("<HBQ", 0x14, 0, 0xff) + b"\x03" + struct.pack("<BBI", 4, 1, 6),
+        # a device without hinting: reporting is queue 3
+        "no_hint_report": b"\x07\x01" + b"\x04" + struct.pack("<Q", 1 << 32 | 1 << 1 | 1 << 5) +
+        b"\x05" + struct.pack("<BIIHH", 3, 0x400000, 0x200000, 2, 0) + save,
     }
 
 
