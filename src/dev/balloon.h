@@ -69,8 +69,9 @@
 
 /* The queues' roles.  Inflate and deflate are queues 0 and 1; the others
  * follow in this order, each only when its feature was negotiated, with no
- * gap (as Linux's driver and QEMU's device number them): with statsq and
- * reporting but no hinting, reporting is queue 3. */
+ * gap (as Linux's driver numbers them; QEMU's device always has a statsq,
+ * so the two differ only for a driver that refuses STATS_VQ): with statsq
+ * and reporting but no hinting, reporting is queue 3. */
 enum balloon_vq { BALLOON_VQ_INFLATE, BALLOON_VQ_DEFLATE, BALLOON_VQ_STATS,
 		  BALLOON_VQ_FREE_PAGE, BALLOON_VQ_REPORTING, BALLOON_NR_VQS };
 

@@ -75,8 +75,8 @@ void balloon__hint_reset(struct balloon *b)
 /* Lock held: the driver runs, negotiated hinting and enabled its queue. */
 static bool balloon__hint_usable(const struct balloon *b)
 {
-	return virtio_pci__running(&b->vp) && virtio_pci__has(&b->vp, BALLOON_F_FREE_PAGE_HINT) &&
-	       b->vp.vqs[balloon__queue(b, BALLOON_VQ_FREE_PAGE)].ready;
+	int qi = balloon__queue(b, BALLOON_VQ_FREE_PAGE);   /* -1 without the feature */
+	return virtio_pci__running(&b->vp) && qi >= 0 && b->vp.vqs[qi].ready;
 }
 
 bool balloon__hint_ready(struct balloon *b)

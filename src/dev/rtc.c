@@ -22,7 +22,8 @@ enum { R_SEC = 0, R_MIN = 2, R_HOUR = 4, R_WDAY = 6, R_MDAY = 7, R_MON = 8, R_YE
 #define NS 1000000000ll
 #define D_VRT 0x80
 #define HOUR_PM 0x80
-#define RTC_STATE_VERSION 1
+/* 2: register C holds the interrupt flags (1: always 0); both load */
+#define RTC_STATE_VERSION 2
 /* the guest clock's offset stays within +-10000 years of the host's, where
  * gmtime and timegm are defined and a destination accepts it */
 #define RTC_MAX_OFFSET_S 315360000000ll
@@ -158,11 +159,14 @@ static void rtc__set_line(struct rtc *r, bool level)
 	}
 }
 
-/* IRQF whenever a flag is set whose interrupt is enabled; the line follows. */
+/* IRQF exactly while a flag is set whose interrupt is enabled; the line
+ * follows. */
 static void rtc__update_irq(struct rtc *r)
 {
 	if (r->ram[R_C] & r->ram[R_B] & C_FLAGS)
 		r->ram[R_C] |= C_IRQF;
+	else
+		r->ram[R_C] &= ~C_IRQF;
 	rtc__set_line(r, r->ram[R_C] & C_IRQF);
 }
 
@@ -220,6 +224,7 @@ static int64_t rtc__now_ns(void)
 static void *rtc__thread(void *arg)
 {
 	struct rtc *r = arg;
+	pthread_setname_np(pthread_self(), "rtc");
 	pthread_mutex_lock(&r->lock);
 	while (!r->stopping) {
 		int64_t now = rtc__now_ns();
@@ -288,6 +293,8 @@ static void rtc__write(struct rtc *r, uint8_t v, int64_t host_s)
 	uint8_t i = r->index;
 	if (i == R_B) {
 		bool was_set = r->ram[R_B] & B_SET;
+		if (v & B_SET)
+			v &= ~B_UIE;                /* SET clears UIE, as on the MC146818A */
 		if ((v & B_SET) && !was_set)
 			rtc__latch(r, host_s);     /* the guest edits the time as it is now */
 		r->ram[R_B] = v;
@@ -300,6 +307,8 @@ static void rtc__write(struct rtc *r, uint8_t v, int64_t host_s)
 	if (i == R_C || i == R_D)
 		return;                        /* read-only */
 	if (i == R_A) {
+		if ((v ^ r->ram[R_A]) & 0x7f)
+			r->last_period = -1;       /* a new rate counts from now */
 		r->ram[R_A] = v & ~A_UIP;
 		pthread_cond_signal(&r->cond);
 		return;
@@ -351,8 +360,8 @@ void rtc__save(struct rtc *r, uint8_t out[RTC_STATE_SIZE])
 
 int rtc__load(struct rtc *r, const uint8_t *in, size_t len)
 {
-	if (len != RTC_STATE_SIZE || in[0] != RTC_STATE_VERSION || in[1] >= RTC_RAM_SIZE ||
-	    in[2] || in[3])
+	if (len != RTC_STATE_SIZE || (in[0] != RTC_STATE_VERSION && in[0] != 1) ||
+	    in[1] >= RTC_RAM_SIZE || in[2] || in[3] || (in[4 + R_C] & ~(C_IRQF | C_FLAGS)))
 		return -EINVAL;
 	int64_t off;
 	memcpy(&off, in + 4 + RTC_RAM_SIZE, sizeof(off));
@@ -361,9 +370,8 @@ int rtc__load(struct rtc *r, const uint8_t *in, size_t len)
 	pthread_mutex_lock(&r->lock);
 	r->index = in[1];
 	memcpy(r->ram, in + 4, RTC_RAM_SIZE);
-	r->ram[R_C] &= C_IRQF | C_FLAGS;
 	r->offset_s = off;
-	r->line = false;        /* raised again by the next flag, if enabled */
+	rtc__set_line(r, false);        /* raised again by the next flag, if enabled */
 	pthread_cond_signal(&r->cond);
 	pthread_mutex_unlock(&r->lock);
 	return 0;

@@ -7,16 +7,19 @@
  * time.  Register A never shows update-in-progress (a read always sees a
  * settled time), register D always says the battery is good.
  *
- * Interrupts (IRQ 8): with register B's UIE, AIE or PIE on, the flags of
- * register C are set as a real part sets them — UF at every second of
- * the guest's time, AF when that second matches the alarm bytes (1, 3, 5;
+ * Interrupts (IRQ 8): while register B's UIE or AIE is on, register C's UF
+ * and AF are set as a real part sets them, and PF while PIE is on (a real
+ * part sets all three whenever it runs; here a guest polling a flag whose
+ * interrupt is off sees none) — UF at every second of the guest's time, AF when that second matches the alarm bytes (1, 3, 5;
  * a byte of 0xc0 or more matches any value), PF at every period of
  * register A's rate (rates 1 and 2 as 8 and 9; 0 or a stopped divider:
  * none) — and IRQF with them when an enabled flag is set; the IRQ line
  * is high while IRQF is, and reading C returns the flags, clears them and
- * lowers the line.  With none of the three enabled no flag is set (a
- * guest polling UF sees none).  rtc__start runs the thread that does this
- * at each event's time; rtc__tick_at is its step, pure.  Register B's data mode (BCD or binary) and hour
+ * lowers the line; IRQF is set exactly while a flag is whose interrupt is
+ * enabled.  SET clears UIE, as on the MC146818A.  rtc__start runs the
+ * thread that does this at each event's time; rtc__tick_at is its step,
+ * pure but for the irq callback, which runs with the RTC's lock held and
+ * must not call back into the RTC.  Register B's data mode (BCD or binary) and hour
  * mode (12 or 24) apply to what is read and written; a time more than
  * 10000 years from the host's is ignored (it could not migrate).  The other bytes of
  * the 128-byte CMOS RAM are plain storage; 0x32 is the BCD century.
@@ -75,7 +78,7 @@ void rtc__pio(struct rtc *r, uint16_t port, bool is_write, uint8_t *data);
 /* The same with the host's time given (seconds since the epoch, UTC). */
 void rtc__pio_at(struct rtc *r, uint16_t port, bool is_write, uint8_t *data, int64_t host_s);
 void rtc__save(struct rtc *r, uint8_t out[RTC_STATE_SIZE]);
-/* -EINVAL for a wrong size, version, index or register value. */
+/* -EINVAL for a wrong size, version, index, register C value or offset. */
 int rtc__load(struct rtc *r, const uint8_t *in, size_t len);
 
 #endif

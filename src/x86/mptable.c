@@ -120,8 +120,9 @@ static size_t mp__config(uint8_t *p, unsigned ncpus, const struct mptable_pci_ir
 	put32(e + 4, MPTABLE_IOAPIC_GPA);
 	e += MP_ENTRY_SIZE;
 	e = mp__ioints(e, ioapic, pci, npci);
-	e = mp__entry(e, MP_LOCALINT, MP_EXTINT, MP_FLAGS_BUS, 0, 0, 0xff, 0); /* every LINT0 */
-	e = mp__entry(e, MP_LOCALINT, MP_NMI, MP_FLAGS_BUS, 0, 0, 0xff, 1);    /* and LINT1 */
+	uint8_t isa = npci ? 1 : 0;     /* local interrupts come from the ISA bus */
+	e = mp__entry(e, MP_LOCALINT, MP_EXTINT, MP_FLAGS_BUS, isa, 0, 0xff, 0); /* every LINT0 */
+	e = mp__entry(e, MP_LOCALINT, MP_NMI, MP_FLAGS_BUS, isa, 0, 0xff, 1);    /* and LINT1 */
 	size_t len = (size_t)(e - p);
 	memcpy(p, "PCMP", 4);
 	put16(p + 4, (uint16_t)len);

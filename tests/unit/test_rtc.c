@@ -73,9 +73,19 @@ static void t_update_irq(struct t *t)
 	/* not read: the next second sets UF again, the line stays high */
 	rtc__tick_at(&r, (T0 + 3) * NS);
 	T_CHECK(t, l.level == 1 && l.raises == 2);
-	/* SET holds the updates: no event */
-	wr(&r, 0x0b, 0x80 | 0x02 | 0x10, T0 + 3);
-	T_CHECK_EQ(t, rtc__next_event_ns(&r, (T0 + 3) * NS), -1);
+	/* UIE off with UF pending: IRQF and the line go down; on again: up,
+	 * a new edge */
+	wr(&r, 0x0b, 0x02, T0 + 3);
+	T_CHECK(t, l.level == 0 && (rd(&r, 0x0c, T0 + 3) & 0x80) == 0);
+	rtc__tick_at(&r, (T0 + 4) * NS);
+	wr(&r, 0x0b, 0x02 | 0x10, T0 + 4);
+	rtc__tick_at(&r, (T0 + 4) * NS + 1);
+	rtc__tick_at(&r, (T0 + 5) * NS);
+	T_CHECK(t, l.level == 1 && l.raises == 3);
+	/* SET holds the updates, and clears UIE */
+	wr(&r, 0x0b, 0x80 | 0x02 | 0x10, T0 + 5);
+	T_CHECK_EQ(t, rd(&r, 0x0b, T0 + 5), 0x82);
+	T_CHECK_EQ(t, rtc__next_event_ns(&r, (T0 + 5) * NS), -1);
 	rtc__destroy(&r);
 }
 
@@ -129,6 +139,11 @@ static void t_periodic_irq(struct t *t)
 	rtc__tick_at(&r, next);
 	T_CHECK_EQ(t, l.raises, 1);
 	T_CHECK_EQ(t, rd(&r, 0x0c, T0), 0xc0);      /* IRQF | PF */
+	wr(&r, 0x0a, 0x2f, T0);                     /* rate 15 (2 Hz), counted from now */
+	rtc__tick_at(&r, next + 1);
+	T_CHECK_EQ(t, rd(&r, 0x0c, T0), 0);
+	rtc__tick_at(&r, rtc__next_event_ns(&r, next + 1));
+	T_CHECK_EQ(t, rd(&r, 0x0c, T0), 0xc0);
 	wr(&r, 0x0a, 0x21, T0);                     /* rate 1: as 8, 256 Hz */
 	next = rtc__next_event_ns(&r, ns);
 	T_CHECK(t, next > ns && next <= ns + NS / 256 + 1);
@@ -256,8 +271,14 @@ static void t_state(struct t *t)
 	T_CHECK_EQ(t, rtc__load(&b, s, sizeof(s) - 1), -EINVAL);
 	uint8_t bad[RTC_STATE_SIZE];
 	memcpy(bad, s, sizeof(bad));
-	bad[0] = 2;
+	bad[0] = 3;
 	T_CHECK_EQ(t, rtc__load(&b, bad, sizeof(bad)), -EINVAL);
+	memcpy(bad, s, sizeof(bad));
+	bad[4 + 0x0c] = 0x01;                       /* register C: no such flag */
+	T_CHECK_EQ(t, rtc__load(&b, bad, sizeof(bad)), -EINVAL);
+	memcpy(bad, s, sizeof(bad));
+	bad[0] = 1;                                 /* an older kmig's state loads */
+	T_CHECK_EQ(t, rtc__load(&b, bad, sizeof(bad)), 0);
 	memcpy(bad, s, sizeof(bad));
 	bad[1] = 0x80;                              /* index past the RAM */
 	T_CHECK_EQ(t, rtc__load(&b, bad, sizeof(bad)), -EINVAL);
