@@ -30,7 +30,8 @@ static void usage(FILE *f)
 		"usage: kmig run --kernel FILE [--initrd FILE] [--cmdline S] [--memory SIZE] [--cpus N]\n"
 		"                [--console stdio|file:PATH|none] [--qmp unix:PATH]\n"
 		"                [--dirty-ring ENTRIES|auto] [--reaper fixed|adaptive]\n"
-		"                [--balloon[=free-page-hint=on|off,free-page-reporting=on|off]]\n"
+		"                [--balloon[=free-page-hint=on|off,free-page-reporting=on|off,\n"
+	"                            ioeventfd=on|off]]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
 		"                [--object tls-creds-psk,id=ID,dir=DIR[,username=NAME]]\n"
 		"                [--object tls-creds-x509,id=ID,dir=DIR[,verify-peer=on|off]]\n"
@@ -61,7 +62,8 @@ static int open_console(const char *spec, int *fd)
 	return 0;
 }
 
-/* --balloon=KEY=on|off[,...]: which free page features the device offers. */
+/* --balloon=KEY=on|off[,...]: which free page features the device offers,
+ * and whether its queue notifications go through ioeventfds. */
 static void parse_balloon(const char *spec, struct vm_config *c)
 {
 	char buf[128];
@@ -72,16 +74,18 @@ static void parse_balloon(const char *spec, struct vm_config *c)
 		char *v = strchr(kv, '=');
 		bool on = v && !strcmp(v + 1, "on");
 		if (!v || (!on && strcmp(v + 1, "off")))
-			die("--balloon=%s: %s: expected free-page-hint=on|off or "
-			    "free-page-reporting=on|off", spec, kv);
+			die("--balloon=%s: %s: expected free-page-hint=on|off, "
+			    "free-page-reporting=on|off or ioeventfd=on|off", spec, kv);
 		*v = 0;
 		if (!strcmp(kv, "free-page-hint"))
 			c->balloon_no_hint = !on;
 		else if (!strcmp(kv, "free-page-reporting"))
 			c->balloon_no_reporting = !on;
+		else if (!strcmp(kv, "ioeventfd"))
+			c->balloon_no_ioeventfd = !on;
 		else
-			die("--balloon=%s: unknown property %s (free-page-hint, free-page-reporting)",
-			    spec, kv);
+			die("--balloon=%s: unknown property %s (free-page-hint, free-page-reporting, "
+			    "ioeventfd)", spec, kv);
 	}
 }
 

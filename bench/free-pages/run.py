@@ -15,6 +15,9 @@ Modes:
   hints-wait kmig only: hints, with x-free-page-hint-wait=2000 (the bulk
              pass first waits up to 2 s for the hints, kmig's behaviour
              before hinting ran alongside the pass);
+  hints-exits kmig only: hints with --balloon=ioeventfd=off (each queue
+             notification a vCPU exit handled in the vCPU's thread, as
+             before kmig took them through ioeventfds);
   reporting  free page reporting (free pages discarded on the host before
              the migration, then sent as zero pages): kmig --balloon,
              QEMU ...,free-page-reporting=on.
@@ -46,7 +49,8 @@ import run as mig  # noqa: E402  (Proc, vm_args, host_info, snapshot_binaries, .
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 MIB = 1 << 20
-MODES = ("none", "hints", "hints-wait", "reporting")
+MODES = ("none", "hints", "hints-wait", "hints-exits", "reporting")
+KMIG_ONLY = ("hints-wait", "hints-exits")
 HINT_WAIT_MS = 2000
 VMMS = ("kmig", "qemu")
 QEMU_BALLOON = "virtio-balloon-pci,disable-legacy=on,%s"
@@ -55,7 +59,7 @@ QEMU_BALLOON = "virtio-balloon-pci,disable-legacy=on,%s"
 def cmdline(case, mode, a):
     wl = "workload=idle" if case == "booted" else "workload=fill-free mb=%d" % a.fill_mb
     cl = "%s report_ms=1000 tsc_khz=%d" % (wl, a.tsc_khz)
-    if mode in ("hints", "hints-wait"):
+    if mode in ("hints", "hints-wait", "hints-exits"):
         cl += " balloon=1 balloon_hint=1 balloon_report=0"
     elif mode == "reporting":
         cl += " balloon=1 balloon_hint=0 balloon_report=1"
@@ -65,6 +69,8 @@ def cmdline(case, mode, a):
 def args_for(env, vmm, case, mode, a, d, name, incoming=None):
     args = mig.vm_args(env, vmm, 0, cmdline(case, mode, a), a.memory, 1, d, name, incoming)
     if vmm == "kmig":
+        if mode == "hints-exits":
+            return args + ["--balloon=ioeventfd=off"]
         return args + (["--balloon"] if mode != "none" else [])
     args += ["-cpu", kt.QEMU_CPU]
     if mode == "hints":
@@ -214,7 +220,7 @@ def main():
             for case in a.cases.split(","):
                 for mode in a.modes.split(","):
                     for vmm in a.vmms.split(","):
-                        if vmm != "kmig" and mode == "hints-wait":
+                        if vmm != "kmig" and mode in KMIG_ONLY:
                             continue
                         r = one_run(env, vmm, case, mode, rep, a)
                         print("# %s" % json.dumps(r), flush=True)

@@ -37,10 +37,12 @@ static json_t *cmd_query_balloon(void *ctx, json_t *args, struct qmp_error *err)
 	struct balloon_stats st;
 	balloon__get_stats(b, &st);
 	/* QEMU's reply, and kmig's device counters since it was created */
-	return json_pack("{s:I,s:I,s:I,s:I}", "actual", (json_int_t)balloon__actual_bytes(b),
+	return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "actual", (json_int_t)balloon__actual_bytes(b),
 			 "x-ballooned-pages", (json_int_t)st.ballooned,
 			 "x-hinted-pages", (json_int_t)st.hinted_pages,
-			 "x-reported-pages", (json_int_t)st.reported_pages);
+			 "x-reported-pages", (json_int_t)st.reported_pages,
+			 "x-notify-exits", (json_int_t)st.notify_exits,
+			 "x-notify-ioeventfds", (json_int_t)st.notify_events);
 }
 
 /* The guest writes `actual` as often as it likes: one event a second at

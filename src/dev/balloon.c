@@ -243,6 +243,11 @@ struct pci_dev *balloon__pci(struct balloon *b)
 	return &b->vp.pci;
 }
 
+struct virtio_pci *balloon__transport(struct balloon *b)
+{
+	return &b->vp;
+}
+
 void balloon__set_change_cb(struct balloon *b, balloon_change_fn fn, void *ctx)
 {
 	pthread_mutex_lock(&b->vp.lock);
@@ -285,6 +290,8 @@ void balloon__get_stats(struct balloon *b, struct balloon_stats *out)
 {
 	pthread_mutex_lock(&b->vp.lock);
 	*out = b->stats;
+	out->notify_exits = b->vp.notify_exits;
+	out->notify_events = b->vp.notify_events;
 	pthread_mutex_unlock(&b->vp.lock);
 }
 

@@ -85,6 +85,7 @@ struct balloon_stats {
 	uint64_t stale_hints;                  /* hint buffers ignored */
 	uint64_t reported_pages;               /* discarded by free page reporting */
 	uint64_t bad_pfns;                     /* inflate/deflate frames outside RAM */
+	uint64_t notify_exits, notify_events;  /* queue notifications: vCPU exits, ioeventfds */
 };
 
 /* Called (device lock held) when the driver changes `actual`. */
@@ -106,8 +107,9 @@ struct balloon;
 
 int balloon__create(struct balloon **out, const struct balloon_conf *conf) KMIG_MUST_CHECK;
 void balloon__destroy(struct balloon *b);
-/* The PCI function to plug into a bus. */
+/* The PCI function to plug into a bus, and its virtio transport. */
 struct pci_dev *balloon__pci(struct balloon *b);
+struct virtio_pci *balloon__transport(struct balloon *b);
 void balloon__set_change_cb(struct balloon *b, balloon_change_fn fn, void *ctx);
 
 /* QMP `balloon`: the guest should keep `bytes` of its RAM (clamped to the

@@ -60,6 +60,11 @@ uint64_t pci_dev__bar_addr(const struct pci_dev *d, unsigned bar)
 	return (pci__get(&d->cfg[off], 4) & ~0xfull) | pci__get(&d->cfg[off + 4], 4) << 32;
 }
 
+uint64_t pci_dev__bar_decode(const struct pci_dev *d, unsigned bar)
+{
+	return (d->cfg[PCI_COMMAND] & PCI_COMMAND_MEMORY) ? pci_dev__bar_addr(d, bar) : 0;
+}
+
 int pci_dev__add_cap(struct pci_dev *d, uint8_t off, const void *data, uint8_t len)
 {
 	if (off < 0x40 || (off & 3) || len < 2 || off + len > PCI_CFG_SIZE)
@@ -123,6 +128,23 @@ int pci__add(struct pci_bus *bus, unsigned slot, struct pci_dev *d)
 	return rc;
 }
 
+/* A guest's configuration write, then bar_moved for each BAR that now
+ * decodes elsewhere; bus lock held. */
+static void pci__guest_cfg_write(struct pci_dev *d, unsigned off, const void *data, unsigned size)
+{
+	uint64_t before[PCI_NUM_BARS];
+	for (unsigned b = 0; b < PCI_NUM_BARS; b++)
+		before[b] = pci_dev__bar_decode(d, b);
+	pci_dev__cfg_write(d, off, data, size);
+	if (!d->ops || !d->ops->bar_moved)
+		return;
+	for (unsigned b = 0; b < PCI_NUM_BARS; b++) {
+		uint64_t now = pci_dev__bar_decode(d, b);
+		if (d->bar_size[b] && now != before[b])
+			d->ops->bar_moved(d->ctx, b, now);
+	}
+}
+
 /* The function the address register selects, or NULL; bus lock held. */
 static struct pci_dev *pci__selected(struct pci_bus *bus)
 {
@@ -148,7 +170,7 @@ void pci__pio(struct pci_bus *bus, uint16_t port, bool is_write, void *data, uns
 			if (!is_write)
 				memset(data, 0xff, size);
 		} else if (is_write) {
-			pci_dev__cfg_write(d, off, data, size);
+			pci__guest_cfg_write(d, off, data, size);
 		} else {
 			pci_dev__cfg_read(d, off, data, size);
 		}

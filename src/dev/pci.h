@@ -57,6 +57,10 @@ struct pci_dev_ops {
 	 * (off + len <= the BAR's size).  data is little-endian. */
 	void (*bar_read)(void *ctx, unsigned bar, uint64_t off, void *data, unsigned len);
 	void (*bar_write)(void *ctx, unsigned bar, uint64_t off, const void *data, unsigned len);
+	/* May be NULL.  A configuration write through 0xCF8/0xCFC changed
+	 * where memory BAR bar decodes: gpa, or 0 when it no longer decodes
+	 * (memory space off, or address 0).  Runs with the bus lock held. */
+	void (*bar_moved)(void *ctx, unsigned bar, uint64_t gpa);
 };
 
 struct pci_dev {
@@ -88,6 +92,8 @@ void pci_dev__init(struct pci_dev *d, uint16_t vendor, uint16_t device, uint8_t 
 int pci_dev__set_bar64(struct pci_dev *d, unsigned bar, uint64_t size, uint64_t gpa) KMIG_MUST_CHECK;
 /* Current guest-physical address of a memory BAR (0 if unassigned). */
 uint64_t pci_dev__bar_addr(const struct pci_dev *d, unsigned bar);
+/* Where the BAR decodes now: its address while memory space is on, else 0. */
+uint64_t pci_dev__bar_decode(const struct pci_dev *d, unsigned bar);
 /* Appends a capability of len bytes (data[0] = id; data[1] is filled
  * with the next pointer) at offset off, linking it into the list.  The
  * caller picks non-overlapping offsets >= 0x40, 4-byte aligned. */

@@ -153,6 +153,8 @@ int serial__load(struct serial *s, const uint8_t *in, size_t len)
 	s->fcr = in[7];
 	s->thr_int = in[8];
 	serial__update_irq(s);
+	log_debug("serial: loaded ier %#x mcr %#x thr_int %d: line %s", s->ier, s->mcr, s->thr_int,
+		  s->irq_level ? "high" : "low");
 	pthread_mutex_unlock(&s->lock);
 	return 0;
 }

@@ -189,6 +189,13 @@ static void vp__common_write(struct virtio_pci *vp, uint32_t off, const uint8_t 
 	}
 }
 
+/* Lock held.  Queue q was notified. */
+static void vp__queue_notify(struct virtio_pci *vp, unsigned q)
+{
+	if (q < vp->conf.nqueues && vp->vqs[q].ready && virtio_pci__running(vp))
+		vp->ops->queue_notify(vp->ctx, q);
+}
+
 static void vp__bar_read(void *ctx, unsigned bar, uint64_t off, void *data, unsigned len)
 {
 	struct virtio_pci *vp = ctx;
@@ -226,14 +233,49 @@ static void vp__bar_write(void *ctx, unsigned bar, uint64_t off, const void *dat
 	} else if (region == VIRTIO_PCI_DEVCFG && r < vp->conf.cfg_size && len <= vp->conf.cfg_size - r) {
 		vp->ops->cfg_write(vp->ctx, r, data, len);
 	} else if (region == VIRTIO_PCI_NOTIFY && r % VIRTIO_PCI_NOTIFY_MULT == 0) {
-		unsigned q = r / VIRTIO_PCI_NOTIFY_MULT;
-		if (q < vp->conf.nqueues && vp->vqs[q].ready && virtio_pci__running(vp))
-			vp->ops->queue_notify(vp->ctx, q);
+		vp->notify_exits++;
+		vp__queue_notify(vp, r / VIRTIO_PCI_NOTIFY_MULT);
 	}
 	pthread_mutex_unlock(&vp->lock);
 }
 
-static const struct pci_dev_ops vp__pci_ops = { vp__bar_read, vp__bar_write };
+static uint64_t vp__notify_gpa(const struct virtio_pci *vp)
+{
+	uint64_t bar = pci_dev__bar_decode(&vp->pci, VIRTIO_PCI_BAR);
+	return bar ? bar + VIRTIO_PCI_NOTIFY : 0;
+}
+
+static void vp__bar_moved(void *ctx, unsigned bar, uint64_t gpa)
+{
+	struct virtio_pci *vp = ctx;
+	(void)gpa;
+	if (bar == VIRTIO_PCI_BAR && vp->notify_map)
+		vp->notify_map(vp->notify_map_ctx, vp__notify_gpa(vp));
+}
+
+static const struct pci_dev_ops vp__pci_ops = { vp__bar_read, vp__bar_write, vp__bar_moved };
+
+void virtio_pci__set_notify_map(struct virtio_pci *vp, virtio_notify_map_fn fn, void *ctx)
+{
+	vp->notify_map = fn;
+	vp->notify_map_ctx = ctx;
+	if (fn)
+		fn(ctx, vp__notify_gpa(vp));
+}
+
+void virtio_pci__remap_notify(struct virtio_pci *vp)
+{
+	if (vp->notify_map)
+		vp->notify_map(vp->notify_map_ctx, vp__notify_gpa(vp));
+}
+
+void virtio_pci__notify(struct virtio_pci *vp, unsigned q)
+{
+	pthread_mutex_lock(&vp->lock);
+	vp->notify_events++;
+	vp__queue_notify(vp, q);
+	pthread_mutex_unlock(&vp->lock);
+}
 
 static int vp__add_caps(struct pci_dev *d, const struct virtio_pci_conf *conf)
 {

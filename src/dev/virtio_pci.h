@@ -9,7 +9,9 @@
  *   0x2000 device configuration (type 4)   0x3000 notifications (type 2),
  *          queue q at 0x3000 + 4 * q (notify_off_multiplier 4).
  * No MSI-X (msix_config and queue_msix_vector read 0xffff) and no PCI
- * configuration access capability: drivers poll or take INTx.
+ * configuration access capability: drivers poll or take INTx.  A queue
+ * notification is a write to the BAR, or whatever calls
+ * virtio_pci__notify (an ioeventfd on the address notify_map reports).
  *
  * Feature negotiation: FEATURES_OK sticks only if the driver accepted a
  * subset of what is offered that includes VERSION_1.  Queues are used
@@ -103,6 +105,10 @@ struct virtio_pci_conf {
 
 /* Raises (true) or lowers the INTx line. */
 typedef void (*virtio_irq_fn)(void *ctx, bool level);
+/* The notification region now decodes at gpa (queue q at gpa + 4 * q),
+ * or nowhere (gpa 0).  Runs with the PCI bus lock held, or from
+ * virtio_pci__set_notify_map and virtio_pci__load. */
+typedef void (*virtio_notify_map_fn)(void *ctx, uint64_t gpa);
 
 struct virtio_pci {
 	pthread_mutex_t lock;
@@ -120,6 +126,10 @@ struct virtio_pci {
 	uint8_t status, cfg_gen, isr;
 	bool irq_level;
 	bool broken;                 /* NEEDS_RESET set: queues stopped */
+	uint64_t notify_exits;       /* notifications written through the BAR */
+	uint64_t notify_events;      /* ... and through virtio_pci__notify */
+	virtio_notify_map_fn notify_map;
+	void *notify_map_ctx;
 	struct virtq vqs[VIRTIO_MAX_QUEUES];
 };
 
@@ -140,6 +150,15 @@ void virtio_pci__fail(struct virtio_pci *vp, const char *why);
 bool virtio_pci__has(const struct virtio_pci *vp, unsigned bit);
 /* Lock held.  DRIVER_OK set and no NEEDS_RESET. */
 bool virtio_pci__running(const struct virtio_pci *vp);
+
+/* Tells fn where the notification region decodes, now (before it
+ * returns) and whenever that changes; during start-up only. */
+void virtio_pci__set_notify_map(struct virtio_pci *vp, virtio_notify_map_fn fn, void *ctx);
+/* Tells notify_map again where the region decodes (after a state load). */
+void virtio_pci__remap_notify(struct virtio_pci *vp);
+/* Takes the lock.  A notification of queue q that came another way than
+ * a write to the BAR (an ioeventfd): handled as that write would be. */
+void virtio_pci__notify(struct virtio_pci *vp, unsigned q);
 
 /* Serialised transport state (features, status, ISR, generation, the
  * function's writable configuration bytes, every queue) for migration.

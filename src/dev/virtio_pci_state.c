@@ -124,6 +124,7 @@ long virtio_pci__load(struct virtio_pci *vp, const uint8_t *buf, size_t len, con
 	vp->isr = flags[2];
 	vp->broken = flags[3] != 0;
 	pci_dev__cfg_write(&vp->pci, 0, cfg, PCI_CFG_SIZE); /* writable bytes only */
+	virtio_pci__remap_notify(vp);                       /* the BAR may have moved */
 	vp->irq_level = false;
 	if (vp->isr && vp->conf.irq_line && vp->irq &&
 	    !(vp->pci.cfg[PCI_COMMAND + 1] & (PCI_COMMAND_INTX_DISABLE >> 8))) {

@@ -10,6 +10,7 @@
 
 #include "base/timeutil.h"
 #include "dev/balloon.h"
+#include "kvm/ioevent.h"
 #include "kvm/vm_balloon.h"
 #include "kvm/vcpu.h"
 #include "mem/dirty.h"
@@ -241,6 +242,13 @@ int vm__start(struct vm *vm, bool start_paused)
 	vm->pause_depth = start_paused ? 1 : 0;
 	vm->status = start_paused ? VM_STATUS_PAUSED : VM_STATUS_RUNNING;
 	pthread_mutex_unlock(&vm->lock);
+	if (vm->notify) {
+		if (start_paused)
+			ioevent__hold(vm->notify);
+		int rc = ioevent__start(vm->notify);
+		if (rc)
+			return rc;
+	}
 	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
 		int rc = vcpu__start(&vm->vcpus[i]);
 		if (rc)
@@ -332,6 +340,8 @@ void vm__pause_vcpus(struct vm *vm)
 	while (!vm__all_parked(vm))
 		pthread_cond_wait(&vm->cond, &vm->lock);
 	pthread_mutex_unlock(&vm->lock);
+	if (vm->notify)
+		ioevent__hold(vm->notify);
 }
 
 enum vm_status vm__pause_into(struct vm *vm, unsigned from, enum vm_status to, bool *done)
@@ -349,30 +359,38 @@ enum vm_status vm__pause_into(struct vm *vm, unsigned from, enum vm_status to, b
 			pthread_cond_wait(&vm->cond, &vm->lock);
 	}
 	pthread_mutex_unlock(&vm->lock);
+	if (*done && vm->notify)
+		ioevent__hold(vm->notify);
 	return prev;
 }
 
 bool vm__resume_from(struct vm *vm, unsigned from, enum vm_status to)
 {
 	pthread_mutex_lock(&vm->lock);
-	bool ok = (from & VM_STATUS_BIT(vm->status)) != 0;
+	bool ok = (from & VM_STATUS_BIT(vm->status)) != 0, resumed = false;
 	if (ok) {
 		vm->status = to;
-		if (vm->pause_depth)
+		resumed = vm->pause_depth > 0;
+		if (resumed)
 			vm->pause_depth--;
 		pthread_cond_broadcast(&vm->cond);
 	}
 	pthread_mutex_unlock(&vm->lock);
+	if (resumed && vm->notify)
+		ioevent__release(vm->notify);
 	return ok;
 }
 
 void vm__resume_vcpus(struct vm *vm)
 {
 	pthread_mutex_lock(&vm->lock);
-	if (vm->pause_depth)
+	bool resumed = vm->pause_depth > 0;
+	if (resumed)
 		vm->pause_depth--;
 	pthread_cond_broadcast(&vm->cond);
 	pthread_mutex_unlock(&vm->lock);
+	if (resumed && vm->notify)
+		ioevent__release(vm->notify);
 }
 
 void vm__kick_all(struct vm *vm)

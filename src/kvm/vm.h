@@ -7,7 +7,9 @@
  *
  * Pausing: vm__pause_vcpus() returns once every vCPU thread is parked
  * outside KVM_RUN; pauses nest (a QMP `stop` and a migration can both
- * hold the VM); vm__resume_vcpus() undoes one.  A guest failure parks all
+ * hold the VM); vm__resume_vcpus() undoes one.  Each pause level also
+ * holds the devices' ioeventfd thread (kvm/ioevent.h), so that no device
+ * works on a queue while the VM is stopped.  A guest failure parks all
  * vCPUs until the VM is destroyed (the control socket stays up). */
 #ifndef KMIG_KVM_VM_H
 #define KMIG_KVM_VM_H
@@ -59,6 +61,7 @@ struct vm_config {
 	bool balloon;            /* PCI bus with a virtio-balloon (kvm/vm_balloon.h) */
 	bool balloon_no_hint;    /* ... that does not offer free page hinting */
 	bool balloon_no_reporting; /* ... nor free page reporting */
+	bool balloon_no_ioeventfd; /* its queue notifications exit to kmig */
 	uint64_t clear_chunk_pages; /* dirty tracker's deferred-clear chunk; 0 = default */
 };
 
@@ -87,6 +90,7 @@ struct vm {
 	struct kvm_stats kstats;     /* fd -1 where KVM has no binary statistics */
 	struct pci_bus *pci;         /* NULL without --balloon */
 	struct balloon *balloon;     /* NULL without --balloon */
+	struct ioevent *notify;      /* the balloon's ioeventfds; NULL without */
 	unsigned nr_vcpus;
 	struct vcpu *vcpus;
 

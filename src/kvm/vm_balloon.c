@@ -1,6 +1,7 @@
 /* Plugs the PCI bus and the balloon into a VM (kmig run --balloon):
  * device writes into guest RAM go to the dirty tracker, INTA to the
- * in-kernel irqchip with KVM_IRQ_LINE. */
+ * in-kernel irqchip with KVM_IRQ_LINE, queue notifications through
+ * ioeventfds (unless ioeventfd=off) to the ioevent thread. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,8 @@
 #include <sys/ioctl.h>
 
 #include "dev/balloon.h"
+#include "dev/virtio_pci.h"
+#include "kvm/ioevent.h"
 #include "kvm/vm_balloon.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
@@ -27,6 +30,35 @@ static void vm_balloon__irq(void *ctx, bool level)
 		log_debug("balloon: KVM_IRQ_LINE %d: %s", level, strerror(errno));
 }
 
+static void vm_balloon__notified(void *ctx, unsigned q)
+{
+	struct vm *vm = ctx;
+	virtio_pci__notify(balloon__transport(vm->balloon), q);
+}
+
+/* The notification region moved: the ioeventfds follow it. */
+static void vm_balloon__notify_map(void *ctx, uint64_t gpa)
+{
+	struct vm *vm = ctx;
+	int rc = ioevent__map(vm->notify, gpa, VIRTIO_PCI_NOTIFY_MULT);
+	if (rc)
+		log_warn("balloon: no ioeventfds at %#llx (%s): notifications exit to kmig",
+			 (unsigned long long)gpa, strerror(-rc));
+}
+
+/* Linux's and kmig's drivers write the queue index as 16 bits. */
+static int vm_balloon__ioeventfds(struct vm *vm)
+{
+	vm->notify = calloc(1, sizeof(*vm->notify));
+	if (!vm->notify)
+		return -ENOMEM;
+	int rc = ioevent__init(vm->notify, vm->vm_fd, BALLOON_NR_VQS, 2, vm_balloon__notified, vm);
+	if (rc)
+		return rc;
+	virtio_pci__set_notify_map(balloon__transport(vm->balloon), vm_balloon__notify_map, vm);
+	return 0;
+}
+
 int vm_balloon__attach(struct vm *vm, char *err, size_t errlen)
 {
 	vm->pci = calloc(1, sizeof(*vm->pci));
@@ -42,6 +74,8 @@ int vm_balloon__attach(struct vm *vm, char *err, size_t errlen)
 	int rc = balloon__create(&vm->balloon, &c);
 	if (!rc)
 		rc = pci__add(vm->pci, BALLOON_PCI_SLOT, balloon__pci(vm->balloon));
+	if (!rc && !vm->cfg.balloon_no_ioeventfd)
+		rc = vm_balloon__ioeventfds(vm);
 	if (rc)
 		snprintf(err, errlen, "cannot create the virtio-balloon device: %s", strerror(-rc));
 	return rc;
@@ -49,6 +83,11 @@ int vm_balloon__attach(struct vm *vm, char *err, size_t errlen)
 
 void vm_balloon__detach(struct vm *vm)
 {
+	if (vm->notify) {
+		ioevent__destroy(vm->notify);
+		free(vm->notify);
+		vm->notify = NULL;
+	}
 	balloon__destroy(vm->balloon);
 	vm->balloon = NULL;
 	if (vm->pci) {

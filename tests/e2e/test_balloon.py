@@ -215,6 +215,46 @@ def test_inflate_deflate(d, vms, check):
                                         proc=dst.proc) is not None, dump(dst))
 
 
+@pytest.mark.parametrize("ioeventfd", ["on", "off"])
+def test_ioeventfd(d, vms, check, ioeventfd):
+    """The balloon's queue notifications: with ioeventfd=on (the default)
+    every one reaches the device through an ioeventfd and none as a vCPU
+    exit, on the source and, after a migration (the BAR's address carried
+    in its state), on the destination; with ioeventfd=off every one is a
+    vCPU exit.  The balloon moves the same either way."""
+    cmd = "workload=idle report_ms=500 balloon=1 balloon_report=0"
+    uri = tcp_uri()
+    extra = ["--balloon=ioeventfd=%s" % ioeventfd]
+    src = kt.kmig_vm(d, "src", cmd, memory="1G", extra=extra)
+    vms.append(src)
+    dst = kt.kmig_vm(d, "dst", cmd, memory="1G", extra=extra + ["--incoming", uri])
+    vms.append(dst)
+    if not bound(check, "", src):
+        return
+
+    def moved(name, vm, target, before):
+        vm.qmp().cmd("balloon", value=target)
+        got = wait_actual(vm, target)
+        b = vm.qmp().cmd("query-balloon")
+        exits = b.get("x-notify-exits", -1) - before.get("x-notify-exits", 0)
+        fds = b.get("x-notify-ioeventfds", -1) - before.get("x-notify-ioeventfds", 0)
+        print("# %s: %s notifications through ioeventfds, %s vCPU exits" % (name, fds, exits))
+        check(name + "_moved", got == target, "actual %r; %s" % (got, dump(vm)))
+        if ioeventfd == "on":
+            check(name + "_ioeventfds", fds > 0 and exits == 0, repr(b))
+        else:
+            check(name + "_exits", exits > 0 and fds == 0, repr(b))
+        return b
+
+    moved("src", src, 768 * MIB, {})
+    kt.wait_incoming(dst, kt.slow(30))
+    r = kt.migrate(src, dst, uri, caps={"x-verify": True}, params={"max-bandwidth": GIB},
+                   timeout=kt.slow(60))
+    if not check("migrated", r.get("status") == "completed", "%r; %s" % (r, dump(dst))):
+        return
+    moved("dst", dst, GIB, dst.qmp().cmd("query-balloon"))
+
+
 def test_verify_churn(d, vms, check):
     """A verify guest migrated with hints and x-verify while QMP inflates
     and deflates the balloon during the migration's rounds."""

@@ -121,6 +121,26 @@ def boot(cmd, con, limit):
     return (None if why else p.returncode), err.read(), text, why
 
 
+def wait_moving(vm, pattern, limit):
+    """Waits up to limit seconds for a console line matching pattern while
+    the console moves: (match or None, why it gave up or "").  A console
+    silent for QUIET seconds is the platform's hang (docs/platform.md)."""
+    t0 = since = time.time()
+    mark = (len(vm.console.lines), vm.console.partial())
+    while time.time() - t0 < limit:
+        m = vm.console.wait(pattern, 5, proc=vm.proc)
+        if m:
+            return m, ""
+        if vm.proc.poll() is not None:
+            return None, "kmig ended with status %s" % vm.proc.returncode
+        now = (len(vm.console.lines), vm.console.partial())
+        if now != mark:
+            mark, since = now, time.time()
+        elif time.time() - since > QUIET:
+            return None, "console silent for %d s" % QUIET
+    return None, "not there in %d s" % limit
+
+
 def booted(status, text):
     return status == 0 and MARKER in text and PANIC not in text
 
@@ -224,6 +244,7 @@ poweroff -f
 
 # one vCPU: fewer boots hang than with two, so less time for the tries
 SHORT_BUDGET = 600
+MIGRATE_BUDGET = 900
 # 64 MiB into the balloon: enough to see it work, few enough exits (the
 # emulated platform hangs more often while a balloon moves, docs/platform.md)
 BALLOON_TARGET = 448 * MIB
@@ -325,7 +346,9 @@ def balloon_run(d, attempt, rd, limit):
                             break
                         time.sleep(0.1)
                     if wait(r"KMIG-IRQ=(.*)", "irq"):
-                        seen["reported"] = q.cmd("query-balloon").get("x-reported-pages")
+                        b = q.cmd("query-balloon")
+                        seen["reported"] = b.get("x-reported-pages")
+                        seen["notify"] = (b.get("x-notify-ioeventfds"), b.get("x-notify-exits"))
                     seen["status"] = vm.wait_exit(kt.slow(30))
     except (OSError, EOFError, RuntimeError, ValueError) as e:
         seen["error"] = repr(e)
@@ -342,7 +365,8 @@ def test_balloon_linux_driver(d, check):
     deflates it again, which needs the device's interrupt (the driver
     waits for each buffer back); the interrupt is the MP table's
     level-triggered route (seen failing without the route: Linux then
-    takes the configuration space's line, edge-triggered).  Emulated
+    takes the configuration space's line, edge-triggered); every queue
+    notification reaches the device through an ioeventfd.  Emulated
     hangs and panics are tried again, as for the boot test, within 10
     minutes."""
     if not have_mods(check):
@@ -381,6 +405,9 @@ def test_balloon_linux_driver(d, check):
     check("interrupts", re.match(r"[1-9]", seen.get("irq", "")) is not None, repr(seen))
     # Linux's free page reporting: at least one 4 MiB block dropped
     check("reported", (seen.get("reported") or 0) >= 1024, repr(seen))
+    # Linux's notifications (16-bit writes) all come through ioeventfds
+    fds, exits = seen.get("notify") or (0, -1)
+    check("ioeventfds", fds > 0 and exits == 0, repr(seen))
     check("exit_0", seen.get("status") == 0, "%r / %s" % (seen, tail))
 
 
@@ -427,28 +454,37 @@ def test_migrate_idle_linux(d, check):
     Linux's balloon driver still works there (inflated by 64 MiB on the
     source, whose pages are not sent, and by 64 MiB more on the
     destination).  Not under load: a busy Linux userspace
-    crashes on the emulated KVM (docs/platform.md).  A boot that hangs or
-    panics under emulation is tried again, as for the boot test, within
-    10 minutes."""
+    crashes on the emulated KVM (docs/platform.md).  Under emulation a
+    boot that hangs or panics is tried again, as for the boot test, and so
+    is a pair whose source stops ticking while its balloon moves, or whose
+    destination dies of the platform's panic in interrupt entry or stops
+    altogether (no tick, and its balloon driver does not answer), within
+    15 minutes.  A destination whose guest answers but prints nothing
+    fails."""
     if not have_mods(check):
         return
     rd = guest_initramfs(d)
-    tries, deadline = emulated_tries(SHORT_BUDGET)
+    tries, deadline = emulated_tries(MIGRATE_BUDGET)
     for attempt in range(1, tries + 1):
         uri = "tcp:127.0.0.1:%d" % kt.free_port()
         src, dst = linux_pair(d, attempt, rd, uri)
         try:
-            up = src.console.wait(r"KMIG-LINUX tick (3) ", min(kt.slow(90), deadline - time.time()),
-                                  proc=src.proc)
+            up, why = wait_moving(src, r"KMIG-LINUX tick (3) ",
+                                  min(kt.slow(90), deadline - time.time()))
             text = src.console.text()
-            print("# migrate boot %d: %s" % (attempt, "ticking" if up else " / ".join(
+            print("# migrate boot %d: %s" % (attempt, "ticking" if up else why + ": " + " / ".join(
                 text.splitlines()[-6:])[-800:]))
             if up:
-                migrate_linux(check, src, dst)
-                return
-            if PANIC not in text and src.proc.poll() is not None or \
+                if migrate_linux(check, src, dst) != "platform":
+                    return
+                if deadline - time.time() < QUIET:
+                    check("platform", False, "the platform stopped the pair (above), "
+                          "with no time left to try again")
+                    return
+                continue
+            if not platform_failure(why if why.startswith("console") else "", text) or \
                     deadline - time.time() < QUIET:
-                check("boot", False, " / ".join(text.splitlines()[-10:])[-1200:])
+                check("boot", False, why + ": " + " / ".join(text.splitlines()[-10:])[-1200:])
                 return
         finally:
             src.kill()
@@ -456,24 +492,52 @@ def test_migrate_idle_linux(d, check):
     check("boot", False, "no boot of %d ticked" % tries)
 
 
-def balloon_to(check, name, vm, target):
-    """QMP balloon to target bytes; True once query-balloon says so."""
+def balloon_wait(vm, target, timeout):
+    """QMP balloon to target bytes; query-balloon's last actual."""
     q = vm.qmp()
     q.cmd("balloon", value=target)
-    deadline = time.time() + kt.slow(30)
+    deadline = time.time() + timeout
     actual = None
     while time.time() < deadline:
         actual = q.cmd("query-balloon").get("actual")
         if actual == target:
             break
         time.sleep(0.2)
+    return actual
+
+
+def balloon_to(check, name, vm, target):
+    """QMP balloon to target bytes; True once query-balloon says so."""
+    actual = balloon_wait(vm, target, kt.slow(30))
     return check(name, actual == target, "actual %r, want %d / %s" % (actual, target, dump_vm(vm)))
 
 
+def ticks_stopped(vm, wait=20):
+    """Under emulation: the guest's 1 Hz tick has stopped (none in wait
+    seconds), as when the platform loses its timer (docs/platform.md)."""
+    return kt.emulated() and vm.console.wait(TICK, wait, start=len(vm.console.lines),
+                                             proc=vm.proc) is None
+
+
+def platform_panic(text):
+    """The emulated platform's panic: an interrupt delivered twice faults
+    in interrupt entry until the entry stack's guard page
+    (docs/platform.md)."""
+    return PANIC in text and ("Fatal exception in interrupt" in text or
+                              "stack guard page was hit" in text)
+
+
 def migrate_linux(check, src, dst):
+    """Migrates src to dst and checks the guest there; "platform" if the
+    destination's Linux died of the emulated platform's panic."""
     # Linux's driver inflates 64 MiB before the migration: those pages
     # are not sent
-    if not balloon_to(check, "src_balloon", src, 448 * MIB):
+    actual = balloon_wait(src, 448 * MIB, kt.slow(30))
+    if actual != 448 * MIB and ticks_stopped(src):
+        print("# the source stopped ticking while its balloon moved, as the platform does "
+              "(docs/platform.md): %s" % dump_vm(src))
+        return "platform"
+    if not check("src_balloon", actual == 448 * MIB, "actual %r / %s" % (actual, dump_vm(src))):
         return
     kt.wait_incoming(dst, kt.slow(30))
     q = src.qmp()
@@ -494,11 +558,23 @@ def migrate_linux(check, src, dst):
     check("hinted_not_sent", r.get("x-free-pages-skipped", 0) > 0, repr(r))
     last = [re.search(TICK, l) for l in src.console.text().splitlines()]
     last = [m for m in last if m][-1]
-    seen = dst.console.wait(TICK, kt.slow(30), proc=dst.proc)
+    seen = dst.console.wait(TICK, kt.slow(15), proc=dst.proc)
     t_seen = time.time()
     later = dst.console.wait(r"KMIG-LINUX tick (%d) " % (int(last.group(1)) + 3), kt.slow(30),
                              proc=dst.proc)
-    if not check("dst_ticks", later is not None, dump_vm(dst)):
+    if later is None and kt.emulated() and platform_panic(dst.console.text()):
+        print("# the destination panicked as the platform does (docs/platform.md): %s"
+              % dump_vm(dst))
+        return "platform"
+    if later is None:
+        # a guest that still runs (its balloon driver answers) but prints
+        # nothing is kmig's failure; one that does neither, under
+        # emulation, the platform's stop
+        alive, state = guest_answers(dst)
+        print("# the destination does not tick: %s; %s" % (state, dump_vm(dst)))
+        if kt.emulated() and not alive:
+            return "platform"
+        check("dst_ticks", False, state + " / " + dump_vm(dst))
         return
     first = next(m for m in (re.search(TICK, l) for l in dst.console.text().splitlines()) if m)
     step = float(first.group(2)) - float(last.group(2))
@@ -516,6 +592,19 @@ def migrate_linux(check, src, dst):
     check("dst_console_clean", not bad, " / ".join(bad[:5]))
     # the destination's balloon goes on with the same driver
     balloon_to(check, "dst_balloon", dst, 384 * MIB)
+
+
+def guest_answers(vm):
+    """Whether the guest still runs though its console is silent: its
+    balloon driver, asked for 16 MiB, moves.  (alive, what was seen)."""
+    try:
+        q = vm.qmp()
+        b0 = q.cmd("query-balloon").get("actual", 0)
+        b1 = balloon_wait(vm, b0 - 16 * MIB, kt.slow(10))
+        return b1 != b0, "%r; balloon actual %r, asked for %d MiB less: %r" % (
+            q.cmd("query-status"), b0, 16, b1)
+    except (OSError, EOFError, RuntimeError, ValueError) as e:
+        return False, repr(e)
 
 
 def dump_vm(vm):
