@@ -185,10 +185,16 @@ void control__destroy(struct control *c)
 	}
 }
 
+/* `stop` waits this long for the vCPUs to park: on a post-copy
+ * destination whose link broke, a vCPU waits in the kernel for a page and
+ * parks only once it has come, which must not hold up the QMP loop */
+#define CONTROL_STOP_WAIT_NS 1000000000ull
+
 void control__stop_vm(struct control *c)
 {
 	bool done;
-	vm__pause_into(c->vm, VM_STATUS_BIT(VM_STATUS_RUNNING), VM_STATUS_PAUSED, &done);
+	vm__pause_into(c->vm, VM_STATUS_BIT(VM_STATUS_RUNNING), VM_STATUS_PAUSED,
+		       CONTROL_STOP_WAIT_NS, &done);
 	if (done)
 		control__event(c, "STOP", NULL);
 }

@@ -8,6 +8,7 @@
 
 #include <linux/kvm.h>
 
+#include "base/timeutil.h"
 #include "kvm/ioevent.h"
 
 int ioevent__init(struct ioevent *io, int vm_fd, unsigned n, uint32_t len,
@@ -18,7 +19,7 @@ int ioevent__init(struct ioevent *io, int vm_fd, unsigned n, uint32_t len,
 	for (unsigned i = 0; i < IOEVENT_MAX; i++)
 		io->fds[i] = -1;
 	pthread_mutex_init(&io->lock, NULL);
-	pthread_cond_init(&io->cond, NULL);
+	time__cond_init(&io->cond);
 	if (!n || n > IOEVENT_MAX || !fn)
 		return -EINVAL;
 	io->vm_fd = vm_fd;
@@ -148,16 +149,27 @@ static void ioevent__wake(struct ioevent *io)
 		log_debug("ioevent: writing the wake eventfd: %s", strerror(errno));
 }
 
-void ioevent__hold(struct ioevent *io)
+bool ioevent__hold(struct ioevent *io, uint64_t timeout_ns)
 {
+	struct timespec ts = time__deadline(timeout_ns);
+	bool ok = true;
 	pthread_mutex_lock(&io->lock);
 	io->holds++;
 	if (io->running) {
 		ioevent__wake(io);
-		while (!io->held && !io->stopping)
-			pthread_cond_wait(&io->cond, &io->lock);
+		while (!io->held && !io->stopping && ok) {
+			if (!timeout_ns)
+				pthread_cond_wait(&io->cond, &io->lock);
+			else if (pthread_cond_timedwait(&io->cond, &io->lock, &ts) == ETIMEDOUT)
+				ok = io->held || io->stopping;
+		}
+		if (!ok) {
+			io->holds--;     /* not taken: the thread goes on once free */
+			pthread_cond_broadcast(&io->cond);
+		}
 	}
 	pthread_mutex_unlock(&io->lock);
+	return ok;
 }
 
 void ioevent__release(struct ioevent *io)

@@ -55,7 +55,10 @@ int ioevent__init(struct ioevent *io, int vm_fd, unsigned n, uint32_t len,
  * registered. */
 int ioevent__map(struct ioevent *io, uint64_t base, uint64_t stride) KMIG_MUST_CHECK;
 int ioevent__start(struct ioevent *io) KMIG_MUST_CHECK;
-void ioevent__hold(struct ioevent *io);
+/* Holds for ever (timeout_ns 0) or until the deadline: false if the thread
+ * was still busy then (a device blocked on a page a post-copy destination
+ * lacks); the hold is not taken then. */
+bool ioevent__hold(struct ioevent *io, uint64_t timeout_ns);
 void ioevent__release(struct ioevent *io);
 uint64_t ioevent__events(struct ioevent *io);
 /* Stops the thread, unregisters, closes the eventfds.  Safe after any

@@ -244,7 +244,7 @@ int vm__start(struct vm *vm, bool start_paused)
 	pthread_mutex_unlock(&vm->lock);
 	if (vm->notify) {
 		if (start_paused)
-			ioevent__hold(vm->notify);
+			(void)ioevent__hold(vm->notify, 0);   /* not running yet: at once */
 		int rc = ioevent__start(vm->notify);
 		if (rc)
 			return rc;
@@ -330,37 +330,76 @@ int vm__await_throttle_sleeps(struct vm *vm, uint64_t timeout_ns)
 	return rc;
 }
 
-void vm__pause_vcpus(struct vm *vm)
+/* Lock held: one more pause level; waits for every vCPU to park, for
+ * ever (wait_ns 0) or until the deadline.  Whether they all did. */
+static bool vm__add_pause(struct vm *vm, uint64_t wait_ns)
 {
-	pthread_mutex_lock(&vm->lock);
+	struct timespec ts = time__deadline(wait_ns);
+	bool parked = true;
 	vm->pause_depth++;
 	pthread_cond_broadcast(&vm->cond); /* cuts throttle sleeps short */
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)
 		vcpu__signal(&vm->vcpus[i]);
-	while (!vm__all_parked(vm))
-		pthread_cond_wait(&vm->cond, &vm->lock);
-	pthread_mutex_unlock(&vm->lock);
-	if (vm->notify)
-		ioevent__hold(vm->notify);
+	while (!vm__all_parked(vm) && parked) {
+		if (!wait_ns)
+			pthread_cond_wait(&vm->cond, &vm->lock);
+		else if (pthread_cond_timedwait(&vm->cond, &vm->lock, &ts) == ETIMEDOUT)
+			parked = vm__all_parked(vm);
+	}
+	return parked;
 }
 
-enum vm_status vm__pause_into(struct vm *vm, unsigned from, enum vm_status to, bool *done)
+/* Lock not held, after vm__add_pause: the level holds the ioevent thread.
+ * One whose vCPUs did not all park, or whose thread stayed busy, holds
+ * nothing and is counted in vm->unheld instead. */
+static void vm__hold_devices(struct vm *vm, bool parked, uint64_t wait_ns)
+{
+	if (!vm->notify || (parked && ioevent__hold(vm->notify, wait_ns)))
+		return;
+	pthread_mutex_lock(&vm->lock);
+	vm->unheld++;
+	pthread_mutex_unlock(&vm->lock);
+	log_warn("pause: %s; they stop when they come back", parked ?
+		 "a device is still busy (on a page not here yet?)" :
+		 "a vCPU is still in the kernel (on a page not here yet?)");
+}
+
+/* Lock not held, after a pause level went: its hold goes too. */
+static void vm__release_devices(struct vm *vm)
+{
+	if (!vm->notify)
+		return;
+	pthread_mutex_lock(&vm->lock);
+	bool unheld = vm->unheld > 0;
+	if (unheld)
+		vm->unheld--;
+	pthread_mutex_unlock(&vm->lock);
+	if (!unheld)
+		ioevent__release(vm->notify);
+}
+
+void vm__pause_vcpus(struct vm *vm)
+{
+	pthread_mutex_lock(&vm->lock);
+	bool parked = vm__add_pause(vm, 0);
+	pthread_mutex_unlock(&vm->lock);
+	vm__hold_devices(vm, parked, 0);
+}
+
+enum vm_status vm__pause_into(struct vm *vm, unsigned from, enum vm_status to,
+			      uint64_t wait_ns, bool *done)
 {
 	pthread_mutex_lock(&vm->lock);
 	enum vm_status prev = vm->status;
+	bool parked = true;
 	*done = (from & VM_STATUS_BIT(prev)) != 0;
 	if (*done) {
 		vm->status = to;
-		vm->pause_depth++;
-		pthread_cond_broadcast(&vm->cond);
-		for (unsigned i = 0; i < vm->nr_vcpus; i++)
-			vcpu__signal(&vm->vcpus[i]);
-		while (!vm__all_parked(vm))
-			pthread_cond_wait(&vm->cond, &vm->lock);
+		parked = vm__add_pause(vm, wait_ns);
 	}
 	pthread_mutex_unlock(&vm->lock);
-	if (*done && vm->notify)
-		ioevent__hold(vm->notify);
+	if (*done)
+		vm__hold_devices(vm, parked, wait_ns);
 	return prev;
 }
 
@@ -376,8 +415,8 @@ bool vm__resume_from(struct vm *vm, unsigned from, enum vm_status to)
 		pthread_cond_broadcast(&vm->cond);
 	}
 	pthread_mutex_unlock(&vm->lock);
-	if (resumed && vm->notify)
-		ioevent__release(vm->notify);
+	if (resumed)
+		vm__release_devices(vm);
 	return ok;
 }
 
@@ -389,8 +428,8 @@ void vm__resume_vcpus(struct vm *vm)
 		vm->pause_depth--;
 	pthread_cond_broadcast(&vm->cond);
 	pthread_mutex_unlock(&vm->lock);
-	if (resumed && vm->notify)
-		ioevent__release(vm->notify);
+	if (resumed)
+		vm__release_devices(vm);
 }
 
 void vm__kick_all(struct vm *vm)

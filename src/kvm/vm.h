@@ -98,6 +98,7 @@ struct vm {
 	pthread_cond_t cond;
 	enum vm_status status;       /* under lock */
 	unsigned pause_depth;        /* under lock: >0 parks every vCPU */
+	unsigned unheld;             /* under lock: pause levels that hold no ioevent thread */
 	bool failed;                 /* under lock: a guest failure parked the VM */
 	bool quit;                   /* under lock: vCPU threads exit */
 	bool sleep_watch;            /* under lock: vCPUs note a throttle sleep's start */
@@ -155,8 +156,13 @@ void vm__set_status(struct vm *vm, enum vm_status s);
  * VM_STATUS_BIT), pauses the vCPUs (one level, as vm__pause_vcpus), sets
  * the status to `to` and sets *done; else changes nothing.  Returns the
  * status before.  So a `stop` and the switchover cannot interleave between
- * reading the status and pausing. */
-enum vm_status vm__pause_into(struct vm *vm, unsigned from, enum vm_status to, bool *done);
+ * reading the status and pausing.  The wait for the vCPUs to park (and
+ * the devices' thread to stop) is for ever with wait_ns 0; else it ends
+ * at the deadline, the pause level taken all the same: a vCPU still in
+ * the kernel (a post-copy destination's vCPU waiting for a page that has
+ * not come) parks when it returns from KVM_RUN. */
+enum vm_status vm__pause_into(struct vm *vm, unsigned from, enum vm_status to,
+			      uint64_t wait_ns, bool *done);
 /* In one step: when the status is in `from`, sets it to `to` and resumes
  * one pause level; returns whether it did. */
 bool vm__resume_from(struct vm *vm, unsigned from, enum vm_status to);

@@ -376,6 +376,16 @@ def test_recover(d, vms, check, action):
         if not check("refused_resume_paused", r.get("status") == "postcopy-paused",
                      "try %d: %r" % (i, r)):
             return
+    # `stop` on the paused destination answers (its vCPU waits in the
+    # kernel for a page and parks only once that comes) and the guest
+    # stays stopped through the recovery until `cont`
+    t0 = time.time()
+    reply = dq.cmd_full("stop")
+    took = time.time() - t0
+    check("dst_stop_answers", "return" in reply and took < kt.slow(5),
+          "%r after %.1f s" % (reply, took))
+    check("dst_stopped", dq.cmd("query-status").get("status") == "paused",
+          repr(dq.cmd("query-status")))
     # a second link, straight to the destination, at link speed
     uri2 = tcp_uri()
     dq.cmd("migrate-recover", uri=uri2)
@@ -392,6 +402,12 @@ def test_recover(d, vms, check, action):
     dr = kt.wait_migration(dq, kt.slow(20))
     check("dst_completed", dr.get("status") == "completed", repr(dr))
     check_verified(check, dst)
+    st = dq.cmd("query-status").get("status")
+    check("dst_still_stopped", st == "paused", st)
+    n = dst.console.count(r"^heartbeat")
+    time.sleep(2)
+    check("dst_guest_stopped", dst.console.count(r"^heartbeat") == n, dump(dst))
+    dq.cmd("cont")
     check_dst_runs(check, src, dst)
     proxy.close()
 

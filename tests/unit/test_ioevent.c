@@ -10,14 +10,17 @@
 
 struct seen {
 	atomic_uint count[IOEVENT_MAX];
-	atomic_bool slow;            /* each call takes 20 ms */
+	atomic_bool slow;            /* each call takes 20 ms, or stuck_ms */
+	atomic_uint stuck_ms;
+	atomic_bool entered;         /* a call has begun */
 };
 
 static void on_event(void *ctx, unsigned i)
 {
 	struct seen *s = ctx;
+	atomic_store(&s->entered, true);
 	if (atomic_load(&s->slow))
-		usleep(20000);
+		usleep(1000 * (atomic_load(&s->stuck_ms) ? atomic_load(&s->stuck_ms) : 20));
 	atomic_fetch_add(&s->count[i], 1);
 }
 
@@ -64,11 +67,11 @@ static void t_hold_drains(struct t *t)
 	atomic_store(&s.slow, true);
 	for (unsigned i = 0; i < 4; i++)
 		signal_fd(&io, i);
-	ioevent__hold(&io);
+	T_CHECK(t, ioevent__hold(&io, 0));
 	for (unsigned i = 0; i < 4; i++)
 		T_CHECK_EQ(t, atomic_load(&s.count[i]), 1);
 	atomic_store(&s.slow, false);
-	ioevent__hold(&io);              /* holds nest */
+	T_CHECK(t, ioevent__hold(&io, 0));   /* holds nest */
 	signal_fd(&io, 1);
 	usleep(100000);
 	T_CHECK_EQ(t, atomic_load(&s.count[1]), 1);
@@ -87,13 +90,36 @@ static void t_hold_before_start(struct t *t)
 	struct ioevent io;
 	struct seen s = { 0 };
 	T_CHECK_EQ(t, ioevent__init(&io, -1, 1, 2, on_event, &s), 0);
-	ioevent__hold(&io);
+	T_CHECK(t, ioevent__hold(&io, 0));
 	T_CHECK_EQ(t, ioevent__start(&io), 0);
 	signal_fd(&io, 0);
 	usleep(100000);
 	T_CHECK_EQ(t, atomic_load(&s.count[0]), 0);
 	ioevent__release(&io);
 	T_CHECK_EQ(t, wait_count(&s, 0, 1), 1);
+	ioevent__destroy(&io);
+}
+
+/* A hold with a deadline while the handler is stuck: false in time, and
+ * the thread goes on once the handler returns (a device blocked on a
+ * page a post-copy destination lacks). */
+static void t_hold_timeout(struct t *t)
+{
+	struct ioevent io;
+	struct seen s = { 0 };
+	T_CHECK_EQ(t, ioevent__init(&io, -1, 1, 2, on_event, &s), 0);
+	T_CHECK_EQ(t, ioevent__start(&io), 0);
+	atomic_store(&s.stuck_ms, 500);
+	atomic_store(&s.slow, true);
+	signal_fd(&io, 0);
+	for (int k = 0; k < 1000 && !atomic_load(&s.entered); k++)
+		usleep(100);                  /* the thread is in the handler */
+	T_CHECK(t, !ioevent__hold(&io, 1000000));   /* 1 ms */
+	T_CHECK_EQ(t, io.holds, 0);
+	atomic_store(&s.slow, false);
+	T_CHECK_EQ(t, wait_count(&s, 0, 1), 1);
+	signal_fd(&io, 0);
+	T_CHECK_EQ(t, wait_count(&s, 0, 2), 2);     /* not held: it goes on */
 	ioevent__destroy(&io);
 }
 
@@ -116,6 +142,7 @@ int main(void)
 	T_RUN(&t, t_dispatch);
 	T_RUN(&t, t_hold_drains);
 	T_RUN(&t, t_hold_before_start);
+	T_RUN(&t, t_hold_timeout);
 	T_RUN(&t, t_bad_init);
 	return T_DONE(&t);
 }

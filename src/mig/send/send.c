@@ -346,7 +346,7 @@ int sender__stop_guest(struct sender *s, bool pre, uint64_t *t0)
 		log_debug("switchover: TCP_NODELAY not set");
 	/* the status read and the pause in one step: a `stop` cannot slip in */
 	bool done;
-	s->prev_status = vm__pause_into(vm, ~0u, VM_STATUS_FINISH_MIGRATE, &done);
+	s->prev_status = vm__pause_into(vm, ~0u, VM_STATUS_FINISH_MIGRATE, 0, &done);
 	vm->run_after_migration = s->prev_status == VM_STATUS_RUNNING;
 	s->paused = true;
 	control__event(s->m->ctl, "STOP", NULL);
