@@ -259,8 +259,7 @@ void virtio_pci__set_notify_map(struct virtio_pci *vp, virtio_notify_map_fn fn, 
 {
 	vp->notify_map = fn;
 	vp->notify_map_ctx = ctx;
-	if (fn)
-		fn(ctx, vp__notify_gpa(vp));
+	virtio_pci__remap_notify(vp);
 }
 
 void virtio_pci__remap_notify(struct virtio_pci *vp)
