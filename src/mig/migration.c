@@ -272,10 +272,6 @@ int migration__start_postcopy(struct migration *m, char *err, size_t errlen)
 		why = "Postcopy must be started after migration has been started";
 	else if (p.cap_multifd)
 		why = "post-copy does not work with multifd yet";
-	else if (p.tls_creds[0])
-		why = "post-copy does not work with TLS yet";
-	else if (m->vm->balloon)
-		why = "post-copy does not work with a virtio-balloon yet";
 	if (why) {
 		snprintf(err, errlen, "%s", why);
 		return -EINVAL;

@@ -68,12 +68,25 @@ int migration__resume(struct migration *m, const char *uri, char *err, size_t er
 	 * would leave the status at postcopy-recover with nobody recovering */
 	pthread_mutex_lock(&m->lock);
 	bool ok = m->status == MIG_POSTCOPY_PAUSED && migration__outgoing(m) && !m->resume;
+	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
-	if (!ok || !migration__advance(m, MIG_POSTCOPY_PAUSED, MIG_POSTCOPY_RECOVER)) {
+	if (!ok) {
+		snprintf(err, errlen, "Cannot resume if there is no paused migration");
+		return -EINVAL;
+	}
+	/* the new link's TLS (tls-hostname, or the new URI's host); the
+	 * sender reads tls_out only once resume is set */
+	struct tls_config tls;
+	int rc = tls_config__resolve(&m->tls, false, p.tls_creds, p.tls_hostname, NULL, u, &tls,
+				     err, errlen);
+	if (rc)
+		return rc;
+	if (!migration__advance(m, MIG_POSTCOPY_PAUSED, MIG_POSTCOPY_RECOVER)) {
 		snprintf(err, errlen, "Cannot resume if there is no paused migration");
 		return -EINVAL;
 	}
 	pthread_mutex_lock(&m->lock);
+	m->tls_out = tls;
 	snprintf(m->resume_uri, sizeof(m->resume_uri), "%s", u);
 	m->resume = true;
 	pthread_cond_broadcast(&m->cont_cond);

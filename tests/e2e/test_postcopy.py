@@ -19,6 +19,13 @@ default) except where a test needs it slow.
   during_bulk   switch while the bulk pass is half-way: most of RAM is
                 still at the source when the guest starts at the
                 destination;
+  balloon       a guest with a virtio-balloon (free page hints, 64 MiB
+                ballooned) that reuses freed memory: the pages the bulk
+                pass skipped are asked for when touched on the
+                destination, the balloon is deflated and inflated there
+                during post-copy, x-verify's sum counts pages never sent
+                as zero, and the guest's own checks of what it reuses
+                pass;
   refusals      migrate-start-postcopy without the capability, before a
                 migration, and migrate_cancel while post-copy runs are
                 refused with QEMU's messages; multifd with postcopy-ram is
@@ -34,7 +41,9 @@ default) except where a test needs it slow.
                 the migration on a new link with every page intact; before
                 that, resume and recover are refused while nothing is
                 paused, and resumes to a URI nobody listens on leave the
-                source paused again each time;
+                source paused again each time; cut_tls: the same over
+                TLS (PSK), each link a TLS session; cut_balloon: with
+                free page hints, whose pages the new link does not push;
   destination_lost  the destination is killed during post-copy: the
                 source pauses, keeps its guest stopped and quits;
   cli_after_pass_and_resume  kmig migrate --postcopy after-pass stops
@@ -44,6 +53,7 @@ default) except where a test needs it slow.
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
@@ -53,6 +63,8 @@ from faultproxy import FaultProxy
 
 pytestmark = pytest.mark.kvm
 
+MAKE_CERTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib",
+                          "make-certs.sh")
 RING = ["--dirty-ring", "4096"]
 BITMAP = ["--dirty-ring", "0"]
 # 64 MiB per vCPU rewritten at full speed, far more than the limit carries
@@ -68,10 +80,10 @@ def dump(vm, n=15):
     return kt.dump(vm, n)
 
 
-def pair(d, vms, cmdline, uri, extra=(), cpus=1, memory="512M"):
+def pair(d, vms, cmdline, uri, extra=(), cpus=1, memory="512M", dst_extra=()):
     src = kt.kmig_vm(d, "src", cmdline, memory=memory, cpus=cpus, extra=list(extra))
     dst = kt.kmig_vm(d, "dst", cmdline, memory=memory, cpus=cpus,
-                     extra=list(extra) + ["--incoming", uri])
+                     extra=list(extra) + list(dst_extra) + ["--incoming", uri])
     vms += [src, dst]
     return src, dst
 
@@ -249,6 +261,73 @@ def test_during_bulk(d, vms, check):
     check_dst_runs(check, src, dst)
 
 
+MIB = 1 << 20
+# frees 256 MiB it filled, then reuses freed memory (16 MiB every 100 ms,
+# two generations held and re-checked): pages hinted free and never sent
+# are touched again on the destination
+BALLOON_FILL = ("workload=fill-free mb=256 report_ms=300 balloon=1 refill_ms=100 refill_mb=16 "
+                "refill_keep=2")
+
+
+def wait_actual(q, want, timeout):
+    deadline = time.time() + timeout
+    got = None
+    while time.time() < deadline:
+        got = q.cmd("query-balloon").get("actual")
+        if got == want:
+            break
+        time.sleep(0.1)
+    return got
+
+
+def test_balloon(d, vms, check):
+    uri = tcp_uri()
+    src, dst = pair(d, vms, BALLOON_FILL, uri, RING + ["--balloon"])
+    if not check("filled", src.console.wait(r"^fill-free done", kt.slow(60), proc=src.proc)
+                 is not None, dump(src)):
+        return
+    q = src.qmp()
+    q.cmd("balloon", value=448 * MIB)
+    got = wait_actual(q, 448 * MIB, kt.slow(20))
+    if not check("inflated", got == 448 * MIB, "actual %r" % got):
+        return
+    q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}, verify=True)
+    after_bulk_pass(q, kt.slow(60))
+    q.cmd("migrate-start-postcopy")
+    dq = dst.qmp()
+    r = wait_status(dq, "postcopy-active", kt.slow(20))
+    # deflated and inflated again on the destination during post-copy
+    active = r.get("status") == "postcopy-active"
+    if active:
+        dq.cmd("balloon", value=512 * MIB)
+        time.sleep(0.5)
+        dq.cmd("balloon", value=480 * MIB)
+    r, seen = follow(q, kt.slow(60))
+    ram = r.get("ram", {})
+    print("# postcopy_balloon: statuses %r, %s free and %s ballooned pages skipped, "
+          "requests %s, sent %s MiB" % (seen, r.get("x-free-pages-skipped"),
+                                        r.get("x-balloon-pages-skipped"),
+                                        ram.get("postcopy-requests"), ram.get("transferred", 0) >> 20))
+    if not completed_postcopy(check, src, dst, r, seen):
+        return
+    check("balloon_moved_in_postcopy", active, "destination never postcopy-active")
+    check("skipped", r.get("x-free-pages-skipped", 0) > 0 and
+          r.get("x-balloon-pages-skipped", 0) >= 64 * MIB // 4096, repr(r))
+    check("requests", ram.get("postcopy-requests", 0) > 0, repr(r))
+    check_verified(check, dst)
+    check("dst_balloon", wait_actual(dq, 480 * MIB, kt.slow(20)) == 480 * MIB,
+          repr(dq.cmd("query-balloon")))
+    # the guest goes on reusing its memory, every page as it wrote it
+    n = dst.console.count(r"^refill ok")
+    deadline = time.time() + kt.slow(20)
+    while time.time() < deadline and dst.console.count(r"^refill ok") < n + 4:
+        time.sleep(0.2)
+    check("dst_refills", dst.console.count(r"^refill ok") >= n + 4, dump(dst))
+    bad = [l for vm in (src, dst) for l in vm.console.text().splitlines()
+           if "BAD" in l or "bad_pages" in l or "balloon error" in l]
+    check("no_bad_page", not bad, " / ".join(bad[:5]))
+
+
 def test_refusals(d, vms, check):
     uri = tcp_uri()
     src, dst = pair(d, vms, VERIFY % (32, 1), uri, RING, memory="256M")
@@ -318,10 +397,27 @@ def wait_status(q, status, timeout):
     return r
 
 
-@pytest.mark.parametrize("action", ["cut", pytest.param("stall", marks=pytest.mark.slow)])
-def test_recover(d, vms, check, action):
+def psk_creds(d):
+    """A PSK object (tests/lib/make-certs.sh) both sides are given."""
+    path = os.path.join(d, "keys")
+    subprocess.run([MAKE_CERTS, path, "source"], check=True)
+    return "tls-creds-psk,id=k0,dir=%s/psk" % path
+
+
+@pytest.mark.parametrize("action,tls,balloon", [
+    ("cut", False, False), pytest.param("stall", False, False, marks=pytest.mark.slow),
+    ("cut", True, False), ("cut", False, True)], ids=["cut", "stall", "cut_tls", "cut_balloon"])
+def test_recover(d, vms, check, action, tls, balloon):
     uri = tcp_uri()
-    src, dst = pair(d, vms, VERIFY % (128, 1), uri, RING)
+    extra, params = list(RING), {"max_postcopy_bandwidth": LIMIT}
+    if tls:
+        creds = psk_creds(d)
+        extra += ["--object", creds]
+        params["tls_creds"] = "k0"
+    if balloon:
+        extra += ["--balloon"]
+    src, dst = pair(d, vms, VERIFY % (128, 1) + (" balloon=1" if balloon else ""), uri, extra,
+                    dst_extra=["--tls-creds", "k0"] if tls else ())
     if not check("boot", booted(src, 1), dump(src)):
         return
     q, dq = src.qmp(), dst.qmp()
@@ -331,10 +427,9 @@ def test_recover(d, vms, check, action):
     check("no_recover_unpaused", "when postcopy is paused" in e, e)
     e = q.cmd_full("migrate-pause").get("error", {}).get("desc", "")
     check("no_pause_precopy", "postcopy-active" in e, e)
-    proxy = FaultProxy(int(uri.rsplit(":", 1)[1]), ("manual",), action)
+    proxy = FaultProxy(int(uri.rsplit(":", 1)[1]), ("manual",), action, raw=tls)
     # the push is held back, so the cut lands with most pages still here
-    q = start(src, dst, "tcp:127.0.0.1:%d" % proxy.port, {"max_postcopy_bandwidth": LIMIT},
-              verify=True)
+    q = start(src, dst, "tcp:127.0.0.1:%d" % proxy.port, params, verify=True)
     after_bulk_pass(q, kt.slow(30))
     q.cmd("migrate-start-postcopy")
     r = wait_status(q, "postcopy-active", kt.slow(20))
@@ -410,6 +505,15 @@ def test_recover(d, vms, check, action):
     dq.cmd("cont")
     check_dst_runs(check, src, dst)
     proxy.close()
+    if balloon:   # the pages hinted free and never sent are not pushed on the new link
+        m = re.search(r"resuming, (\d+) pages the destination lacks", src.output())
+        skipped = r.get("x-free-pages-skipped", 0)
+        check("resume_skips_unsent", m is not None and skipped > 64 * 256 and
+              int(m.group(1)) < skipped, "%s; %d skipped" % (m and m.group(0), skipped))
+    if tls:     # the first link and the recovered one, each a TLS session
+        check("tls_both_links", src.output().count("TLS 1.3 with 'k0'") == 2 and
+              dst.output().count("TLS 1.3 with 'k0'") == 2,
+              src.output()[-600:] + dst.output()[-600:])
 
 
 def cli(qmp_path, *args, timeout=120, vms=()):

@@ -30,6 +30,9 @@ everything the destination sent, and what the source still sends is read
 and dropped for DRAIN_S before both connections close.
 on_trigger() runs in the proxy's thread when the trigger is reached,
 before the action; `triggered` is set after both.
+raw=True relays the forward direction as bytes too (a TLS stream, whose
+records the proxy cannot read): only ("manual",) then, and the fault
+lands on the next chunk the source sends after fire().
 """
 import socket
 import struct
@@ -41,8 +44,9 @@ DRAIN_S = 2.0
 
 
 class FaultProxy:
-    def __init__(self, dst_port, at, action, on_trigger=None, drop_early=False):
-        self.dst_port, self.at, self.action = dst_port, at, action
+    def __init__(self, dst_port, at, action, on_trigger=None, drop_early=False, raw=False):
+        assert not raw or at == ("manual",), "a raw proxy only fires by hand"
+        self.dst_port, self.at, self.action, self.raw = dst_port, at, action, raw
         self.on_trigger, self.drop_early = on_trigger, drop_early
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
@@ -166,6 +170,18 @@ class FaultProxy:
         except OSError:
             pass
 
+    def _next(self, src):
+        """The next record (its type and bytes), or in raw mode the next
+        chunk (type None)."""
+        if self.raw:
+            got = src.recv(65536)
+            if not got:
+                raise EOFError
+            return None, got
+        head = self._read(src, HDR.size)
+        rtype, _, length = HDR.unpack(head)
+        return rtype, head + self._read(src, length)
+
     def _run(self):
         try:
             src, _ = self.lsock.accept()
@@ -176,9 +192,7 @@ class FaultProxy:
             threading.Thread(target=self._back, args=(src, dst), daemon=True).start()
             fired = False
             while not self._stall.is_set():
-                head = self._read(src, HDR.size)
-                rtype, _, length = HDR.unpack(head)
-                rec = head + self._read(src, length)
+                rtype, rec = self._next(src)
                 self.counts[rtype] = self.counts.get(rtype, 0) + 1
                 if self._dst_gone.is_set():
                     continue            # draining

@@ -427,10 +427,15 @@ static void t_hash(struct t *t)
 	free(a);
 }
 
+typedef void (*ram_hash_fn)(const struct proto_ram *, uint8_t *);
+typedef void (*ram_hash_zero_fn)(const struct proto_ram *, const struct bitmap *, uint8_t *);
+
 /* Pages marked in the bitmap hash as zero pages: the same hash as a copy
  * of RAM with those pages zeroed, across two blocks; no bitmap, an empty
- * one, or one shorter than RAM behave as documented. */
-static void t_hash_as_zero(struct t *t)
+ * one, or one shorter than RAM behave as documented.  For the whole-RAM
+ * hash and for the post-copy sum alike. */
+static void check_as_zero(struct t *t, ram_hash_fn hash,
+			  ram_hash_zero_fn hash_as_zero)
 {
 	size_t pages = 64, len = pages * 4096;
 	uint8_t *a = page_block(pages, 3), *z = page_block(pages, 3);
@@ -444,10 +449,10 @@ static void t_hash_as_zero(struct t *t)
 	rz.blocks[0] = (struct proto_ram_block){ 0, len / 4, z };
 	rz.blocks[1] = (struct proto_ram_block){ 1ull << 32, len - len / 4, z + len / 4 };
 	uint8_t h1[32], h2[32], h3[32];
-	proto__ram_hash(&ra, h1);
-	proto__ram_hash_as_zero(&ra, NULL, h2);
+	hash(&ra, h1);
+	hash_as_zero(&ra, NULL, h2);
 	T_CHECK(t, memcmp(h1, h2, 32) == 0);
-	proto__ram_hash_as_zero(&ra, &bm, h2);
+	hash_as_zero(&ra, &bm, h2);
 	T_CHECK(t, memcmp(h1, h2, 32) == 0);
 	/* pages 0, 15..17 (across the block boundary at 16) and the last */
 	size_t marked[] = { 0, 15, 16, 17, pages - 1 };
@@ -455,16 +460,16 @@ static void t_hash_as_zero(struct t *t)
 		bitmap__set(&bm, marked[i]);
 		memset(z + marked[i] * 4096, 0, 4096);
 	}
-	proto__ram_hash_as_zero(&ra, &bm, h2);
-	proto__ram_hash(&rz, h3);
+	hash_as_zero(&ra, &bm, h2);
+	hash(&rz, h3);
 	T_CHECK(t, memcmp(h2, h3, 32) == 0);
 	T_CHECK(t, memcmp(h1, h2, 32) != 0);
 	/* a marked page's content does not matter; an unmarked one's does */
 	a[16 * 4096 + 5] ^= 1;
-	proto__ram_hash_as_zero(&ra, &bm, h3);
+	hash_as_zero(&ra, &bm, h3);
 	T_CHECK(t, memcmp(h2, h3, 32) == 0);
 	a[18 * 4096 + 5] ^= 1;
-	proto__ram_hash_as_zero(&ra, &bm, h3);
+	hash_as_zero(&ra, &bm, h3);
 	T_CHECK(t, memcmp(h2, h3, 32) != 0);
 	a[18 * 4096 + 5] ^= 1;
 	/* a bitmap shorter than RAM: pages past it count as they are */
@@ -472,12 +477,18 @@ static void t_hash_as_zero(struct t *t)
 	memcpy(z, a, len);
 	memset(z, 0, 4096);
 	memset(z + 15 * 4096, 0, 4096);
-	proto__ram_hash_as_zero(&ra, &shortbm, h2);
-	proto__ram_hash(&rz, h3);
+	hash_as_zero(&ra, &shortbm, h2);
+	hash(&rz, h3);
 	T_CHECK(t, memcmp(h2, h3, 32) == 0);
 	bitmap__free(&bm);
 	free(a);
 	free(z);
+}
+
+static void t_hash_as_zero(struct t *t)
+{
+	check_as_zero(t, proto__ram_hash, proto__ram_hash_as_zero);
+	check_as_zero(t, proto__ram_page_sum, proto__ram_page_sum_as_zero);
 }
 
 static void t_hash_speed(struct t *t)

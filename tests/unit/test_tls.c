@@ -1,6 +1,7 @@
 /* Unit tests of TLS on migration streams: objects, PSK and X.509
  * handshakes over socketpairs, failures on both sides, cancel. */
 #include <errno.h>
+#include <gnutls/gnutls.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -435,6 +436,38 @@ static void t_peek_answer(struct t *t)
 	tls_objects__destroy(&o);
 }
 
+/* A key update from the peer (which GnuTLS would answer from inside the
+ * read, racing the thread that writes) ends the session at the reader:
+ * the read fails, nothing after the update is taken as data. */
+static void t_key_update_refused(struct t *t)
+{
+	struct tls_objects o;
+	struct side pair[2];
+	const struct tls_creds *ok = psk_ok(t, &o);
+	handshake(pair, ok, "", ok, NULL);
+	T_CHECK_EQ(t, pair[0].rc, 0);
+	T_CHECK_EQ(t, pair[1].rc, 0);
+	uint8_t b = 0;
+	T_CHECK_EQ(t, mig_stream__write(&pair[0].s, "a", 1), 0);
+	T_CHECK_EQ(t, mig_stream__flush(&pair[0].s), 0);
+	T_CHECK_EQ(t, mig_stream__read_full(&pair[1].s, &b, 1), 0);
+	T_CHECK_EQ(t, b, 'a');
+	gnutls_session_t ses = pair[0].s.tls;
+	T_CHECK_EQ(t, gnutls_session_key_update(ses, GNUTLS_KU_PEER), 0);
+	T_CHECK_EQ(t, mig_stream__write(&pair[0].s, "b", 1), 0);
+	T_CHECK_EQ(t, mig_stream__flush(&pair[0].s), 0);
+	mig_stream__set_read_deadline(&pair[1].s, time__now_ms() + 2000);
+	int rc = mig_stream__read_full(&pair[1].s, &b, 1);
+	T_CHECK_EQ(t, rc, -ECONNABORTED);
+	T_CHECK(t, strstr(mig_stream__strerror(&pair[1].s), "TLS read"));
+	pair__close(pair);
+	/* both directions' traffic still works without one (the control) */
+	handshake(pair, ok, "", ok, NULL);
+	check_traffic(t, pair);
+	pair__close(pair);
+	tls_objects__destroy(&o);
+}
+
 /* keys.psk is read once: CRLF lines work, a name twice or a NUL byte is
  * refused, and a file changed afterwards changes nothing. */
 static void t_psk_file(struct t *t)
@@ -486,6 +519,7 @@ int main(void)
 	T_RUN(&t, t_rate_limit);
 	T_RUN(&t, t_peek_answer);
 	T_RUN(&t, t_psk_file);
+	T_RUN(&t, t_key_update_refused);
 	char cmd[200];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s %s", g_dir, g_other);
 	if (system(cmd))

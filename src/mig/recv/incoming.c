@@ -249,9 +249,9 @@ static int incoming__on_postcopy(void *ctx)
 {
 	struct incoming *in = ctx;
 	char err[256] = "";
-	if (in->multifd || in->stream.tls)
-		return mig_recv__fail(&in->recv, -EPROTO, "post-copy over %s is not supported",
-				      in->multifd ? "multifd channels" : "TLS");
+	if (in->multifd)
+		return mig_recv__fail(&in->recv, -EPROTO,
+				      "post-copy over multifd channels is not supported");
 	int rc = incoming__state_complete(in);
 	if (rc)
 		return rc;

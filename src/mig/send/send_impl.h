@@ -63,11 +63,14 @@ struct sender {
 	bool bulk_done;              /* the first pass is over: nothing is skipped any more */
 	bool final_round;            /* x-final-round: the extra round was taken */
 	uint64_t free_skipped, balloon_skipped; /* pages the bulk pass did not send */
-	/* x-verify with a balloon: pages the bulk pass skipped (hinted free
-	 * or ballooned) that no sync has reported written since.  The
-	 * destination never received them (they read as zero there), so the
-	 * END hash counts them as zero pages, leaving the source's memory as
-	 * it is; a page the guest wrote after its hint is sent and hashed. */
+	/* x-verify or postcopy-ram with a balloon: pages the bulk pass
+	 * skipped (hinted free or ballooned) that no sync has reported
+	 * written since, nor post-copy sent.  The destination never received
+	 * them (they read as zero there), so the END hash counts them as zero
+	 * pages, leaving the source's memory as it is; a page the guest wrote
+	 * after its hint is sent and hashed.  In post-copy the destination
+	 * asks for one when its guest touches it (it is sent as it is here),
+	 * and a recovery does not push them. */
 	struct bitmap unsent;
 	struct mig_fault fault;     /* test-only fault injection (fault.h) */
 };

@@ -374,7 +374,7 @@ void *migration__send_thread(void *arg)
 	s->comp = m->params.compression;
 	policy__state_init(&m->pstate);
 	rc = s->rec ? 0 : -ENOMEM;
-	if (!rc && m->params.cap_verify && m->vm->balloon)
+	if (!rc && (m->params.cap_verify || m->params.cap_postcopy_ram) && m->vm->balloon)
 		rc = bitmap__init(&s->unsent, s->ram->npages);
 	if (!rc)
 		rc = sender__init_fault(s);

@@ -72,6 +72,8 @@ static int pc__send(struct sender *s, size_t p)
 {
 	bitmap__clear_bit(&s->m->todo, p);  /* not pushed again */
 	bitmap__set(&s->pc_sent, p);
+	if (s->unsent.words)
+		bitmap__clear_bit(&s->unsent, p);   /* hashed as it is from now on */
 	return sender__send_page(s, p);
 }
 
@@ -220,8 +222,13 @@ static int pc__complete(struct sender *s, struct postcopy_src *q)
 	 * since the switch), as a sum the destination adds up page by page */
 	uint8_t hash[PROTO_HASH_LEN];
 	bool verify = s->m->params.cap_verify;
-	if (!rc && verify)
-		proto__ram_page_sum(&s->pr, hash);
+	if (!rc && verify) {
+		struct bitmap *zero = s->unsent.words ? &s->unsent : NULL;
+		proto__ram_page_sum_as_zero(&s->pr, zero, hash);
+		if (zero)
+			log_info("x-verify: %zu pages hinted free or ballooned, never written since "
+				 "nor asked for, count as zero", bitmap__count(zero));
+	}
 	ssize_t n = rc ? rc : proto__encode_end(s->rec, s->rec_cap, verify ? hash : NULL);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 	rc = rc ? rc : mig_stream__flush(s->stream);
@@ -285,6 +292,8 @@ static int pc__handshake(struct sender *s)
 		bitmap__clear_all(&s->pc_sent);
 		bitmap__set_all(&m->todo);
 		bitmap__andnot(&m->todo, &have);
+		if (s->unsent.words)        /* never sent: asked for, or zero there */
+			bitmap__andnot(&m->todo, &s->unsent);
 		log_info("post-copy: resuming, %zu pages the destination lacks",
 			 bitmap__count(&m->todo));
 	}
@@ -347,6 +356,17 @@ static int pc__reconnect(struct sender *s, char *why, size_t n)
 	pthread_mutex_unlock(&m->lock);
 	if (mig_stream__set_nodelay(s->stream, true))
 		log_debug("post-copy: TCP_NODELAY not set");
+	if (atomic_load(&m->cancel))
+		return -ECANCELED;
+	if (m->tls_out.creds) {
+		rc = tls__client(s->stream, &m->tls_out, err, sizeof(err));
+		if (rc) {
+			snprintf(why, n, "%.150s", err);
+			log_warn("migration: post-copy cannot resume: %s", err);
+			return rc;
+		}
+		log_info("migration: TLS 1.3 with '%s'", m->tls_out.creds->id);
+	}
 	rc = atomic_load(&m->cancel) ? -ECANCELED : pc__handshake(s);
 	if (rc)
 		pc__reason(s, why, n);

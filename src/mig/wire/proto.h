@@ -258,6 +258,10 @@ void proto__ram_hash_as_zero(const struct proto_ram *ram, const struct bitmap *z
 void proto__page_sum_add(uint64_t acc[4], uint64_t page, const void *data);
 void proto__page_sum_out(const uint64_t acc[4], uint8_t out[PROTO_HASH_LEN]);
 void proto__ram_page_sum(const struct proto_ram *ram, uint8_t out[PROTO_HASH_LEN]);
+/* The same sum with each page whose bit is set in zero counted as a zero
+ * page (as proto__ram_hash_as_zero; zero may be NULL or short). */
+void proto__ram_page_sum_as_zero(const struct proto_ram *ram, const struct bitmap *zero,
+				 uint8_t out[PROTO_HASH_LEN]);
 /* The same hash over one buffer, as if it were a single block. */
 void proto__hash_buf(const void *buf, size_t len, uint8_t out[PROTO_HASH_LEN]);
 

@@ -272,14 +272,23 @@ void proto__page_sum_out(const uint64_t acc[4], uint8_t out[PROTO_HASH_LEN])
 		le__put64(out + 8 * i, acc[i]);
 }
 
-void proto__ram_page_sum(const struct proto_ram *ram, uint8_t out[PROTO_HASH_LEN])
+void proto__ram_page_sum_as_zero(const struct proto_ram *ram, const struct bitmap *zero,
+				 uint8_t out[PROTO_HASH_LEN])
 {
+	static const uint8_t zpage[PROTO_PAGE_SIZE];
 	uint64_t acc[4] = { 0 };
 	uint64_t page = 0;
 	unsigned n = ram->nr_blocks <= PROTO_MAX_BLOCKS ? ram->nr_blocks : PROTO_MAX_BLOCKS;
 	for (unsigned i = 0; i < n; i++)
 		for (uint64_t off = 0; off + PROTO_PAGE_SIZE <= ram->blocks[i].size;
-		     off += PROTO_PAGE_SIZE)
-			proto__page_sum_add(acc, page++, ram->blocks[i].host + off);
+		     off += PROTO_PAGE_SIZE, page++) {
+			bool z = zero && page < zero->nbits && bitmap__test(zero, page);
+			proto__page_sum_add(acc, page, z ? zpage : ram->blocks[i].host + off);
+		}
 	proto__page_sum_out(acc, out);
+}
+
+void proto__ram_page_sum(const struct proto_ram *ram, uint8_t out[PROTO_HASH_LEN])
+{
+	proto__ram_page_sum_as_zero(ram, NULL, out);
 }

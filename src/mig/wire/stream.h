@@ -17,9 +17,10 @@
  * reads, not the record overhead (about 0.2 %).
  *
  * Threads: one thread may write (write/flush/put_record) while one other
- * thread reads (read_full/get_record) on the same stream.  With TLS, one
- * thread at a time (GnuTLS may answer a key update from inside a read);
- * kmig reads and writes each stream from one thread.  set_rate, shutdown, error,
+ * thread reads (read_full/get_record) on the same stream, also with TLS
+ * (GnuTLS allows one sender and one receiver per session; tls.h's
+ * handshakes refuse the peer's key updates, which GnuTLS would answer
+ * from inside a read).  set_rate, shutdown, error,
  * strerror and the byte counters may be called from any thread.
  * init/close must not race with anything.
  */
