@@ -427,20 +427,22 @@ LINUX_BAD = ("watchdog", "stall", "soft lockup", "hard LOCKUP", "BUG:", "Oops", 
 TICK = r"KMIG-LINUX tick (\d+) uptime ([0-9.]+)"
 
 
-def linux_pair(d, attempt, rd, uri):
-    """A Linux source (1 vCPU, 512 MiB, --balloon) ticking, and its
-    destination listening on uri."""
+def linux_vm(d, attempt, rd, side, extra=()):
+    """A Linux VM (1 vCPU, 512 MiB, --balloon): a source that boots and
+    ticks, or with --incoming in extra a destination."""
     base = [os.path.join(kt.BUILD, "kmig"), "run", "--kernel", os.path.join(CACHE, "vmlinuz"),
             "--initrd", rd, "--memory", "512M", "--cpus", "1", "--balloon",
             "--cmdline", "console=ttyS0 panic=-1 kmig.mode=none kmig.then=ticks"]
-    vms = []
-    for side, extra in (("src", []), ("dst", ["--incoming", uri])):
-        con = os.path.join(d, "m%d-%s.log" % (attempt, side))
-        qmp = os.path.join(d, "m%d-%s.qmp" % (attempt, side))
-        vm = kt.VM(base + ["--console", "file:" + con, "--qmp", "unix:" + qmp] + extra, con)
-        vm.qmp_path = qmp
-        vms.append(vm)
-    return vms
+    con = os.path.join(d, "m%d-%s.log" % (attempt, side))
+    qmp = os.path.join(d, "m%d-%s.qmp" % (attempt, side))
+    vm = kt.VM(base + ["--console", "file:" + con, "--qmp", "unix:" + qmp] + list(extra), con)
+    vm.qmp_path = qmp
+    return vm
+
+
+def linux_pair(d, attempt, rd, uri):
+    """A Linux source ticking, and its destination listening on uri."""
+    return linux_vm(d, attempt, rd, "src"), linux_vm(d, attempt, rd, "dst", ["--incoming", uri])
 
 
 def test_migrate_idle_linux(d, check):
@@ -453,7 +455,11 @@ def test_migrate_idle_linux(d, check):
     watchdog, stall, lockup, oops or warning reaches its console, and
     Linux's balloon driver still works there (inflated by 64 MiB on the
     source, whose pages are not sent, and by 64 MiB more on the
-    destination).  Not under load: a busy Linux userspace
+    destination).  Before it, a migration to another destination is
+    cancelled in its bulk pass, while Linux's driver hints its free
+    pages: the source goes on running and ticking with dirty logging
+    off, that destination exits, and the migration after it is the one
+    checked above.  Not under load: a busy Linux userspace
     crashes on the emulated KVM (docs/platform.md).  Under emulation a
     boot that hangs or panics is tried again, as for the boot test, and so
     is a pair whose source stops ticking while its balloon moves, or whose
@@ -468,6 +474,8 @@ def test_migrate_idle_linux(d, check):
     for attempt in range(1, tries + 1):
         uri = "tcp:127.0.0.1:%d" % kt.free_port()
         src, dst = linux_pair(d, attempt, rd, uri)
+        uri0 = "tcp:127.0.0.1:%d" % kt.free_port()
+        dst0 = linux_vm(d, attempt, rd, "dst0", ["--incoming", uri0])
         try:
             up, why = wait_moving(src, r"KMIG-LINUX tick (3) ",
                                   min(kt.slow(90), deadline - time.time()))
@@ -475,7 +483,10 @@ def test_migrate_idle_linux(d, check):
             print("# migrate boot %d: %s" % (attempt, "ticking" if up else why + ": " + " / ".join(
                 text.splitlines()[-6:])[-800:]))
             if up:
-                if migrate_linux(check, src, dst) != "platform":
+                got = cancel_linux(check, src, dst0, uri0)
+                if got is None:
+                    got = migrate_linux(check, src, dst)
+                if got != "platform":
                     return
                 if deadline - time.time() < QUIET:
                     check("platform", False, "the platform stopped the pair (above), "
@@ -489,6 +500,7 @@ def test_migrate_idle_linux(d, check):
         finally:
             src.kill()
             dst.kill()
+            dst0.kill()
     check("boot", False, "no boot of %d ticked" % tries)
 
 
@@ -525,6 +537,44 @@ def platform_panic(text):
     (docs/platform.md)."""
     return PANIC in text and ("Fatal exception in interrupt" in text or
                               "stack guard page was hit" in text)
+
+
+def cancel_linux(check, src, dst0, uri0):
+    """A migration to dst0, cancelled in its bulk pass (8 MB/s: the hinted
+    pages are skipped, the rest takes seconds); None when the source runs
+    on as it did, "platform" if it stopped as the emulated platform's
+    guests do, False on a failed check."""
+    kt.wait_incoming(dst0, kt.slow(30))
+    q = src.qmp()
+    q.cmd("migrate-set-parameters", **{"max-bandwidth": 8 << 20, "x-free-page-hint-wait": 2000})
+    q.cmd("migrate", uri=uri0)
+    deadline = time.time() + kt.slow(60)
+    r = {}
+    while time.time() < deadline:
+        r = q.cmd("query-migrate")
+        if r.get("status") in kt.MIG_FINAL or (r.get("status") == "active" and
+                                                 r.get("ram", {}).get("transferred", 0) > 4 * MIB):
+            break
+        time.sleep(0.1)
+    in_bulk = r.get("status") == "active" and r.get("ram", {}).get("dirty-sync-count", 0) == 0
+    q.cmd("migrate_cancel")
+    r = kt.wait_migration(q, kt.slow(20))
+    n = len(src.console.lines)
+    print("# linux cancel: in the bulk pass %s, then %s after %s MiB" % (
+        in_bulk, r.get("status"), r.get("ram", {}).get("transferred", 0) >> 20))
+    ticking = src.console.wait(TICK, kt.slow(15), start=n, proc=src.proc) is not None
+    if not ticking and ticks_stopped(src, 1):
+        print("# the source stopped ticking after the cancel, as the platform does "
+              "(docs/platform.md): %s" % dump_vm(src))
+        return "platform"
+    ok = [check("cancel_in_bulk", in_bulk, repr(r)),
+          check("cancelled", r.get("status") == "cancelled", repr(r)),
+          check("cancel_src_running", q.cmd("query-status").get("status") == "running",
+                repr(q.cmd("query-status"))),
+          check("cancel_src_recovered", *kt.recovered(q)),
+          check("cancel_src_ticks", ticking, dump_vm(src)),
+          check("cancel_dst_exits", dst0.wait_exit(kt.slow(20)) == 1, dump_vm(dst0))]
+    return None if all(ok) else False
 
 
 def migrate_linux(check, src, dst):
