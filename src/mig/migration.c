@@ -270,8 +270,6 @@ int migration__start_postcopy(struct migration *m, char *err, size_t errlen)
 		why = "Enable postcopy with migrate_set_capability before the start of migration";
 	else if (!running || (s != MIG_SETUP && s != MIG_ACTIVE))
 		why = "Postcopy must be started after migration has been started";
-	else if (p.cap_multifd)
-		why = "post-copy does not work with multifd yet";
 	if (why) {
 		snprintf(err, errlen, "%s", why);
 		return -EINVAL;

@@ -106,6 +106,7 @@ struct multifd_recv {
 	struct mig_stream *pending;  /* under lock: accepted, handshake not read yet */
 	const struct tls_config *tls; /* each channel's TLS, NULL = plain */
 	bool failed, done;
+	bool closed;                 /* multifd_recv__finish ran (the main thread's) */
 	char error[256];
 	struct multifd_recv_chan chan[PROTO_MAX_CHANNELS];
 };

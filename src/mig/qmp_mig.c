@@ -352,10 +352,6 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 		qmp_error__set(err, QMP_ERROR_GENERIC, "x-postcopy-auto needs postcopy-ram");
 		return NULL;
 	}
-	if (p.cap_postcopy_ram && p.cap_multifd) {
-		qmp_error__set(err, QMP_ERROR_GENERIC, "postcopy-ram does not work with multifd yet");
-		return NULL;
-	}
 	if (p.cap_dirty_limit && p.cap_auto_converge) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "dirty-limit conflicts with auto-converge: "
 			       "enable one of them");

@@ -26,10 +26,14 @@ default) except where a test needs it slow.
                 during post-copy, x-verify's sum counts pages never sent
                 as zero, and the guest's own checks of what it reuses
                 pass;
+  multifd[after_pass|during_bulk]  with 3 multifd channels (2 vCPUs): the
+                pre-copy pages on the channels, all in at the destination
+                before the switch's discards (also when the switch comes in
+                the middle of a pass, batches still queued), post-copy's on
+                the main stream;
   refusals      migrate-start-postcopy without the capability, before a
                 migration, and migrate_cancel while post-copy runs are
-                refused with QEMU's messages; multifd with postcopy-ram is
-                refused;
+                refused with QEMU's messages;
   source_lost   the source is killed during post-copy: the destination
                 pauses (postcopy-paused) with a message that it cannot go
                 on without the source, its guest never sees a page filled
@@ -328,6 +332,38 @@ def test_balloon(d, vms, check):
     check("no_bad_page", not bad, " / ".join(bad[:5]))
 
 
+@pytest.mark.parametrize("when", ["after_pass", "during_bulk"])
+def test_multifd(d, vms, check, when):
+    uri = tcp_uri()
+    src, dst = pair(d, vms, VERIFY % (128 if when == "during_bulk" else 64, 2), uri, RING, cpus=2)
+    if not check("boot", booted(src, 2), dump(src)):
+        return
+    kt.set_caps(dst.qmp(), multifd=True)
+    q = src.qmp()
+    kt.set_caps(q, multifd=True)
+    kt.set_params(q, multifd_channels=3)
+    q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}, verify=True)
+    if when == "after_pass":
+        after_bulk_pass(q, kt.slow(60))
+    else:   # with batches still queued on the channels
+        deadline = time.time() + kt.slow(30)
+        while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
+                "transferred", 0) < 40 << 20:
+            time.sleep(0.05)
+    q.cmd("migrate-start-postcopy")
+    r, seen = follow(q, kt.slow(60))
+    print("# postcopy_multifd_%s: statuses %r, dirty-sync-count %s, requests %s, sent %s MiB"
+          % (when, seen, r.get("ram", {}).get("dirty-sync-count"),
+             r.get("ram", {}).get("postcopy-requests"),
+             r.get("ram", {}).get("transferred", 0) >> 20))
+    if not completed_postcopy(check, src, dst, r, seen):
+        return
+    check("channels", "3 multifd channels" in dst.output(), dst.output()[-600:])
+    check("requests", r.get("ram", {}).get("postcopy-requests", 0) > 0, repr(r))
+    check_verified(check, dst)
+    check_dst_runs(check, src, dst)
+
+
 def test_refusals(d, vms, check):
     uri = tcp_uri()
     src, dst = pair(d, vms, VERIFY % (32, 1), uri, RING, memory="256M")
@@ -339,9 +375,6 @@ def test_refusals(d, vms, check):
     kt.set_caps(q, postcopy_ram=True)
     e = q.cmd_full("migrate-start-postcopy").get("error", {}).get("desc", "")
     check("not_started", "after migration has been started" in e, e)
-    e = q.cmd_full("migrate-set-capabilities", capabilities=[
-        {"capability": "multifd", "state": True}]).get("error", {}).get("desc", "")
-    check("no_multifd", "multifd" in e, e)
     q.cmd("migrate-set-capabilities", capabilities=[{"capability": "postcopy-ram",
                                                      "state": False}])
     q = start(src, dst, uri)

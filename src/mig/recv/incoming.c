@@ -249,9 +249,11 @@ static int incoming__on_postcopy(void *ctx)
 {
 	struct incoming *in = ctx;
 	char err[256] = "";
-	if (in->multifd)
-		return mig_recv__fail(&in->recv, -EPROTO,
-				      "post-copy over multifd channels is not supported");
+	/* the channels' pages are in (the source's SYNC came before the
+	 * discards) and no more come on them: close them before RAM is
+	 * registered, so no channel thread can wait on a missing page */
+	if (in->multifd && multifd_recv__finish(&in->mf))
+		return mig_recv__fail(&in->recv, -EPROTO, "%s", in->mf.error);
 	int rc = incoming__state_complete(in);
 	if (rc)
 		return rc;

@@ -210,6 +210,9 @@ int multifd_recv__main_sync(struct multifd_recv *mf, uint64_t round)
 
 int multifd_recv__finish(struct multifd_recv *mf)
 {
+	if (mf->closed)
+		return mf->failed ? -EPROTO : 0;
+	mf->closed = true;
 	pthread_mutex_lock(&mf->lock);
 	mf->done = true;
 	pthread_cond_broadcast(&mf->cond);

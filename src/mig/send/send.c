@@ -41,7 +41,7 @@ static int sender__flush_zero(struct sender *s)
 {
 	if (!s->zn)
 		return 0;
-	if (s->mf) {
+	if (s->mf && !s->mf_quiet) {
 		unsigned n = s->zn;
 		s->zn = 0;
 		return multifd_send__queue(s->mf, PROTO_ZERO, (uint32_t)s->zblock, n, s->zoffs);
@@ -57,7 +57,7 @@ static int sender__flush_pages(struct sender *s)
 {
 	if (!s->pn)
 		return 0;
-	if (s->mf) {
+	if (s->mf && !s->mf_quiet) {
 		unsigned n = s->pn;
 		s->pn = 0;
 		return multifd_send__queue(s->mf, PROTO_PAGES, (uint32_t)s->pblock, n, s->poffs);
@@ -148,9 +148,9 @@ static bool sender__skip(struct sender *s, uint64_t page)
  * round's bandwidth and the policy's remaining bytes are then true, and
  * no backlog of queued batches (up to MULTIFD_QUEUE per channel) is left
  * to drain in the downtime. */
-static int sender__end_pass(struct sender *s)
+int sender__end_pass(struct sender *s)
 {
-	if (!s->mf)
+	if (!s->mf || s->mf_quiet)
 		return 0;
 	s->round++;
 	int rc = multifd_send__sync(s->mf, s->round);

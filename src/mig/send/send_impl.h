@@ -72,6 +72,9 @@ struct sender {
 	 * asks for one when its guest touches it (it is sent as it is here),
 	 * and a recovery does not push them. */
 	struct bitmap unsent;
+	/* post-copy with multifd: every page from the switch on goes on the
+	 * main stream (the channels synced at the switch, then carry nothing) */
+	bool mf_quiet;
 	struct mig_fault fault;     /* test-only fault injection (fault.h) */
 };
 
@@ -80,6 +83,10 @@ struct sender {
 #define SENDER_POSTCOPY 1
 
 int sender__pass(struct sender *s);
+/* With multifd: SYNC(next round) on every channel, their queues drained,
+ * then SYNC on the main stream, flushed (the destination applies what
+ * follows only after every channel's pages before it).  0 without. */
+int sender__end_pass(struct sender *s);
 int sender__stop_guest(struct sender *s, bool pre, uint64_t *t0);
 /* Writes one STATE record (state__save's callback). */
 int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,

@@ -411,6 +411,13 @@ static int pc__switch(struct sender *s)
 	uint64_t t0, bytes0 = sender__bytes(s);
 	int rc = sender__stop_guest(s, false, &t0);
 	s->comp = PROTO_COMP_NONE;   /* a page asked for goes as it is */
+	/* multifd: every channel's pages are in before the discards, and
+	 * nothing more goes on the channels (QEMU too sends post-copy's pages
+	 * on the main stream); the destination closes them at POSTCOPY */
+	if (!rc && s->mf) {
+		rc = sender__end_pass(s);
+		s->mf_quiet = true;
+	}
 	log_info("post-copy: %zu pages left at the switch", bitmap__count(&m->todo));
 	rc = rc ? rc : pc__discard(s);
 	rc = rc ? rc : state__save(m->vm, sender__put_state, s);
