@@ -29,7 +29,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: kmig run --kernel FILE [--initrd FILE] [--cmdline S] [--memory SIZE] [--cpus N]\n"
 		"                [--console stdio|file:PATH|none] [--qmp unix:PATH]\n"
-		"                [--dirty-ring ENTRIES|auto] [--reaper fixed|adaptive]\n"
+		"                [--dirty-ring ENTRIES|auto] [--reaper fixed|adaptive] [--kvmclock on|off]\n"
 		"                [--balloon[=free-page-hint=on|off,free-page-reporting=on|off,\n"
 	"                            ioeventfd=on|off]]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
@@ -101,6 +101,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		{ "object", required_argument, 0, 'O' }, { "tls-creds", required_argument, 0, 'T' },
 		{ "tls-authz", required_argument, 0, 'A' },
 		{ "tls-hostname", required_argument, 0, 'H' },
+		{ "kvmclock", required_argument, 0, 'K' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	uint64_t v;
@@ -159,6 +160,11 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 			if (o->nobjects == sizeof(o->objects) / sizeof(o->objects[0]))
 				die("--object: at most %zu", sizeof(o->objects) / sizeof(o->objects[0]));
 			o->objects[o->nobjects++] = optarg;
+			break;
+		case 'K':
+			if (strcmp(optarg, "on") && strcmp(optarg, "off"))
+				die("--kvmclock %s: expected on or off", optarg);
+			o->vm.kvmclock = !strcmp(optarg, "on");
 			break;
 		case 'T': o->tls_creds = optarg; break;
 		case 'A': o->tls_authz = optarg; break;

@@ -32,7 +32,8 @@ int vcpu__create(struct vcpu *v, struct vm *vm, unsigned index)
 		close(v->fd);
 		return -e;
 	}
-	struct kvm_cpuid2 *c = cpuid__for_vcpu(vm->cpuid, index, vm->cfg.cpus, vm->tsc_khz);
+	struct kvm_cpuid2 *c = cpuid__for_vcpu(vm->cpuid, index, vm->cfg.cpus, vm->tsc_khz,
+						   vm->cfg.kvmclock);
 	if (!c)
 		return -ENOMEM;
 	int rc = ioctl(v->fd, KVM_SET_CPUID2, c) < 0 ? -errno : 0;

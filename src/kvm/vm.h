@@ -63,6 +63,7 @@ struct vm_config {
 	bool balloon_no_reporting; /* ... nor free page reporting */
 	bool balloon_no_ioeventfd; /* its queue notifications exit to kmig */
 	uint64_t clear_chunk_pages; /* dirty tracker's deferred-clear chunk; 0 = default */
+	bool kvmclock;           /* CPUID says "hypervisor": Linux finds KVM's leaves, uses kvm-clock */
 };
 
 #define VM_DIRTY_RING_AUTO    UINT32_MAX

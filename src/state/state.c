@@ -92,9 +92,8 @@ int state__save(struct vm *vm, state_put_fn put, void *ctx)
 		rc = state__save_vm(vm, put, ctx);
 	for (unsigned i = 0; !rc && i < vm->nr_vcpus; i++)
 		rc = state__save_vcpu(vm, &vm->vcpus[i], put, ctx);
-	struct kvm_clock_data clk;
 	if (!rc)
-		rc = state__put_ioctl(vm->vm_fd, KVM_GET_CLOCK, &clk, sizeof(clk), put, ctx, STATE_VM_CLOCK, 0);
+		rc = state__save_clock(vm, put, ctx);
 	uint8_t running = vm->run_after_migration;
 	if (!rc)
 		rc = put(ctx, STATE_VM_RUNSTATE, STATE_VERSION, 0, &running, 1);

@@ -68,12 +68,23 @@ int state__save_msrs(struct vm *vm, struct vcpu *v, state_put_fn put, void *ctx)
 	return rc;
 }
 
-/* Drops MSR_IA32_TSC from m (the TSC section sets it); returns the count left. */
-static uint32_t state__msrs_without_tsc(struct kvm_msrs *m)
+/* Whether MSR index is left out of the load: MSR_IA32_TSC when the TSC
+ * section sets it; kvm-clock's wall clock MSRs always, since KVM writes
+ * the wall clock into guest RAM on each write of one, also from the host:
+ * restored, they would change a page the source sent as it was (the guest
+ * reads the wall clock at boot only, writing the MSR itself then). */
+static bool state__msr_skipped(uint32_t index, bool tsc)
+{
+	return (tsc && index == STATE_MSR_TSC) || index == STATE_MSR_KVM_WALL_CLOCK ||
+	       index == STATE_MSR_KVM_WALL_CLOCK_NEW;
+}
+
+/* Drops the MSRs state__msr_skipped names from m; returns the count left. */
+static uint32_t state__msrs_to_load(struct kvm_msrs *m, bool tsc)
 {
 	uint32_t k = 0;
 	for (uint32_t i = 0; i < m->nmsrs; i++)
-		if (m->entries[i].index != STATE_MSR_TSC)
+		if (!state__msr_skipped(m->entries[i].index, tsc))
 			m->entries[k++] = m->entries[i];
 	return k;
 }
@@ -98,8 +109,8 @@ int state__load_msrs(struct vm *vm, struct vcpu *v, const void *data, size_t len
 			free(m);
 			return rc;
 		}
-		m->nmsrs = n = state__msrs_without_tsc(m);
 	}
+	m->nmsrs = n = state__msrs_to_load(m, vm->tsc_in.valid);
 	int done = n ? ioctl(v->fd, KVM_SET_MSRS, m) : 0;
 	/* Set the rest one by one so one refused MSR does not drop the others. */
 	for (uint32_t i = done < 0 ? 0 : (uint32_t)done; i < n; i++) {

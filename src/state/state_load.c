@@ -95,10 +95,7 @@ static int state__load_vm(struct vm *vm, uint32_t id, const void *data, size_t l
 		if (ioctl(vm->vm_fd, KVM_SET_PIT2, buf) < 0)
 			what = "PIT";
 	} else {
-		struct kvm_clock_data *clk = (void *)buf;
-		clk->flags = 0; /* plain clock value; realtime/host_tsc pairs are not used */
-		if (ioctl(vm->vm_fd, KVM_SET_CLOCK, clk) < 0)
-			what = "clock";
+		return state__load_clock(vm, buf, why, whylen);
 	}
 	if (what) {
 		int e = errno;

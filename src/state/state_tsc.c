@@ -62,18 +62,21 @@ int state__save_tsc(struct vm *vm, state_put_fn put, void *ctx)
 	struct state_tsc s = { .khz = vm->tsc_khz };
 	/* the highest vCPU TSC: KVM may have let the vCPUs' TSCs drift apart
 	 * (an unstable host TSC), and every vCPU goes on from this one value,
-	 * so none may be ahead of it or its clock would go back */
+	 * so none may be ahead of it or its clock would go back; its instant
+	 * is the middle of the two around its reading */
 	for (unsigned i = 0; i < vm->nr_vcpus; i++) {
-		uint64_t tsc;
+		uint64_t tsc, t0 = realtime_ns();
 		int rc = msr_tsc_get(&vm->vcpus[i], &tsc);
 		if (rc) {
 			log_err("state save: cannot read vCPU %u's TSC", i);
 			return rc;
 		}
-		if (tsc > s.tsc)
+		uint64_t t1 = realtime_ns();
+		if (tsc > s.tsc) {
 			s.tsc = tsc;
+			s.realtime_ns = t0 + (t1 - t0) / 2;
+		}
 	}
-	s.realtime_ns = realtime_ns();
 	return put(ctx, STATE_VM_TSC, STATE_VERSION, 0, &s, sizeof(s));
 }
 
@@ -114,10 +117,11 @@ static int tsc_by_offset(struct vm *vm, struct vcpu *v)
 		return -ENOTSUP;
 	struct vm_tsc_in *t = &vm->tsc_in;
 	if (!t->offset_known) {
-		uint64_t cur;
+		uint64_t cur, t0 = realtime_ns();
 		if (ioctl(v->fd, KVM_GET_DEVICE_ATTR, &a) < 0 || msr_tsc_get(v, &cur))
 			return -errno ? -errno : -EIO;
-		uint64_t want = tsc_at(t, realtime_ns());
+		uint64_t t1 = realtime_ns();
+		uint64_t want = tsc_at(t, t0 + (t1 - t0) / 2);
 		t->offset = off + (int64_t)(want - cur);
 		t->offset_known = true;
 		log_info("incoming: guest TSC goes on from the source's, %.1f ms later",
@@ -146,4 +150,41 @@ int state__restore_tsc(struct vm *vm, struct vcpu *v, char *why, size_t whylen)
 		log_info("incoming: guest TSC goes on from the source's, %.1f ms later",
 			 (double)(want - vm->tsc_in.tsc) / vm->tsc_in.khz);
 	return rc;
+}
+
+/* KVM's own instant when it gives one (KVM_CLOCK_REALTIME: the same
+ * CLOCK_REALTIME base), else the middle of ours around the reading. */
+int state__save_clock(struct vm *vm, state_put_fn put, void *ctx)
+{
+	struct kvm_clock_data clk;
+	memset(&clk, 0, sizeof(clk));
+	uint64_t t0 = realtime_ns();
+	if (ioctl(vm->vm_fd, KVM_GET_CLOCK, &clk) < 0) {
+		int e = errno;
+		log_err("state save: kvm-clock: %s", strerror(e));
+		return -e;
+	}
+	uint64_t t1 = realtime_ns();
+	if (!(clk.flags & KVM_CLOCK_REALTIME))
+		clk.realtime = t0 + (t1 - t0) / 2;
+	clk.flags = KVM_CLOCK_REALTIME;
+	clk.host_tsc = 0;
+	return put(ctx, STATE_VM_CLOCK, STATE_VERSION, 0, &clk, sizeof(clk));
+}
+
+int state__load_clock(struct vm *vm, void *buf, char *why, size_t whylen)
+{
+	struct kvm_clock_data *clk = buf;
+	uint64_t now = realtime_ns();
+	/* a section without an instant (flags 0) is taken as it is */
+	if ((clk->flags & KVM_CLOCK_REALTIME) && clk->realtime && now > clk->realtime)
+		clk->clock += now - clk->realtime;
+	clk->flags = 0;
+	clk->realtime = clk->host_tsc = 0;
+	if (ioctl(vm->vm_fd, KVM_SET_CLOCK, clk) < 0) {
+		int e = errno;
+		snprintf(why, whylen, "KVM refused clock state: %s", strerror(e));
+		return -EINVAL;
+	}
+	return 0;
 }

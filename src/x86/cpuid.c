@@ -121,7 +121,7 @@ static void cpuid__timing(struct kvm_cpuid2 *c, uint32_t tsc_khz)
 }
 
 struct kvm_cpuid2 *cpuid__for_vcpu(const struct kvm_cpuid2 *base, unsigned index,
-				   unsigned ncpus, uint32_t tsc_khz)
+				   unsigned ncpus, uint32_t tsc_khz, bool hypervisor)
 {
 	size_t sz = sizeof(struct kvm_cpuid2) + CPUID_MAX_ENTRIES * sizeof(struct kvm_cpuid_entry2);
 	struct kvm_cpuid2 *c = calloc(1, sz);
@@ -130,5 +130,10 @@ struct kvm_cpuid2 *cpuid__for_vcpu(const struct kvm_cpuid2 *base, unsigned index
 	memcpy(c, base, sizeof(*base) + base->nent * sizeof(base->entries[0]));
 	cpuid__topology(c, index, ncpus);
 	cpuid__timing(c, tsc_khz);
+	struct kvm_cpuid_entry2 *e = cpuid__find(c, 1, 0);
+	if (e && hypervisor)
+		e->ecx |= 1u << 31;
+	else if (e)
+		e->ecx &= ~(1u << 31);
 	return c;
 }

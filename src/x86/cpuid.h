@@ -6,14 +6,17 @@
 #define KMIG_X86_CPUID_H
 
 #include <linux/kvm.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/log.h"
 
 /* Reads the supported CPUID table; *out is malloc'd (caller frees). */
 int cpuid__supported(int kvm_fd, struct kvm_cpuid2 **out) KMIG_MUST_CHECK;
-/* Returns a malloc'd copy of base adjusted for vCPU index of ncpus, or NULL. */
+/* Returns a malloc'd copy of base adjusted for vCPU index of ncpus, or NULL.
+ * hypervisor: CPUID.1:ECX[31] set, without which Linux does not look at
+ * the hypervisor leaves (kvm-clock); off by default (kmig run --kvmclock). */
 struct kvm_cpuid2 *cpuid__for_vcpu(const struct kvm_cpuid2 *base, unsigned index,
-				   unsigned ncpus, uint32_t tsc_khz);
+				   unsigned ncpus, uint32_t tsc_khz, bool hypervisor);
 
 #endif
