@@ -74,10 +74,15 @@ int migration__resume(struct migration *m, const char *uri, char *err, size_t er
 		snprintf(err, errlen, "Cannot resume if there is no paused migration");
 		return -EINVAL;
 	}
-	/* the new link's TLS (tls-hostname, or the new URI's host); the
-	 * sender reads tls_out only once resume is set */
+	/* the new link's TLS: the credentials the migration began with (the
+	 * destination expects them, whatever tls-creds says now), checked
+	 * against tls-hostname or the new URI's host; the sender reads
+	 * tls_out only once resume is set */
 	struct tls_config tls;
-	int rc = tls_config__resolve(&m->tls, false, p.tls_creds, p.tls_hostname, NULL, u, &tls,
+	pthread_mutex_lock(&m->lock);
+	const char *creds = m->tls_out.creds ? m->tls_out.creds->id : "";
+	pthread_mutex_unlock(&m->lock);
+	int rc = tls_config__resolve(&m->tls, false, creds, p.tls_hostname, NULL, u, &tls,
 				     err, errlen);
 	if (rc)
 		return rc;

@@ -72,7 +72,7 @@ int state__save_tsc(struct vm *vm, state_put_fn put, void *ctx)
 			return rc;
 		}
 		uint64_t t1 = realtime_ns();
-		if (tsc > s.tsc) {
+		if (i == 0 || tsc > s.tsc) {
 			s.tsc = tsc;
 			s.realtime_ns = t0 + (t1 - t0) / 2;
 		}

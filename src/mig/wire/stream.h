@@ -19,8 +19,9 @@
  * Threads: one thread may write (write/flush/put_record) while one other
  * thread reads (read_full/get_record) on the same stream, also with TLS
  * (GnuTLS allows one sender and one receiver per session; tls.h's
- * handshakes refuse the peer's key updates, which GnuTLS would answer
- * from inside a read).  set_rate, shutdown, error,
+ * sessions never update their keys and refuse the peer's key updates,
+ * whose handling in a read touches the writer's key state too).
+ * set_rate, shutdown, error,
  * strerror and the byte counters may be called from any thread.
  * init/close must not race with anything.
  */

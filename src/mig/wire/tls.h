@@ -106,8 +106,9 @@ int tls_config__resolve(const struct tls_objects *o, bool server, const char *cr
  * wait is bounded by TLS_HANDSHAKE_MS and ends at mig_stream__shutdown
  * (and, on a connected stream, its connect's cancel flag); writes are a
  * few KiB that the socket buffer takes.  A refusal sends the peer an
- * alert.  After it, a key update from the peer ends the session (so one
- * thread may write while another reads; see stream.h).  0, or a negative
+ * alert.  The session never updates its keys, and a key update from the
+ * peer ends it (so one thread may write while another reads; see
+ * stream.h).  0, or a negative
  * errno with err filled (and the stream's sticky error set). */
 int tls__client(struct mig_stream *s, const struct tls_config *cfg, char *err,
 		size_t errlen) KMIG_MUST_CHECK;

@@ -59,10 +59,14 @@ static int tls__fail(struct mig_stream *s, gnutls_session_t ses, int r, char *er
 	return e;
 }
 
-/* A key update from the peer is refused (the session ends): answering
- * one would make GnuTLS write from inside a read, while post-copy has one
- * thread writing and another reading each stream.  kmig never asks for
- * one; TLS 1.3's limits on one key are far beyond a migration's bytes. */
+/* A key update from the peer is refused (the session ends): taking one,
+ * GnuTLS rotates key state the writing thread uses too (and marks an
+ * answer for the next send), while post-copy has one thread writing and
+ * another reading each stream.  kmig never sends one: its sessions are
+ * made with GNUTLS_NO_AUTO_REKEY (GnuTLS would otherwise update its keys
+ * by itself after 2^24 records sent).  So one key serves a whole stream:
+ * TLS 1.3 counsels a new AES-GCM key after about 2^24.5 full records
+ * (some 380 GiB on one connection), which kmig does not enforce. */
 static int tls__no_key_update(gnutls_session_t ses, unsigned htype, unsigned when,
 			      unsigned incoming, const gnutls_datum_t *msg)
 {
@@ -74,7 +78,8 @@ static int tls__session(struct mig_stream *s, const struct tls_creds *c, bool se
 			gnutls_session_t *out, char *err, size_t errlen)
 {
 	gnutls_session_t ses;
-	int r = gnutls_init(&ses, (server ? GNUTLS_SERVER : GNUTLS_CLIENT) | GNUTLS_NO_TICKETS);
+	int r = gnutls_init(&ses, (server ? GNUTLS_SERVER : GNUTLS_CLIENT) | GNUTLS_NO_TICKETS |
+			    GNUTLS_NO_AUTO_REKEY);
 	if (r < 0) {
 		snprintf(err, errlen, "TLS: %s", gnutls_strerror(r));
 		return mig_stream__fail(s, -ENOMEM, "%s", err);
