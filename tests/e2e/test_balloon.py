@@ -175,14 +175,7 @@ def test_hints_leave_memory(d, vms, check):
 
 
 def wait_actual(vm, want, timeout=30):
-    deadline = time.time() + kt.slow(timeout)
-    got = None
-    while time.time() < deadline:
-        got = vm.qmp().cmd("query-balloon").get("actual")
-        if got == want:
-            return got
-        time.sleep(0.1)
-    return got
+    return kt.wait_balloon(vm.qmp(), want, kt.slow(timeout))
 
 
 def test_inflate_deflate(d, vms, check):

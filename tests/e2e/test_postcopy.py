@@ -273,17 +273,6 @@ BALLOON_FILL = ("workload=fill-free mb=256 report_ms=300 balloon=1 refill_ms=100
                 "refill_keep=2")
 
 
-def wait_actual(q, want, timeout):
-    deadline = time.time() + timeout
-    got = None
-    while time.time() < deadline:
-        got = q.cmd("query-balloon").get("actual")
-        if got == want:
-            break
-        time.sleep(0.1)
-    return got
-
-
 def test_balloon(d, vms, check):
     uri = tcp_uri()
     src, dst = pair(d, vms, BALLOON_FILL, uri, RING + ["--balloon"])
@@ -292,7 +281,7 @@ def test_balloon(d, vms, check):
         return
     q = src.qmp()
     q.cmd("balloon", value=448 * MIB)
-    got = wait_actual(q, 448 * MIB, kt.slow(20))
+    got = kt.wait_balloon(q, 448 * MIB, kt.slow(20))
     if not check("inflated", got == 448 * MIB, "actual %r" % got):
         return
     q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}, verify=True)
@@ -319,7 +308,7 @@ def test_balloon(d, vms, check):
           r.get("x-balloon-pages-skipped", 0) >= 64 * MIB // 4096, repr(r))
     check("requests", ram.get("postcopy-requests", 0) > 0, repr(r))
     check_verified(check, dst)
-    check("dst_balloon", wait_actual(dq, 480 * MIB, kt.slow(20)) == 480 * MIB,
+    check("dst_balloon", kt.wait_balloon(dq, 480 * MIB, kt.slow(20)) == 480 * MIB,
           repr(dq.cmd("query-balloon")))
     # the guest goes on reusing its memory, every page as it wrote it
     n = dst.console.count(r"^refill ok")

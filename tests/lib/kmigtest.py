@@ -386,6 +386,18 @@ def recovered(qmp, user_limits=()):
     return ok, "x-query-dirty-tracking %r, query-vcpu-dirty-limit %r" % (t, lim)
 
 
+def wait_balloon(qmp, want, timeout):
+    """Polls query-balloon until actual is want bytes; returns the last actual."""
+    deadline = time.time() + timeout
+    got = None
+    while time.time() < deadline:
+        got = qmp.cmd("query-balloon").get("actual")
+        if got == want:
+            break
+        time.sleep(0.1)
+    return got
+
+
 def wait_migration(qmp, timeout=60.0, statuses=MIG_FINAL, interval=0.1):
     """Polls query-migrate until its status is one of statuses; returns the
     last reply (whatever its status, if the timeout passed first)."""

@@ -83,6 +83,9 @@ struct sender {
 #define SENDER_POSTCOPY 1
 
 int sender__pass(struct sender *s);
+/* The TLS handshake of a connected main stream when the migration has
+ * tls-creds (logged); 0 without.  Errors fill err. */
+int sender__tls(struct sender *s, char *err, size_t errlen);
 /* With multifd: SYNC(next round) on every channel, their queues drained,
  * then SYNC on the main stream, flushed (the destination applies what
  * follows only after every channel's pages before it).  0 without. */

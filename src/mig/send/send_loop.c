@@ -88,6 +88,17 @@ static void sender__start_hints(struct sender *s)
 		 (unsigned long long)balloon__hint_wait(b, ack, 200, (unsigned)wait));
 }
 
+int sender__tls(struct sender *s, char *err, size_t errlen)
+{
+	const struct tls_config *tls = &s->m->tls_out;
+	if (!tls->creds)
+		return 0;
+	int rc = tls__client(s->stream, tls, err, errlen);
+	if (!rc)
+		log_info("migration: TLS 1.3 with '%s'", tls->creds->id);
+	return rc;
+}
+
 static int sender__setup(struct sender *s, const char *uri)
 {
 	struct migration *m = s->m;
@@ -103,13 +114,10 @@ static int sender__setup(struct sender *s, const char *uri)
 	pthread_mutex_unlock(&m->lock);
 	if (cancelled)
 		return -ECANCELED;
-	if (m->tls_out.creds) {
-		rc = tls__client(s->stream, &m->tls_out, err, sizeof(err));
-		if (rc) {
-			migration__set_error(m, "%s", err);
-			return rc;
-		}
-		log_info("migration: TLS 1.3 with '%s'", m->tls_out.creds->id);
+	rc = sender__tls(s, err, sizeof(err));
+	if (rc) {
+		migration__set_error(m, "%s", err);
+		return rc;
 	}
 	mig_stream__set_rate(s->stream, m->params.max_bandwidth);
 	struct proto_start st;

@@ -358,14 +358,11 @@ static int pc__reconnect(struct sender *s, char *why, size_t n)
 		log_debug("post-copy: TCP_NODELAY not set");
 	if (atomic_load(&m->cancel))
 		return -ECANCELED;
-	if (m->tls_out.creds) {
-		rc = tls__client(s->stream, &m->tls_out, err, sizeof(err));
-		if (rc) {
-			snprintf(why, n, "%.150s", err);
-			log_warn("migration: post-copy cannot resume: %s", err);
-			return rc;
-		}
-		log_info("migration: TLS 1.3 with '%s'", m->tls_out.creds->id);
+	rc = sender__tls(s, err, sizeof(err));
+	if (rc) {
+		snprintf(why, n, "%.150s", err);
+		log_warn("migration: post-copy cannot resume: %s", err);
+		return rc;
 	}
 	rc = atomic_load(&m->cancel) ? -ECANCELED : pc__handshake(s);
 	if (rc)
