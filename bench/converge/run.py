@@ -68,8 +68,12 @@ CONFIGS = {
     "kmig-ring4096+postcopy": ("kmig", 4096, "postcopy"),
     "kmig-ring4096+hybrid": ("kmig", 4096, "hybrid"),
     "qemu-ring4096+postcopy": ("qemu", 4096, "postcopy"),
+    # migrate-start-postcopy as soon as the migration is active: the
+    # earliest switch a user of either VMM can ask for
+    "kmig-ring4096+postcopy-start": ("kmig", 4096, "postcopy-start"),
+    "qemu-ring4096+postcopy-start": ("qemu", 4096, "postcopy-start"),
 }
-POSTCOPY = ("postcopy", "hybrid")
+POSTCOPY = ("postcopy", "postcopy-start", "hybrid")
 # run order: QEMU rows spread among kmig rows, so outside load hits both alike
 FULL_CONFIGS = ["kmig-bitmap+step", "qemu-bitmap+ac", "kmig-bitmap+computed",
                 "kmig-ring4096+step", "qemu-ring4096+ac", "kmig-ring4096+computed",
@@ -90,8 +94,12 @@ POLICY_TEXT = {
     "postcopy": "postcopy-ram on both sides, migrate-start-postcopy once the bulk pass is "
                 "over (dirty-sync-count 1 in kmig, 2 in QEMU, which counts its setup sync), "
                 "max-postcopy-bandwidth = max-bandwidth, no auto-converge",
-    "hybrid": "postcopy-ram on both sides and x-postcopy-auto: kmig switches by itself "
-              "(policies.md \"Hybrid\"), max-postcopy-bandwidth = max-bandwidth, "
+    "postcopy-start": "postcopy-ram on both sides, migrate-start-postcopy at the first "
+                      "poll that finds the migration active (the earliest a user can ask), "
+                      "max-postcopy-bandwidth = max-bandwidth, no auto-converge",
+    "hybrid": "postcopy-ram on both sides and x-postcopy-auto (x-postcopy-early on, the "
+              "default): kmig switches by itself (policies.md \"Hybrid\"), "
+              "max-postcopy-bandwidth = max-bandwidth, "
               "auto-converge on (it throttles only if pre-copy goes on)",
     "vcpu-limit": "set-vcpu-dirty-limit on every vCPU just before migrate (QEMU 7.2 has no "
                   "dirty-limit capability; emulates 8.1's dirty-limit, which sets the same "
@@ -271,6 +279,10 @@ def one_case(env, d, size, cfg, rep, a):
                 q.cmd("migrate-start-postcopy")
                 pc_asked = True
                 res["postcopy_asked_s"] = round(time.monotonic() - t_mig, 3)
+            if policy == "postcopy-start" and not pc_asked and r.get("status") == "active":
+                q.cmd("migrate-start-postcopy")
+                pc_asked = True
+                res["postcopy_asked_s"] = round(time.monotonic() - t_mig, 3)
             if r.get("status") == "postcopy-active" and "postcopy_active_s" not in res:
                 res["postcopy_active_s"] = round(time.monotonic() - t_mig, 3)
             # [s since migrate, status, bytes sent, bytes left, dirty pages/s, throttle %]
@@ -344,6 +356,7 @@ def one_case(env, d, size, cfg, rep, a):
             except (OSError, EOFError, RuntimeError) as e:
                 res["dst_query_error"] = repr(e)
             res["postcopy_requests"] = last.get("ram", {}).get("postcopy-requests")
+            res["postcopy_switch"] = last.get("x-postcopy-switch")  # kmig's source
             res["postcopy_bytes"] = last.get("ram", {}).get("postcopy-bytes")
         else:
             res["guest"] = slowdown(src.seen, t_start, t_end)
@@ -551,7 +564,8 @@ def tables(summary, heads, info, a, cfg):
     for size in sorted(set(s["stress_mib"] for s in summary)):
         rows = [s for s in summary if s["stress_mib"] == size]
         rows.sort(key=lambda s: (s["vmm"] != "kmig", s["dirty_ring"],
-                                 ["step", "computed", "dirty-limit", "ac", "vcpu-limit", "postcopy", "hybrid"]
+                                 ["step", "computed", "dirty-limit", "ac", "vcpu-limit", "postcopy",
+                                  "postcopy-start", "hybrid"]
                                  .index(s["policy"])))
         qb = next((s for s in rows if s["config"] == qbest[size].get("qemu_best")), None)
         for s in rows:

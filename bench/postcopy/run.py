@@ -5,9 +5,15 @@ before and after the switch, downtime limit 300 ms, cap 120 s):
 
   kmig-ring4096+dirty-limit  kmig's best pre-copy (bench/results/converge.md)
   kmig-ring4096+postcopy     migrate-start-postcopy once the bulk pass is over
-  kmig-ring4096+hybrid       x-postcopy-auto: kmig switches by itself
+  kmig-ring4096+hybrid       x-postcopy-auto: kmig switches by itself (during
+                             the bulk pass when it sees the guest rewrite
+                             what it sent: x-postcopy-early, the default)
   qemu-ring4096+postcopy     QEMU 7.2, postcopy-ram, migrate-start-postcopy at
                              the same point
+  kmig-ring4096+postcopy-start, qemu-ring4096+postcopy-start
+                             migrate-start-postcopy as soon as the migration
+                             is active: the earliest switch either VMM's user
+                             can ask for
 
 It is bench/converge/run.py with these configurations (its options apply;
 --reps 3 for the published figures); results in bench/results/postcopy.json
@@ -18,7 +24,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-CONFIGS = "kmig-ring4096+dirty-limit,kmig-ring4096+postcopy,qemu-ring4096+postcopy,kmig-ring4096+hybrid"
+CONFIGS = ("kmig-ring4096+dirty-limit,kmig-ring4096+postcopy,qemu-ring4096+postcopy,"
+           "kmig-ring4096+hybrid,qemu-ring4096+postcopy-start,kmig-ring4096+postcopy-start")
 
 if __name__ == "__main__":
     args = [sys.executable, os.path.join(ROOT, "bench", "converge", "run.py"),

@@ -38,6 +38,7 @@ void migration__init(struct migration *m, struct vm *vm, struct control *ctl)
 	m->params.vcpu_dirty_limit = 1;
 	m->params.multifd_channels = 2;
 	m->params.final_round = true;
+	m->params.postcopy_early = true;
 	calcrate__init(&m->calc, vm);
 	tls_objects__init(&m->tls);
 }
@@ -371,6 +372,12 @@ json_t *migration__query(struct migration *m)
 				"zero-mapped", (json_int_t)st.postcopy_zero_mapped,
 				"latency-p50-us", (json_int_t)st.postcopy_lat_p50_us,
 				"latency-p99-us", (json_int_t)st.postcopy_lat_p99_us));
+		if (st.postcopy)  /* source: how the switch came */
+			json_object_set_new(r, "x-postcopy-switch", json_pack("{s:s, s:b, s:I, s:I}",
+				"by", st.postcopy_auto ? "x-postcopy-auto" : "migrate-start-postcopy",
+				"in-bulk-pass", st.postcopy_in_bulk,
+				"at-ms", (json_int_t)st.postcopy_switch_ms,
+				"rewritten", (json_int_t)st.postcopy_rewritten));
 		if (st.blocktime)
 			migration__blocktime_json(r, &st);
 		json_object_set_new(r, "cpu-throttle-percentage", json_integer(st.throttle_pct));

@@ -76,6 +76,9 @@ struct mig_params {
 	 * quarter of the downtime limit still to send, one more round first
 	 * (policy__final_round); off = QEMU's switchover */
 	bool final_round;
+	/* x-postcopy-early: with x-postcopy-auto, the hybrid also asks during
+	 * the bulk pass (policy__postcopy_early); off = only after it */
+	bool postcopy_early;
 };
 #define MIG_HINT_WAIT_MAX_MS 10000
 
@@ -93,6 +96,10 @@ struct mig_stats {
 	uint64_t limit_sleep_us, limit_ring_full_us; /* dirty-limit, last round */
 	uint64_t switchover_wait_us; /* for throttled vCPUs to begin a sleep */
 	bool postcopy;               /* the migration went post-copy */
+	bool postcopy_auto;          /* x-postcopy-auto took it there (not the command) */
+	bool postcopy_in_bulk;       /* the switch came during the bulk pass */
+	uint64_t postcopy_switch_ms; /* when, from the start */
+	uint64_t postcopy_rewritten; /* hybrid in the bulk pass: bytes sent, then rewritten */
 	uint64_t postcopy_requests;  /* RP_REQ received (source) */
 	uint64_t postcopy_faults;    /* destination: faults, pages asked for, mapped as zero */
 	uint64_t postcopy_asked, postcopy_zero_mapped;

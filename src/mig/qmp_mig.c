@@ -110,7 +110,7 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
 	static const char *const comp_names[] = { "none", "zstd", "lz4" };
-	return json_pack("{s:I, s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:I, s:b}",
+	return json_pack("{s:I, s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:I, s:b, s:b}",
 			 "max-bandwidth", (json_int_t)p.max_bandwidth,
 			 "max-postcopy-bandwidth", (json_int_t)p.max_postcopy_bandwidth,
 			 "downtime-limit", (json_int_t)p.policy.downtime_limit_ms,
@@ -127,7 +127,8 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 			 "tls-creds", p.tls_creds, "tls-hostname", p.tls_hostname,
 			 "tls-authz", p.tls_authz,
 			 "x-free-page-hint-wait", (json_int_t)p.hint_wait_ms,
-			 "x-final-round", p.final_round);
+			 "x-final-round", p.final_round,
+			 "x-postcopy-early", p.postcopy_early);
 }
 
 static int params_uint(json_t *args, const char *name, uint64_t max, unsigned *out,
@@ -192,7 +193,8 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 		"cpu-throttle-initial", "cpu-throttle-increment", "cpu-throttle-tailslow",
 		"max-cpu-throttle", "x-cpu-throttle-policy", "x-vcpu-dirty-limit-period",
 		"vcpu-dirty-limit", "x-compression", "multifd-channels", "tls-creds",
-		"tls-hostname", "tls-authz", "x-free-page-hint-wait", "x-final-round", NULL };
+		"tls-hostname", "tls-authz", "x-free-page-hint-wait", "x-final-round",
+		"x-postcopy-early", NULL };
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
@@ -212,7 +214,8 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 	    qmp_arg__uint(args, "x-vcpu-dirty-limit-period", &p.dirty_limit_period_ms, false, err) < 0 ||
 	    qmp_arg__uint(args, "vcpu-dirty-limit", &p.vcpu_dirty_limit, false, err) < 0 ||
 	    qmp_arg__uint(args, "x-free-page-hint-wait", &p.hint_wait_ms, false, err) < 0 ||
-	    qmp_arg__bool(args, "x-final-round", &p.final_round, false, err) < 0)
+	    qmp_arg__bool(args, "x-final-round", &p.final_round, false, err) < 0 ||
+	    qmp_arg__bool(args, "x-postcopy-early", &p.postcopy_early, false, err) < 0)
 		return NULL;
 	if (p.hint_wait_ms > MIG_HINT_WAIT_MAX_MS) {
 		qmp_error__set(err, QMP_ERROR_GENERIC,

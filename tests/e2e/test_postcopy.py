@@ -13,9 +13,12 @@ default) except where a test needs it slow.
                 the destination asked for pages (postcopy-requests > 0) and
                 mapped some as zero without asking, and with postcopy-
                 blocktime reports how long each vCPU waited;
-  hybrid        x-postcopy-auto: no migrate-start-postcopy; the source
-                switches by itself after the bulk pass (the guest dirties
-                far faster than the limit) and never throttles;
+  hybrid[early_ring|early_bitmap|after_pass]  x-postcopy-auto: no
+                migrate-start-postcopy; the source switches by itself (the
+                guest dirties far faster than the limit) and never
+                throttles: during the bulk pass, on the pages it has sent
+                and the guest wrote again (x-postcopy-early, the default),
+                or, with x-postcopy-early off, after it;
   during_bulk   switch while the bulk pass is half-way: most of RAM is
                 still at the source when the guest starts at the
                 destination;
@@ -223,20 +226,36 @@ def check_blocktime(check, dq, cpus, total_ms):
     check("all_at_once", bt <= min(per) and (cpus > 1 or bt == per[0]), "%r %r" % (bt, per))
 
 
-def test_hybrid(d, vms, check):
+@pytest.mark.parametrize("mode,backend", [("early", "ring"), ("early", "bitmap"),
+                                          ("after_pass", "ring")],
+                         ids=["early_ring", "early_bitmap", "after_pass"])
+def test_hybrid(d, vms, check, mode, backend):
     uri = tcp_uri()
-    src, dst = pair(d, vms, VERIFY % (64, 1), uri, RING)
+    src, dst = pair(d, vms, VERIFY % (64, 1), uri, RING if backend == "ring" else BITMAP)
     if not check("boot", booted(src, 1), dump(src)):
         return
     kt.set_caps(src.qmp(), postcopy_ram=True, x_postcopy_auto=True, auto_converge=True)
-    q = start(src, dst, uri, verify=True)
+    early = mode == "early"
+    q = start(src, dst, uri, {"x_postcopy_early": early}, verify=True)
     r, seen = follow(q, kt.slow(60))
-    print("# postcopy_hybrid: statuses %r, dirty-sync-count %s, throttle %s, requests %s"
-          % (seen, r.get("ram", {}).get("dirty-sync-count"), r.get("cpu-throttle-percentage"),
-             r.get("ram", {}).get("postcopy-requests")))
+    sw = r.get("x-postcopy-switch", {})
+    print("# postcopy_hybrid_%s_%s: statuses %r, switch %r, dirty-sync-count %s, throttle %s, "
+          "requests %s, sent %s MiB" % (mode, backend, seen, sw,
+                                        r.get("ram", {}).get("dirty-sync-count"),
+                                        r.get("cpu-throttle-percentage"),
+                                        r.get("ram", {}).get("postcopy-requests"),
+                                        r.get("ram", {}).get("transferred", 0) >> 20))
     if not completed_postcopy(check, src, dst, r, seen):
         return
-    check("one_round", r.get("ram", {}).get("dirty-sync-count", 0) <= 2, repr(r))
+    check("by_itself", sw.get("by") == "x-postcopy-auto", repr(sw))
+    # early: the guest rewrites its 64 MiB far faster than 20 MB/s, so the
+    # pass's first half second shows more rewritten than 300 ms carry
+    check("when", sw.get("in-bulk-pass") is early, repr(sw))
+    if early:
+        check("rewritten", sw.get("rewritten", 0) > LIMIT * 300 // 1000, repr(sw))
+        check("no_round", r.get("ram", {}).get("dirty-sync-count", 0) <= 1, repr(r))
+    else:
+        check("one_round", r.get("ram", {}).get("dirty-sync-count", 0) <= 2, repr(r))
     check("never_throttled", r.get("cpu-throttle-percentage", 0) == 0, repr(r))
     check_verified(check, dst)
     check_dst_runs(check, src, dst)

@@ -166,6 +166,22 @@ def virtio_seeds():
     }
 
 
+def rp_seeds():
+    req = lambda block, off: rec(0x104, struct.pack("<IIQ", block, 0, off))
+    fail = rec(0x102, struct.pack("<I", 22) + b"no room")
+
+    def bitmap(first, nbits, words):
+        return rec(0x106, struct.pack("<QQ", first, nbits) + b"".join(
+            struct.pack("<Q", w) for w in words))
+    return {
+        "requests": b"\0" + req(0, 0) + rec(0x105) + req(1, 511 * PG) + req(0, 3 * PG) + rec(0x101),
+        "fail": b"\0" + req(1, 0) + fail,
+        "outside": b"\0" + req(0, 512 * PG) + req(1, 512 * PG),
+        "bitmap": b"\1" + bitmap(0, 1000, [0xff] * 8) + bitmap(8, 1000, [(1 << 64) - 1] * 8),
+        "bitmap_bad": b"\1" + bitmap(15, 1000, [1, 2]) + bitmap(0, 999, [1]),
+    }
+
+
 def write(name, seeds):
     d = os.path.join(HERE, "corpus", name)
     os.makedirs(d, exist_ok=True)
@@ -181,3 +197,4 @@ if __name__ == "__main__":
     write("boot", boot_seeds())
     write("state", state_seeds())
     write("virtio", virtio_seeds())
+    write("rp", rp_seeds())

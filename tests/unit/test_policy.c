@@ -314,6 +314,46 @@ static void t_postcopy_now_table(struct t *t)
 	}
 }
 
+/* During the bulk pass: the rewritten pages stand in for what is left;
+ * nothing before POLICY_EARLY_MIN_MS, nothing for a set the downtime
+ * limit covers, and a yes for a set stays a yes for any larger one. */
+static void t_postcopy_early_table(struct t *t)
+{
+	static const struct {
+		uint64_t rewritten, bw, rate, elapsed;
+		int want;
+	} rows[] = {
+		{ 60000000, 125000000, 500000000, 499, 0 },   /* too early */
+		{ 60000000, 125000000, 500000000, 500, 1 },   /* r = 4 */
+		{ 37500000, 125000000, 500000000, 2000, 0 },  /* within the limit */
+		{ 37500001, 125000000, 125000000, 2000, 1 },  /* r = 1: never less */
+		{ 0, 125000000, 500000000, 2000, 0 },         /* nothing rewritten */
+		{ 200000000, 125000000, 12500000, 2000, 0 },  /* r = 1/10: converges */
+		{ 60000000, 0, 500000000, 2000, 0 },          /* bandwidth unknown */
+		{ 60000000, 125000000, 0, 2000, 0 },          /* rate unknown */
+	};
+	for (unsigned i = 0; i < N(rows); i++) {
+		struct policy_input in = {
+			.remaining_bytes = rows[i].rewritten, .bandwidth_bps = rows[i].bw,
+			.dirty_rate_bps = rows[i].rate,
+		};
+		T_CHECK_EQ(t, policy__postcopy_early(&in, rows[i].elapsed, 300), rows[i].want);
+	}
+	/* monotone in the rewritten set, whatever the rates */
+	static const uint64_t rates[] = { 1000000, 31250000, 62500000, 110000000, 125000000, 900000000 };
+	for (unsigned i = 0; i < N(rates); i++) {
+		bool was = false;
+		for (uint64_t r = 0; r <= 2000000000ull; r += 10000000) {
+			struct policy_input in = { .remaining_bytes = r, .bandwidth_bps = 125000000,
+						   .dirty_rate_bps = rates[i] };
+			bool now = policy__postcopy_early(&in, 1000, 300);
+			T_CHECK(t, now || !was);
+			T_CHECK_EQ(t, now, r && policy__postcopy_now(&in, 300));
+			was = now;
+		}
+	}
+}
+
 static void t_needed_pct_table(struct t *t)
 {
 	static const struct { uint64_t rate, bw; unsigned thr, want; } rows[] = {
@@ -809,6 +849,7 @@ int main(void)
 	T_RUN(&t, t_switchover_table);
 	T_RUN(&t, t_final_round_table);
 	T_RUN(&t, t_postcopy_now_table);
+	T_RUN(&t, t_postcopy_early_table);
 	T_RUN(&t, t_needed_pct_table);
 	T_RUN(&t, t_period_high_table);
 	T_RUN(&t, t_step_two_high_periods);

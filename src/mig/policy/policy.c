@@ -97,6 +97,13 @@ bool policy__postcopy_now(const struct policy_input *in, uint64_t downtime_limit
 	return true;
 }
 
+bool policy__postcopy_early(const struct policy_input *in, uint64_t elapsed_ms,
+			    uint64_t downtime_limit_ms)
+{
+	return elapsed_ms >= POLICY_EARLY_MIN_MS && in->remaining_bytes &&
+	       policy__postcopy_now(in, downtime_limit_ms);
+}
+
 bool policy__period_high(const struct policy_input *in, unsigned threshold_pct)
 {
 	uint64_t limit = sat64((unsigned __int128)in->bytes_sent_period * threshold_pct / 100);

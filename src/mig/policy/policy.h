@@ -115,6 +115,20 @@ bool policy__final_round(const struct policy_input *in, uint64_t downtime_limit_
 #define POLICY_POSTCOPY_ROUNDS 3u
 bool policy__postcopy_now(const struct policy_input *in, uint64_t downtime_limit_ms);
 
+/* Hybrid during the bulk pass (x-postcopy-auto with x-postcopy-early, on
+ * by default), asked every few hundred ms of the pass: remaining_bytes is
+ * what the pass has sent and the guest has written again since (reported
+ * by a sync during the pass).  Those pages stay to send until the next
+ * round, so they are a lower bound of what the pass will leave, and
+ * policy__postcopy_now only grows with remaining_bytes: a yes now is the
+ * yes the test after the pass would give, were the rates to stay.
+ * Switching then spares sending twice every hot page the pass has yet to
+ * reach.  False before elapsed_ms (of the pass) reaches
+ * POLICY_EARLY_MIN_MS: the rates need that long to mean something. */
+#define POLICY_EARLY_MIN_MS 500u
+bool policy__postcopy_early(const struct policy_input *in, uint64_t elapsed_ms,
+			    uint64_t downtime_limit_ms);
+
 /* QEMU's trigger test for one period (see the laws above). */
 bool policy__period_high(const struct policy_input *in, unsigned threshold_pct);
 

@@ -184,7 +184,22 @@ static int sender__poll(struct sender *s, uint64_t n)
 	int rc = sender__check_return_path(s, 0);
 	if (!rc)
 		sender__update_stats(s);
+	if (!rc)
+		rc = sender__bulk_probe(s);
 	return !rc && sender__postcopy_due(s) ? SENDER_POSTCOPY : rc;
+}
+
+/* A switch to post-copy during the bulk pass, which has read the pages
+ * below next: none above them has been sent, so the destination holds
+ * none of them, unless as the zeros of a huge page it backed for a page
+ * it did receive.  Every page from next up to the second 2 MiB boundary
+ * above it is counted in, whatever the alignment of the host's huge
+ * pages. */
+uint64_t sender__bulk_reached(uint64_t next, uint64_t npages)
+{
+	uint64_t end = (next + SENDER_HUGE_PAGES - 1) / SENDER_HUGE_PAGES * SENDER_HUGE_PAGES +
+		       SENDER_HUGE_PAGES;
+	return end < npages ? end : npages;
 }
 
 /* Sends every page set in todo, clearing it. */
@@ -212,6 +227,8 @@ int sender__pass(struct sender *s)
 		}
 		rc = sender__poll(s, ++n);
 		if (rc == SENDER_POSTCOPY) {    /* what was taken from todo goes first */
+			if (!s->bulk_done)
+				s->discard_end = sender__bulk_reached(p + 1, todo->nbits);
 			rc = sender__flush(s);
 			return rc ? rc : SENDER_POSTCOPY;
 		}

@@ -19,6 +19,9 @@
  * least every SENDER_POLL_MS (checked every 256 pages) */
 #define SENDER_POLL_PAGES 256
 #define SENDER_POLL_MS 100
+/* x-postcopy-early: the bulk pass's look at the pages it has sent that the
+ * guest wrote again (a sync), at most this often */
+#define SENDER_PROBE_MS 250
 /* How long the source waits for the destination's answer after END (the
  * destination loads the device state and, with x-verify, hashes all RAM).
  * Without an answer by then the migration fails and the guest stays paused
@@ -62,6 +65,11 @@ struct sender {
 	uint64_t bandwidth_bps;      /* last measured */
 	bool bulk_done;              /* the first pass is over: nothing is skipped any more */
 	bool final_round;            /* x-final-round: the extra round was taken */
+	uint64_t probe_ms;           /* x-postcopy-early: the last look, 0 before */
+	uint64_t discard_end;        /* post-copy's DISCARD covers todo below this page
+				      * (UINT64_MAX: all; a switch in the bulk pass:
+				      * sender__bulk_reached) */
+	uint64_t rewritten;          /* pages the bulk pass sent that syncs since found written */
 	uint64_t free_skipped, balloon_skipped; /* pages the bulk pass did not send */
 	/* x-verify or postcopy-ram with a balloon: pages the bulk pass
 	 * skipped (hinted free or ballooned) that no sync has reported
@@ -83,6 +91,11 @@ struct sender {
 #define SENDER_POSTCOPY 1
 
 int sender__pass(struct sender *s);
+/* 4 KiB pages in a host huge page (2 MiB) */
+#define SENDER_HUGE_PAGES 512u
+/* The end of what a bulk pass that reads next as its next page may have
+ * left at the destination (see send.c), at most npages. */
+uint64_t sender__bulk_reached(uint64_t next, uint64_t npages);
 /* The TLS handshake of a connected main stream when the migration has
  * tls-creds (logged); 0 without.  Errors fill err. */
 int sender__tls(struct sender *s, char *err, size_t errlen);
@@ -94,6 +107,12 @@ int sender__stop_guest(struct sender *s, bool pre, uint64_t *t0);
 /* Writes one STATE record (state__save's callback). */
 int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
 		      const void *data, size_t len);
+/* x-postcopy-auto during the bulk pass (x-postcopy-early; called as the
+ * pass polls): every SENDER_PROBE_MS a sync puts the pages the pass has
+ * sent and the guest wrote again back into todo, and
+ * policy__postcopy_early decides on them; a yes asks for post-copy as
+ * migrate-start-postcopy does.  0 or -errno (a failed sync). */
+int sender__bulk_probe(struct sender *s);
 /* Post-copy from the stop on (send_postcopy.c). */
 int sender__postcopy(struct sender *s);
 /* Whether migrate-start-postcopy asks to switch now (never once stopped). */

@@ -166,6 +166,28 @@ static bool sender__hold_for_final_round(struct sender *s, const struct policy_i
 	return true;
 }
 
+/* The hybrid's switch, as migrate-start-postcopy; false (said once) when
+ * that refuses. */
+static bool sender__hybrid_switch(struct sender *s, const struct policy_input *in,
+				  const char *when)
+{
+	struct migration *m = s->m;
+	char why[160];
+	if (migration__start_postcopy(m, why, sizeof(why))) {
+		log_warn("migration: x-postcopy-auto cannot switch: %s", why);
+		s->hybrid_refused = true;
+		return false;
+	}
+	pthread_mutex_lock(&m->lock);
+	m->stats.postcopy_auto = true;
+	pthread_mutex_unlock(&m->lock);
+	log_info("migration: post-copy (x-postcopy-auto) %s: %llu MB left, dirty rate %llu MB/s, "
+		 "bandwidth %llu MB/s", when, (unsigned long long)(in->remaining_bytes / 1000000),
+		 (unsigned long long)(in->dirty_rate_bps / 1000000),
+		 (unsigned long long)(in->bandwidth_bps / 1000000));
+	return true;
+}
+
 /* x-postcopy-auto: after the bulk pass, post-copy when pre-copy would not
  * converge soon (policy__postcopy_now); true when it will switch. */
 static bool sender__hybrid(struct sender *s, const struct policy_input *in, uint64_t limit_ms)
@@ -176,17 +198,52 @@ static bool sender__hybrid(struct sender *s, const struct policy_input *in, uint
 	pthread_mutex_unlock(&m->lock);
 	if (!on || !s->bulk_done || s->hybrid_refused || !policy__postcopy_now(in, limit_ms))
 		return false;
-	char why[160];
-	if (migration__start_postcopy(m, why, sizeof(why))) {
-		log_warn("migration: x-postcopy-auto cannot switch: %s", why);
-		s->hybrid_refused = true;
-		return false;
+	return sender__hybrid_switch(s, in, "after the bulk pass");
+}
+
+int sender__bulk_probe(struct sender *s)
+{
+	struct migration *m = s->m;
+	uint64_t now = time__now_ms();
+	pthread_mutex_lock(&m->lock);
+	bool on = m->params.cap_postcopy_auto && m->params.postcopy_early;
+	uint64_t limit_ms = m->params.policy.downtime_limit_ms;
+	pthread_mutex_unlock(&m->lock);
+	uint64_t since = s->probe_ms ? s->probe_ms : s->active_start_ms;
+	if (!on || s->bulk_done || s->paused || s->hybrid_refused || now < since + SENDER_PROBE_MS)
+		return 0;
+	/* the pages the pass has read and the guest wrote again since go back
+	 * into todo, for the next round (or the switch's discards) */
+	int64_t got = dirty__sync(m->vm->dirty, &m->todo, DIRTY_SYNC_DEFER_CLEAR);
+	if (got < 0) {
+		migration__set_error(m, "dirty tracking: %s", strerror((int)-got));
+		return (int)got;
 	}
-	log_info("migration: post-copy (x-postcopy-auto): %llu MB left, dirty rate %llu MB/s, "
-		 "bandwidth %llu MB/s", (unsigned long long)(in->remaining_bytes / 1000000),
-		 (unsigned long long)(in->dirty_rate_bps / 1000000),
-		 (unsigned long long)(in->bandwidth_bps / 1000000));
-	return true;
+	sender__synced(s);
+	s->probe_ms = now;
+	s->rewritten += (uint64_t)got;
+	uint64_t elapsed = now - s->active_start_ms;
+	/* the pages rewritten per second since the last look, a rate each
+	 * page counts in once; with the ring, its peak rate (as after the
+	 * pass) when higher.  The bitmap's own rate is not true during the
+	 * pass: pages the pass has not reached read as dirty. */
+	uint64_t rate = (uint64_t)got * 1000 / (now - since);
+	if (dirty__backend(m->vm->dirty) == DIRTY_RING) {
+		uint64_t peak = dirty__take_peak(m->vm->dirty);
+		rate = peak > rate ? peak : rate;
+	}
+	struct policy_input in = {
+		.remaining_bytes = s->rewritten * RAM_PAGE_SIZE,
+		.bandwidth_bps = elapsed ? sender__bytes(s) * 1000 / elapsed : 0,
+		.dirty_rate_bps = rate * RAM_PAGE_SIZE,
+	};
+	if (!policy__postcopy_early(&in, elapsed, limit_ms) ||
+	    !sender__hybrid_switch(s, &in, "during the bulk pass"))
+		return 0;
+	pthread_mutex_lock(&m->lock);
+	m->stats.postcopy_rewritten = in.remaining_bytes;
+	pthread_mutex_unlock(&m->lock);
+	return 0;
 }
 
 /* Measures the round, asks the policy; returns 1 to switch over. */
@@ -255,6 +312,11 @@ static int sender__iterate(struct sender *s)
 	uint64_t t = time__now_ms(), bytes = sender__bytes(s);
 	int rc = sender__pass(s); /* the bulk pass */
 	s->bulk_done = true;
+	if (rc == SENDER_POSTCOPY) {
+		pthread_mutex_lock(&m->lock);
+		m->stats.postcopy_in_bulk = true;
+		pthread_mutex_unlock(&m->lock);
+	}
 	if (m->vm->balloon)
 		balloon__hint_done(m->vm->balloon); /* the guest takes its pages back */
 	while (!rc) {
@@ -377,6 +439,7 @@ void *migration__send_thread(void *arg)
 	s->stream = &m->stream;
 	s->rec_cap = SENDER_REC_CAP;
 	s->pc_skip = UINT64_MAX;
+	s->discard_end = UINT64_MAX;
 	s->rec = malloc(s->rec_cap);
 	s->zero_detect = m->params.cap_zero_detect;
 	s->comp = m->params.compression;

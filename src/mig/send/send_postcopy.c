@@ -26,22 +26,29 @@ bool sender__postcopy_due(struct sender *s)
 	return !s->paused && atomic_load(&s->m->postcopy_start);
 }
 
-/* DISCARD every page still to send: the destination's copy is stale. */
+/* DISCARD every page still to send that the destination may hold: its
+ * copy is stale.  After a switch during the bulk pass the pages the pass
+ * never reached are left out (sender__bulk_reached): the destination
+ * never received them, and with 2 GiB of RAM their list alone would be
+ * 4 MB of the downtime. */
 static int pc__discard(struct sender *s)
 {
 	struct bitmap *todo = &s->m->todo;
 	uint64_t offs[PROTO_MAX_ZERO / 16];
+	uint64_t end = s->discard_end < todo->nbits ? s->discard_end : todo->nbits;
 	unsigned n = 0;
 	int block = 0, rc = 0;
 	for (size_t p = bitmap__next_set(todo, 0); !rc; p = bitmap__next_set(todo, p + 1)) {
-		int b = p < todo->nbits && s->ram->nr_blocks > 1 &&
+		if (p > end)
+			p = end;
+		int b = p < end && s->ram->nr_blocks > 1 &&
 			p >= s->ram->blocks[1].first_page ? 1 : 0;
-		if (n && (p >= todo->nbits || b != block || n == sizeof(offs) / sizeof(offs[0]))) {
+		if (n && (p >= end || b != block || n == sizeof(offs) / sizeof(offs[0]))) {
 			ssize_t len = proto__encode_discard(s->rec, s->rec_cap, (uint32_t)block, n, offs);
 			rc = len < 0 ? (int)len : mig_stream__write(s->stream, s->rec, (size_t)len);
 			n = 0;
 		}
-		if (p >= todo->nbits)
+		if (p >= end)
 			break;
 		block = b;
 		offs[n++] = (p - s->ram->blocks[b].first_page) * RAM_PAGE_SIZE;
@@ -436,6 +443,7 @@ static int pc__switch(struct sender *s)
 	pthread_mutex_lock(&m->lock);
 	m->stats.downtime_bytes = sender__bytes(s) - bytes0;
 	m->stats.postcopy = true;
+	m->stats.postcopy_switch_ms = time__now_ms() - m->stats.start_ms;
 	mig_stream__set_rate(s->stream, m->params.max_postcopy_bandwidth);
 	pthread_mutex_unlock(&m->lock);
 	struct postcopy_src q;
