@@ -51,6 +51,9 @@ default) except where a test needs it slow.
                 source paused again each time; cut_tls: the same over
                 TLS (PSK), each link a TLS session; cut_balloon: with
                 free page hints, whose pages the new link does not push;
+                cut_multifd: with 3 multifd channels (2 vCPUs) through the
+                proxy too, all cut with the main stream, the resume on the
+                main stream alone;
   destination_lost  the destination is killed during post-copy: the
                 source pauses, keeps its guest stopped and quits;
   cli_after_pass_and_resume  kmig migrate --postcopy after-pass stops
@@ -445,30 +448,38 @@ def psk_creds(d):
     return "tls-creds-psk,id=k0,dir=%s/psk" % path
 
 
-@pytest.mark.parametrize("action,tls,balloon", [
-    ("cut", False, False), pytest.param("stall", False, False, marks=pytest.mark.slow),
-    ("cut", True, False), ("cut", False, True)], ids=["cut", "stall", "cut_tls", "cut_balloon"])
-def test_recover(d, vms, check, action, tls, balloon):
+@pytest.mark.parametrize("action,tls,balloon,multifd", [
+    ("cut", False, False, False), pytest.param("stall", False, False, False, marks=pytest.mark.slow),
+    ("cut", True, False, False), ("cut", False, True, False), ("cut", False, False, True)],
+    ids=["cut", "stall", "cut_tls", "cut_balloon", "cut_multifd"])
+def test_recover(d, vms, check, action, tls, balloon, multifd):
     uri = tcp_uri()
     extra, params = list(RING), {"max_postcopy_bandwidth": LIMIT}
+    cpus = 2 if multifd else 1
     if tls:
         creds = psk_creds(d)
         extra += ["--object", creds]
         params["tls_creds"] = "k0"
     if balloon:
         extra += ["--balloon"]
-    src, dst = pair(d, vms, VERIFY % (128, 1) + (" balloon=1" if balloon else ""), uri, extra,
+    src, dst = pair(d, vms, VERIFY % (128 if cpus == 1 else 64, cpus) +
+                    (" balloon=1" if balloon else ""), uri, extra, cpus=cpus,
                     dst_extra=["--tls-creds", "k0"] if tls else ())
-    if not check("boot", booted(src, 1), dump(src)):
+    if not check("boot", booted(src, cpus), dump(src)):
         return
     q, dq = src.qmp(), dst.qmp()
+    if multifd:     # 3 channels through the proxy too; the resume is the main stream's
+        kt.set_caps(dq, multifd=True)
+        kt.set_caps(q, multifd=True)
+        kt.set_params(q, multifd_channels=3)
     e = q.cmd_full("migrate", uri=uri, resume=True).get("error", {}).get("desc", "")
     check("no_resume_unpaused", "no paused migration" in e, e)
     e = dq.cmd_full("migrate-recover", uri=tcp_uri()).get("error", {}).get("desc", "")
     check("no_recover_unpaused", "when postcopy is paused" in e, e)
     e = q.cmd_full("migrate-pause").get("error", {}).get("desc", "")
     check("no_pause_precopy", "postcopy-active" in e, e)
-    proxy = FaultProxy(int(uri.rsplit(":", 1)[1]), ("manual",), action, raw=tls)
+    proxy = FaultProxy(int(uri.rsplit(":", 1)[1]), ("manual",), action, raw=tls,
+                       channels=multifd)
     # the push is held back, so the cut lands with most pages still here
     q = start(src, dst, "tcp:127.0.0.1:%d" % proxy.port, params, verify=True)
     after_bulk_pass(q, kt.slow(30))
@@ -551,6 +562,9 @@ def test_recover(d, vms, check, action, tls, balloon):
         skipped = r.get("x-free-pages-skipped", 0)
         check("resume_skips_unsent", m is not None and skipped > 64 * 256 and
               int(m.group(1)) < skipped, "%s; %d skipped" % (m and m.group(0), skipped))
+    if multifd:
+        check("channels", proxy.channels == 3 and "3 multifd channels" in dst.output(),
+              "%d through the proxy; %s" % (proxy.channels, dst.output()[-600:]))
     if tls:     # the first link and the recovered one, each a TLS session
         check("tls_both_links", src.output().count("TLS 1.3 with 'k0'") == 2 and
               dst.output().count("TLS 1.3 with 'k0'") == 2,

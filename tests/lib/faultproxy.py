@@ -33,6 +33,11 @@ before the action; `triggered` is set after both.
 raw=True relays the forward direction as bytes too (a TLS stream, whose
 records the proxy cannot read): only ("manual",) then, and the fault
 lands on the next chunk the source sends after fire().
+channels=True accepts further connections after the first (multifd's
+channels, which connect to the same address) and relays each as bytes
+both ways, to a connection of its own to the destination; `channels`
+counts them.  A cut, truncate or close ends them with the first; a stall
+stalls them too.
 """
 import socket
 import struct
@@ -44,13 +49,15 @@ DRAIN_S = 2.0
 
 
 class FaultProxy:
-    def __init__(self, dst_port, at, action, on_trigger=None, drop_early=False, raw=False):
+    def __init__(self, dst_port, at, action, on_trigger=None, drop_early=False, raw=False,
+                 channels=False):
         assert not raw or at == ("manual",), "a raw proxy only fires by hand"
         self.dst_port, self.at, self.action, self.raw = dst_port, at, action, raw
         self.on_trigger, self.drop_early = on_trigger, drop_early
+        self.more, self.channels = channels, 0
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(1)
+        self.lsock.listen(8 if channels else 1)
         self.port = self.lsock.getsockname()[1]
         self.socks = [self.lsock]
         self.counts = {}
@@ -182,6 +189,38 @@ class FaultProxy:
         rtype, _, length = HDR.unpack(head)
         return rtype, head + self._read(src, length)
 
+    def _pump(self, a, b):
+        """Bytes from a to b until either end closes or the link stalls."""
+        try:
+            while not self._stall.is_set():
+                got = a.recv(65536)
+                if not got or self._stall.is_set():
+                    break
+                b.sendall(got)
+        except OSError:
+            pass
+        if not self._stall.is_set():
+            for x in (a, b):
+                try:
+                    x.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _accept_more(self):
+        """channels=True: every connection after the first, as bytes."""
+        try:
+            while True:
+                src, _ = self.lsock.accept()
+                dst = socket.create_connection(("127.0.0.1", self.dst_port), timeout=30)
+                dst.settimeout(None)
+                with self._lock:
+                    self.socks += [src, dst]
+                    self.channels += 1
+                for a, b in ((src, dst), (dst, src)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+        except OSError:
+            pass
+
     def _run(self):
         try:
             src, _ = self.lsock.accept()
@@ -189,6 +228,8 @@ class FaultProxy:
             dst.settimeout(None)
             with self._lock:
                 self.socks += [src, dst]
+            if self.more:
+                threading.Thread(target=self._accept_more, daemon=True).start()
             threading.Thread(target=self._back, args=(src, dst), daemon=True).start()
             fired = False
             while not self._stall.is_set():
