@@ -238,9 +238,14 @@ static void migrate__summary(json_t *q)
 	printf("sent %lld MiB (%lld pages, %lld zero pages), %lld dirty syncs, %.0f Mbit/s\n",
 	       jint(ram, "transferred") >> 20, jint(ram, "normal"), jint(ram, "duplicate"),
 	       jint(ram, "dirty-sync-count"), json_real_value(json_object_get(ram, "mbps")));
+	json_t *sw = json_object_get(q, "x-postcopy-switch");
 	if (jint(ram, "postcopy-bytes"))
 		printf("post-copy: %lld MiB after the switch, %lld pages asked for by the destination\n",
 		       jint(ram, "postcopy-bytes") >> 20, jint(ram, "postcopy-requests"));
+	if (sw)
+		printf("switched by %s at %lld ms, %s the bulk pass\n",
+		       json_string_value(json_object_get(sw, "by")), jint(sw, "at-ms"),
+		       json_is_true(json_object_get(sw, "in-bulk-pass")) ? "during" : "after");
 	const char *e = json_string_value(json_object_get(q, "error-desc"));
 	if (e)
 		printf("error: %s\n", e);

@@ -56,6 +56,8 @@ default) except where a test needs it slow.
                 main stream alone;
   destination_lost  the destination is killed during post-copy: the
                 source pauses, keeps its guest stopped and quits;
+  cli_auto      kmig migrate --postcopy auto: the source switches during
+                the bulk pass, and the summary says so;
   cli_after_pass_and_resume  kmig migrate --postcopy after-pass stops
                 with status 3 when the link is cut, and --resume on a new
                 URI finishes the migration.
@@ -635,9 +637,32 @@ def test_cli_after_pass_and_resume(d, vms, check):
     if not check("resumed", r.returncode == 0 and "status completed" in r.stdout and
                  "post-copy:" in r.stdout, "%s %r %r" % (r.returncode, r.stdout, r.stderr[-3000:])):
         return
+    check("switch_said", "switched by migrate-start-postcopy" in r.stdout and
+          "after the bulk pass" in r.stdout, r.stdout)
     check("dst_completed", kt.wait_migration(dq, kt.slow(20)).get("status") == "completed")
     check_dst_runs(check, src, dst)
     proxy.close()
+
+
+def test_cli_auto(d, vms, check):
+    """kmig migrate --postcopy auto: the source switches by itself during
+    the bulk pass, the progress lines show post-copy and the summary says
+    how and when it switched."""
+    uri = tcp_uri()
+    src, dst = pair(d, vms, VERIFY % (64, 1), uri, RING)
+    if not check("boot", booted(src, 1), dump(src)):
+        return
+    kt.wait_incoming(dst)
+    r = cli(src.qmp_path, "--bandwidth", "20", "--postcopy", "auto",
+            "--dest-qmp", "unix:" + dst.qmp_path, uri, vms=(src, dst))
+    print("# cli_auto: status %s\n%s" % (r.returncode, r.stdout))
+    if not check("completed", r.returncode == 0 and "status completed" in r.stdout,
+                 "%s %r %r" % (r.returncode, r.stdout, r.stderr[-2000:])):
+        return
+    check("progress_postcopy", "postcopy-active" in r.stderr, r.stderr[-300:])
+    m = re.search(r"switched by x-postcopy-auto at (\d+) ms, during the bulk pass", r.stdout)
+    check("switch_said", m is not None and int(m.group(1)) >= 500, r.stdout)
+    check_dst_runs(check, src, dst)
 
 
 @pytest.mark.slow
