@@ -519,14 +519,7 @@ def balloon_wait(vm, target, timeout):
     """QMP balloon to target bytes; query-balloon's last actual."""
     q = vm.qmp()
     q.cmd("balloon", value=target)
-    deadline = time.time() + timeout
-    actual = None
-    while time.time() < deadline:
-        actual = q.cmd("query-balloon").get("actual")
-        if actual == target:
-            break
-        time.sleep(0.2)
-    return actual
+    return kt.wait_balloon(q, target, timeout)
 
 
 def balloon_to(check, name, vm, target):
