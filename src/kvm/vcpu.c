@@ -32,8 +32,11 @@ int vcpu__create(struct vcpu *v, struct vm *vm, unsigned index)
 		close(v->fd);
 		return -e;
 	}
-	struct kvm_cpuid2 *c = cpuid__for_vcpu(vm->cpuid, index, vm->cfg.cpus, vm->tsc_khz,
-						   vm->cfg.kvmclock);
+	struct cpuid_opts opts = {
+		.tsc_khz = vm->tsc_khz, .hypervisor = vm->cfg.kvmclock,
+		.tsc_deadline = ioctl(vm->kvm_fd, KVM_CHECK_EXTENSION, KVM_CAP_TSC_DEADLINE_TIMER) > 0,
+	};
+	struct kvm_cpuid2 *c = cpuid__for_vcpu(vm->cpuid, index, vm->cfg.cpus, &opts);
 	if (!c)
 		return -ENOMEM;
 	int rc = ioctl(v->fd, KVM_SET_CPUID2, c) < 0 ? -errno : 0;

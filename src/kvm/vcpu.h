@@ -40,6 +40,10 @@ struct vcpu {
 	atomic_ullong limit_sleep_ns; /* dirty-limit: sleep per 10 ms run slice */
 	atomic_bool probe;           /* halt probe requested (vm__all_halted) */
 	atomic_bool dead_halted;     /* probe answer: halted with IF=0 or never started */
+	/* incoming state: the TSC deadline of the MSR section, written again
+	 * once the LAPIC section has set the timer's mode */
+	uint64_t tsc_deadline_in;
+	bool tsc_deadline_in_set;
 };
 
 /* Creates the vCPU fd, maps kvm_run, sets CPUID. */

@@ -110,6 +110,12 @@ int state__load_msrs(struct vm *vm, struct vcpu *v, const void *data, size_t len
 			return rc;
 		}
 	}
+	for (uint32_t i = 0; i < n; i++) {
+		if (m->entries[i].index == STATE_MSR_TSC_DEADLINE) {
+			v->tsc_deadline_in = m->entries[i].data;
+			v->tsc_deadline_in_set = true;
+		}
+	}
 	m->nmsrs = n = state__msrs_to_load(m, vm->tsc_in.valid);
 	int done = n ? ioctl(v->fd, KVM_SET_MSRS, m) : 0;
 	/* Set the rest one by one so one refused MSR does not drop the others. */
@@ -120,5 +126,18 @@ int state__load_msrs(struct vm *vm, struct vcpu *v, const void *data, size_t len
 			log_warn("vcpu%u: MSR 0x%x not restored", v->index, m->entries[i].index);
 	}
 	free(m);
+	return 0;
+}
+
+int state__rearm_tsc_deadline(struct vcpu *v, char *why, size_t whylen)
+{
+	if (!v->tsc_deadline_in_set)
+		return 0;
+	struct { struct kvm_msrs m; struct kvm_msr_entry e; } one = {
+		.m.nmsrs = 1, .e.index = STATE_MSR_TSC_DEADLINE, .e.data = v->tsc_deadline_in };
+	if (ioctl(v->fd, KVM_SET_MSRS, &one) != 1) {
+		snprintf(why, whylen, "vCPU %u: KVM refused the TSC deadline", v->index);
+		return -EIO;
+	}
 	return 0;
 }

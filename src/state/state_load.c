@@ -62,7 +62,7 @@ static int state__load_vcpu(struct vm *vm, uint32_t id, uint32_t inst, const voi
 			snprintf(why, whylen, "vCPU %u: KVM refused %s state: %s", inst, op->name, strerror(e));
 			return -e;
 		}
-		return 0;
+		return id == STATE_VCPU_LAPIC ? state__rearm_tsc_deadline(v, why, whylen) : 0;
 	}
 	snprintf(why, whylen, "unknown state section %u", id);
 	return -EINVAL;

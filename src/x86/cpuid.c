@@ -120,8 +120,16 @@ static void cpuid__timing(struct kvm_cpuid2 *c, uint32_t tsc_khz)
 	}
 }
 
+static void cpuid__bit(uint32_t *reg, unsigned bit, bool on)
+{
+	if (on)
+		*reg |= 1u << bit;
+	else
+		*reg &= ~(1u << bit);
+}
+
 struct kvm_cpuid2 *cpuid__for_vcpu(const struct kvm_cpuid2 *base, unsigned index,
-				   unsigned ncpus, uint32_t tsc_khz, bool hypervisor)
+				   unsigned ncpus, const struct cpuid_opts *opts)
 {
 	size_t sz = sizeof(struct kvm_cpuid2) + CPUID_MAX_ENTRIES * sizeof(struct kvm_cpuid_entry2);
 	struct kvm_cpuid2 *c = calloc(1, sz);
@@ -129,11 +137,11 @@ struct kvm_cpuid2 *cpuid__for_vcpu(const struct kvm_cpuid2 *base, unsigned index
 		return NULL;
 	memcpy(c, base, sizeof(*base) + base->nent * sizeof(base->entries[0]));
 	cpuid__topology(c, index, ncpus);
-	cpuid__timing(c, tsc_khz);
+	cpuid__timing(c, opts->tsc_khz);
 	struct kvm_cpuid_entry2 *e = cpuid__find(c, 1, 0);
-	if (e && hypervisor)
-		e->ecx |= 1u << 31;
-	else if (e)
-		e->ecx &= ~(1u << 31);
+	if (e) {
+		cpuid__bit(&e->ecx, 31, opts->hypervisor);
+		cpuid__bit(&e->ecx, 24, opts->tsc_deadline);
+	}
 	return c;
 }

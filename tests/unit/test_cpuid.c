@@ -34,7 +34,8 @@ static void t_hypervisor_bit(struct t *t)
 {
 	struct kvm_cpuid2 *base = table();
 	for (int on = 0; on < 2; on++) {
-		struct kvm_cpuid2 *c = cpuid__for_vcpu(base, 1, 2, 2400000, on);
+		struct cpuid_opts o = { .tsc_khz = 2400000, .hypervisor = on };
+		struct kvm_cpuid2 *c = cpuid__for_vcpu(base, 1, 2, &o);
 		T_CHECK(t, c != NULL);
 		if (!c)
 			continue;
@@ -54,10 +55,35 @@ static void t_hypervisor_bit(struct t *t)
 	free(base);
 }
 
+/* TSC-deadline (CPUID.1:ECX[24]) follows the option whatever the table
+ * says: KVM_GET_SUPPORTED_CPUID leaves it out though the irqchip has it */
+static void t_tsc_deadline_bit(struct t *t)
+{
+	struct kvm_cpuid2 *base = table();
+	base->entries[1].ecx |= 1u << 24;     /* a table that claims it */
+	for (int on = 0; on < 2; on++) {
+		for (int hv = 0; hv < 2; hv++) {
+			struct cpuid_opts o = { .tsc_khz = 1000000, .hypervisor = hv,
+						.tsc_deadline = on };
+			struct kvm_cpuid2 *c = cpuid__for_vcpu(base, 0, 1, &o);
+			T_CHECK(t, c != NULL);
+			if (!c)
+				continue;
+			const struct kvm_cpuid_entry2 *e = find(c, 1);
+			T_CHECK(t, e && !!(e->ecx & 1u << 24) == on);
+			T_CHECK(t, e && !!(e->ecx & 1u << 31) == hv);
+			T_CHECK(t, e && (e->ecx & 1u));
+			free(c);
+		}
+	}
+	free(base);
+}
+
 int main(void)
 {
 	struct t t = {0};
 
 	T_RUN(&t, t_hypervisor_bit);
+	T_RUN(&t, t_tsc_deadline_bit);
 	return T_DONE(&t);
 }
