@@ -126,19 +126,6 @@ def after_bulk_pass(q, timeout):
         time.sleep(0.05)
 
 
-def follow(q, timeout):
-    """Polls query-migrate until a final status; returns (last, statuses seen)."""
-    seen = []
-    deadline = time.time() + timeout
-    while True:
-        r = q.cmd("query-migrate")
-        if not seen or seen[-1] != r.get("status"):
-            seen.append(r.get("status"))
-        if r.get("status") in kt.MIG_FINAL or time.time() > deadline:
-            return r, seen
-        time.sleep(0.05)
-
-
 def verify_rounds(console):
     return [int(x) for x in re.findall(r"^verify ok round=(\d+) cpu=0", console.text(), re.M)]
 
@@ -198,7 +185,7 @@ def test_verify(d, vms, check, backend, cpus):
     # after the bulk pass (about 3 s at the limit): the first dirty round
     after_bulk_pass(q, kt.slow(60))
     q.cmd("migrate-start-postcopy")
-    r, seen = follow(q, kt.slow(60))
+    r, seen = kt.follow(q, kt.slow(60))
     print("# postcopy_%s: statuses %r, total %s ms, downtime %s ms, requests %s, sent %s MiB"
           % (backend + ("_smp" if cpus > 1 else ""), seen, r.get("total-time"), r.get("downtime"),
              r.get("ram", {}).get("postcopy-requests"),
@@ -245,7 +232,7 @@ def test_hybrid(d, vms, check, mode, backend):
     kt.set_caps(src.qmp(), postcopy_ram=True, x_postcopy_auto=True, auto_converge=True)
     early = mode != "after_pass"
     q = start(src, dst, uri, {"x_postcopy_early": early}, verify=True)
-    r, seen = follow(q, kt.slow(60))
+    r, seen = kt.follow(q, kt.slow(60))
     if mode == "converges":
         print("# postcopy_hybrid_converges: statuses %r, dirty-sync-count %s, downtime %s ms"
               % (seen, r.get("ram", {}).get("dirty-sync-count"), r.get("downtime")))
@@ -290,7 +277,7 @@ def test_during_bulk(d, vms, check):
         time.sleep(0.05)
     sent_before = q.cmd("query-migrate").get("ram", {}).get("transferred", 0)
     q.cmd("migrate-start-postcopy")
-    r, seen = follow(q, kt.slow(60))
+    r, seen = kt.follow(q, kt.slow(60))
     print("# postcopy_during_bulk: switched after %d MiB, statuses %r, requests %s"
           % (sent_before >> 20, seen, r.get("ram", {}).get("postcopy-requests")))
     if not completed_postcopy(check, src, dst, r, seen):
@@ -330,7 +317,7 @@ def test_balloon(d, vms, check):
         dq.cmd("balloon", value=512 * MIB)
         time.sleep(0.5)
         dq.cmd("balloon", value=480 * MIB)
-    r, seen = follow(q, kt.slow(60))
+    r, seen = kt.follow(q, kt.slow(60))
     ram = r.get("ram", {})
     print("# postcopy_balloon: statuses %r, %s free and %s ballooned pages skipped, "
           "requests %s, sent %s MiB" % (seen, r.get("x-free-pages-skipped"),
@@ -375,7 +362,7 @@ def test_multifd(d, vms, check, when):
                 "transferred", 0) < 40 << 20:
             time.sleep(0.05)
     q.cmd("migrate-start-postcopy")
-    r, seen = follow(q, kt.slow(60))
+    r, seen = kt.follow(q, kt.slow(60))
     print("# postcopy_multifd_%s: statuses %r, dirty-sync-count %s, requests %s, sent %s MiB"
           % (when, seen, r.get("ram", {}).get("dirty-sync-count"),
              r.get("ram", {}).get("postcopy-requests"),
@@ -413,7 +400,7 @@ def test_refusals(d, vms, check):
     if st == "postcopy-active":
         e = q.cmd_full("migrate_cancel").get("error", {}).get("desc", "")
         check("no_cancel", "can't be cancelled" in e, e)
-    r, seen = follow(q, kt.slow(60))
+    r, seen = kt.follow(q, kt.slow(60))
     check("completed", r.get("status") == "completed", "%r %r" % (seen, r))
 
 
@@ -553,7 +540,7 @@ def test_recover(d, vms, check, action, tls, balloon, multifd):
     check("dst_recover", r.get("status") == "postcopy-recover", repr(r))
     kt.set_params(q, max_postcopy_bandwidth=0)
     q.cmd("migrate", uri=uri2, resume=True)
-    r, seen = follow(q, kt.slow(60))
+    r, seen = kt.follow(q, kt.slow(60))
     print("# recover_%s: %d MiB before the break, statuses after %r, %s MiB in all"
           % (action, sent >> 20, seen, r.get("ram", {}).get("transferred", 0) >> 20))
     if not check("completed", r.get("status") == "completed",

@@ -409,6 +409,20 @@ def wait_migration(qmp, timeout=60.0, statuses=MIG_FINAL, interval=0.1):
         time.sleep(interval)
 
 
+def follow(qmp, timeout, interval=0.05):
+    """Polls query-migrate until a final status or the timeout; returns
+    (the last reply, the statuses seen in order)."""
+    seen = []
+    deadline = time.time() + timeout
+    while True:
+        r = qmp.cmd("query-migrate")
+        if not seen or seen[-1] != r.get("status"):
+            seen.append(r.get("status"))
+        if r.get("status") in MIG_FINAL or time.time() > deadline:
+            return r, seen
+        time.sleep(interval)
+
+
 def migrate(src, dst, uri, caps=None, params=None, timeout=60.0):
     """Migrates src (a VM) to uri, where dst (a VM, or None) listens.
     caps: {name: bool}; params: {name: value}, QMP spelling.  Waits for the
