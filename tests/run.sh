@@ -145,81 +145,150 @@ kvm_items() {  # the kvm part, one item per line: C tests, pytest files, san:e2e
 		echo "$t"
 	done
 	if [ "${skip_linux:-0}" = 1 ]; then
-		pytest_files | grep -v "/$LINUX_TESTS\.py$"
+		pytest_files | grep -Ev "/${LINUX_TESTS}(_load)?\.py$"
 	else
 		pytest_files
 	fi
-	if [ -x build-san/kmig ] && { [ -z "$filter" ] || [[ "san:e2e" == *"$filter"* ]]; }; then
-		echo "san:e2e"
+	if [ -x build-san/kmig ]; then
+		for t in $(san_e2e); do
+			[ -z "$filter" ] || [[ "san:$t" == *"$filter"* ]] && echo "san:$t"
+		done
 	fi
 	if [ -x build-tsan/kmig ] && { [ -z "$filter" ] || [[ "tsan:e2e" == *"$filter"* ]]; }; then
 		echo "tsan:e2e"
 	fi
 }
 
+# Items of the kvm part, longest first (measured under emulation, see
+# docs/testing.md "The kvm part in two VMs"): several VMs take them from one
+# queue, so the long ones start early and the short ones fill the gaps.
+LONG_ITEMS="tests/e2e/test_linux_load.py tests/e2e/test_linux.py tests/e2e/test_matrix.py san:tests/e2e/test_postcopy.py
+	tests/e2e/test_postcopy.py tests/e2e/test_faults.py tsan:e2e tests/e2e/test_converge.py
+	san:tests/e2e/test_migrate_fail.py san:tests/e2e/test_migrate.py tests/e2e/test_hostile.py
+	tests/e2e/test_migrate_fail.py tests/e2e/test_balloon.py tests/e2e/test_multifd.py"
+
+ordered_items() {  # kvm_items, the long ones first in LONG_ITEMS' order
+	local all i
+	all=$(kvm_items)
+	for i in $LONG_ITEMS; do
+		grep -qxF "$i" <<< "$all" && echo "$i"
+	done
+	for i in $all; do
+		[[ " $(echo $LONG_ITEMS) " == *" $i "* ]] || echo "$i"
+	done
+}
+
+# Takes item $1 for this runner: true when no runner took it before.
+# KMIG_CLAIMS is a directory shared by all the runners (the VMs see the
+# checkout over 9p, where mkdir is the host's, atomic); each claim names
+# its runner, so a runner started again after a freeze finds its own.
+claim() {
+	[ -z "${KMIG_CLAIMS:-}" ] && return 0
+	local c=$KMIG_CLAIMS/$(echo "$1" | tr '/:' '__')
+	if mkdir "$c" 2>/dev/null; then
+		echo "${KMIG_RUNNER:-0}" > "$c/runner"
+		return 0
+	fi
+	[ "$(cat "$c/runner" 2>/dev/null)" = "${KMIG_RUNNER:-0}" ]
+}
+
+# Whether item $1 is already in a progress file (this runner's or another's).
+finished() {
+	[ -n "${KMIG_PROGRESS:-}" ] || return 1
+	cat "$KMIG_PROGRESS" "${KMIG_PROGRESS%.*}".* 2>/dev/null | grep -q "^$1 "
+}
+
 # Runs the kvm part here.  With KMIG_PROGRESS set, each finished item adds
-# "ITEM PASSED FAILED SKIPPED" to that file, and items already there are left
-# out: a run that stopped (a frozen emulated machine) goes on where it was.
+# "ITEM PASSED FAILED SKIPPED SECONDS" to that file, and items already
+# there (or in another runner's file, KMIG_PROGRESS.*) are left out: a run
+# that stopped (a frozen emulated machine) goes on where it was.  With
+# KMIG_CLAIMS set, several runners share the items (claim).
 run_kvm_part() {
-	local item expr="kvm or qemu or linux" p0 f0 s0 skip_linux=0
+	local item expr="kvm or qemu or linux" p0 f0 s0 t0 skip_linux=0
 	linux_elsewhere && skip_linux=1
 	if [ "${KMIG_TEST_EMULATED:-}" = 1 ] && [ "${KMIG_TEST_ALL:-}" != 1 ]; then
 		expr="($expr) and not slow"
 		echo "# under emulation: tests marked slow are left out (KMIG_TEST_ALL=1 runs them)"
 	fi
-	for item in $(kvm_items); do
-		if [ -n "${KMIG_PROGRESS:-}" ] && grep -q "^$item " "$KMIG_PROGRESS" 2>/dev/null; then
-			continue
-		fi
-		p0=$passed f0=$failed s0=$skipped
+	for item in $(ordered_items); do
+		finished "$item" && continue
+		claim "$item" || continue
+		p0=$passed f0=$failed s0=$skipped t0=$SECONDS
 		case "$item" in
 		*.py) run_pytest "$expr" "$item" ;;
-		# shellcheck disable=SC2086
-		san:e2e) KMIG_BUILD=build-san run_pytest "$expr" $(san_e2e) ;;
+		san:*) KMIG_BUILD=build-san run_pytest "$expr" "${item#san:}" ;;
 		# shellcheck disable=SC2086
 		tsan:e2e) KMIG_BUILD=build-tsan TSAN_OPTIONS=${TSAN_OPTIONS:-second_deadlock_stack=1} \
 			run_pytest "$expr" $TSAN_E2E ;;
 		*) run_one "$(basename "$item")" "$item" ;;
 		esac
 		[ -n "${KMIG_PROGRESS:-}" ] && echo "$item $((passed - p0)) $((failed - f0))" \
-			"$((skipped - s0))" >> "$KMIG_PROGRESS"
+			"$((skipped - s0)) $((SECONDS - t0))" >> "$KMIG_PROGRESS"
 	done
 }
 
-# The kvm part inside scripts/kvm-vm.  When the emulated machine freezes
-# (status 126), a new VM goes on from the item that was running, once.
-run_kvm_part_in_vm() {
-	echo "== kvm part inside scripts/kvm-vm (${1:-no usable /dev/kvm here})"
-	local t0=$SECONDS budget=${KMIG_VM_TIMEOUT:-2600} rc attempt=1 progress all
-	progress=$(mktemp -p "$build" kvm-progress.XXXXXX)
-	export KMIG_PROGRESS=$PWD/$progress
-	: > "$log.vm"
+# One runner of the kvm part inside scripts/kvm-vm: $1 its number, $2 its
+# progress file, $3 the seconds left.  When its emulated machine freezes
+# (status 126) a new VM goes on from the item that was running, once.
+# Prints the runner's last status on fd 3.
+vm_runner() {
+	local n=$1 progress=$2 budget=$3 t0=$SECONDS rc attempt=1
 	while :; do
-		scripts/kvm-vm --timeout $((budget - (SECONDS - t0))) --env KMIG_TEST_ALL --env KMIG_TEST_FULL \
-			--env KMIG_TEST_KEEP --env KMIG_PROGRESS -- \
-			tests/run.sh --part kvm "$build" "$filter" 2>&1 | tee -a "$log.vm"
-		rc=${PIPESTATUS[0]}
+		KMIG_RUNNER=$n KMIG_PROGRESS=$PWD/$progress scripts/kvm-vm --cpus "${KMIG_VM_CPUS:-1}" \
+			--mem "${KMIG_VM_MEM:-8G}" --timeout $((budget - (SECONDS - t0))) \
+			--env KMIG_TEST_ALL --env KMIG_TEST_FULL --env KMIG_TEST_KEEP \
+			--env KMIG_PROGRESS --env KMIG_CLAIMS --env KMIG_RUNNER -- \
+			tests/run.sh --part kvm "$build" "$filter" 2>&1
+		rc=$?
 		[ "$rc" = 126 ] && [ "$attempt" -lt 2 ] && [ $((SECONDS - t0)) -lt "$budget" ] ||
 			break
 		attempt=$((attempt + 1))
 		echo "# the emulated machine froze; a new VM goes on from where it stopped"
 	done
-	echo "# kvm part inside scripts/kvm-vm: $((SECONDS - t0)) s, status $rc, VMs $attempt"
-	if ! grep -q '^platform: kvm' "$log.vm"; then
+	echo "# VM runner $n: $((SECONDS - t0)) s, status $rc, VMs $attempt"
+	echo "$rc" >&3
+}
+
+# The kvm part inside scripts/kvm-vm: KMIG_VMS VMs side by side (default:
+# one per host core, at most 2), each with one emulated CPU, sharing the
+# items.  Single-threaded TCG runs on one host thread, so two such VMs use
+# the machine's two cores (docs/testing.md).
+run_kvm_part_in_vm() {
+	echo "== kvm part inside scripts/kvm-vm (${1:-no usable /dev/kvm here})"
+	local t0=$SECONDS budget=${KMIG_VM_TIMEOUT:-2600} n vms rc=0 all done base
+	vms=${KMIG_VMS:-$(( $(nproc) >= 2 ? 2 : 1 ))}
+	base=$(mktemp -d -p "$build" kvm-run.XXXXXX)
+	export KMIG_CLAIMS=$PWD/$base/claims
+	mkdir -p "$KMIG_CLAIMS"
+	: > "$log.vm"
+	echo "# $vms VMs side by side, ${KMIG_VM_CPUS:-1} emulated CPU each"
+	for n in $(seq 1 "$vms"); do
+		{ vm_runner "$n" "$base/progress.$n" "$budget" 3> "$base/rc.$n" |
+			sed -u "s/^/vm$n| /" | tee -a "$log.vm"; } &
+	done
+	wait
+	for n in $(seq 1 "$vms"); do
+		[ "$(cat "$base/rc.$n" 2>/dev/null)" = 0 ] || rc=$(cat "$base/rc.$n" 2>/dev/null || echo 125)
+	done
+	echo "# kvm part inside scripts/kvm-vm: $((SECONDS - t0)) s, status $rc, $vms VMs"
+	if ! grep -q '^vm[0-9]*| platform: kvm' "$log.vm"; then
 		echo "not ok kvm-vm: no VM with a usable KVM could be started (status $rc), so" \
 			"the tests that need KVM did not run; see scripts/kvm-vm's messages above"
 		failed=$((failed + 1))
 	fi
 	# the counts are the finished items'; an item cut short is a failure
-	while read -r _ p f s; do
+	echo "# items by seconds in the VMs (item passed failed skipped seconds):"
+	cat "$base"/progress.* 2>/dev/null | sort -k5 -n -r | sed 's/^/#   /'
+	while read -r _ p f s _; do
 		passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
-	done < "$progress"
+	done < <(cat "$base"/progress.* 2>/dev/null)
 	all=$(kvm_items | wc -l)
-	if [ "$(wc -l < "$progress")" -lt "$all" ] || { [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; }; then
-		echo "not ok kvm-vm: status $rc; $(wc -l < "$progress") of $all items finished"
+	done=$(cat "$base"/progress.* 2>/dev/null | wc -l)
+	if [ "$done" -lt "$all" ] || { [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; }; then
+		echo "not ok kvm-vm: status $rc; $done of $all items finished"
 		failed=$((failed + 1))
 	fi
-	rm -f "$progress" "$log.vm"
+	rm -rf "$base" "$log.vm"
 }
 
 # The Linux tests inside scripts/kvm-vm, where /dev/kvm is kvm_pvm here.

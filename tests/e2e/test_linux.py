@@ -24,13 +24,11 @@ kvm_amd under emulation.
                   console through Linux's 8250 driver and tty layer,
                   which write on the UART's transmitter-empty interrupt
                   (without it the output stopped after the first bytes).
-                  Under emulation a boot whose console stays silent for
-                  75 s has hung (the platform loses timer ticks, under
-                  QEMU too: docs/platform.md); such a boot, or one whose
-                  kernel panicked (the platform's twice-delivered
-                  interrupt), is printed with where it stopped and tried
-                  again, 8 boots and 20 minutes at most; any other
-                  failure is not.  On a real KVM the one boot must pass.
+                  A boot whose console stays silent for 75 s has hung
+                  and fails with where it stopped.  One boot, which must
+                  pass: with one emulated CPU the emulated KVM no longer
+                  loses ticks or delivers interrupts twice
+                  (docs/platform.md, "One emulated CPU").
   balloon_linux_driver  Linux's virtio_pci and virtio_balloon modules bind
                   kmig's balloon (INTA through the MP table's PCI route),
                   QMP balloon inflates 64 MiB of 512 (MemTotal and
@@ -88,14 +86,10 @@ def initramfs(d):
     return out
 
 
-# Under emulation the platform itself loses Linux's timer ticks now and
-# then (docs/platform.md: QEMU 7.2 hangs there too): a boot whose console
-# has been silent for QUIET seconds has hung.  There a hung or crashed boot
-# is printed and the boot tried again, up to EMULATED_TRIES in all; on a
-# real KVM one boot must do.
+# A boot whose console has been silent for QUIET seconds has hung: it is
+# stopped and fails with where it stopped, rather than waiting for the
+# test's time limit.
 QUIET = 75
-EMULATED_TRIES = 8
-BUDGET = 1200       # all tries together, under run.sh's per-test timeout
 
 
 def boot(cmd, con, limit):
@@ -125,7 +119,7 @@ def boot(cmd, con, limit):
 def wait_moving(vm, pattern, limit):
     """Waits up to limit seconds for a console line matching pattern while
     the console moves: (match or None, why it gave up or "").  A console
-    silent for QUIET seconds is the platform's hang (docs/platform.md)."""
+    silent for QUIET seconds has hung."""
     t0 = since = time.time()
     mark = (len(vm.console.lines), vm.console.partial())
     while time.time() - t0 < limit:
@@ -142,18 +136,7 @@ def wait_moving(vm, pattern, limit):
     return None, "not there in %d s" % limit
 
 
-def booted(status, text):
-    return status == 0 and MARKER in text and PANIC not in text
-
-
-# the platform's own failures, the only ones tried again: a hang, or the
-# kernel's panic (the interrupt delivered twice, docs/platform.md), after
-# which Linux's reboot (panic=-1) ends the VM
 PANIC = "Kernel panic"
-
-
-def platform_failure(why, text):
-    return bool(why) or PANIC in text
 
 
 # one vCPU on the 8259 PIC alone; two with the local APICs and the I/O
@@ -165,25 +148,17 @@ def test_bzimage_initrd(d, check, cpus, apic):
                  "%s missing: scripts/kvm-vm --prepare fetches it" % kernel):
         return
     rd = initramfs(d)
-    tries = EMULATED_TRIES if kt.emulated() else 1
-    deadline = time.time() + BUDGET
-    for attempt in range(1, tries + 1):
-        con = os.path.join(d, "con%d.log" % attempt)
-        cmd = [os.path.join(kt.BUILD, "kmig"), "run", "--kernel", kernel, "--initrd", rd,
-               "--memory", "512M", "--console", "file:" + con, "--cpus", str(cpus),
-               "--cmdline", "console=ttyS0 panic=-1 " + apic]
-        t0 = time.time()
-        status, err, text, why = boot(cmd, con, min(kt.slow(60), deadline - t0))
-        t1 = time.time()
-        tail = " / ".join(text.splitlines()[-8:])
-        print("# boot %d of at most %d: %s in %.0f s; %s" % (
-            attempt, tries, "status %s" % status if status is not None else "killed, " + why,
-            t1 - t0, err[-800:].strip()))
-        if booted(status, text):
-            break
-        print("# boot %d failed, the console ended: %s" % (attempt, tail[-1200:]))
-        if not platform_failure(why, text) or deadline - time.time() < QUIET:
-            break       # kmig's own failure: no second chance
+    con = os.path.join(d, "con.log")
+    cmd = [os.path.join(kt.BUILD, "kmig"), "run", "--kernel", kernel, "--initrd", rd,
+           "--memory", "512M", "--console", "file:" + con, "--cpus", str(cpus),
+           "--cmdline", "console=ttyS0 panic=-1 " + apic]
+    t0 = time.time()
+    status, err, text, why = boot(cmd, con, kt.slow(60))
+    t1 = time.time()
+    tail = " / ".join(text.splitlines()[-8:])
+    print("# boot: %s in %.0f s; %s" % (
+        "status %s" % status if status is not None else "killed, " + why, t1 - t0,
+        err[-800:].strip()))
     print("# linux[%d cpus]: %s" % (cpus, " / ".join(
         l for l in text.splitlines() if any(k in l for k in (
             "MPTABLE", "MP-BIOS", "IOAPIC", "IO-APIC", "smpboot", "clocksource", "Brought up",
@@ -246,22 +221,13 @@ poweroff -f
 """
 
 
-# one vCPU: fewer boots hang than with two, so less time for the tries
-SHORT_BUDGET = 600
-MIGRATE_BUDGET = 1200
-# 64 MiB into the balloon: enough to see it work, few enough exits (the
-# emulated platform hangs more often while a balloon moves, docs/platform.md)
+# 64 MiB into the balloon: enough to see it work
 BALLOON_TARGET = 448 * MIB
 
 
 def have_mods(check):
     return check("modules", os.path.isfile(os.path.join(GUEST_MODS, "modules.list")),
                  "%s missing: scripts/kvm-vm --prepare writes it" % GUEST_MODS)
-
-
-def emulated_tries(budget):
-    """(boots at most, the deadline for all of them)."""
-    return (EMULATED_TRIES if kt.emulated() else 1), time.time() + budget
 
 
 def balloon_initramfs(d):
@@ -370,22 +336,12 @@ def test_balloon_linux_driver(d, check):
     waits for each buffer back); the interrupt is the MP table's
     level-triggered route (seen failing without the route: Linux then
     takes the configuration space's line, edge-triggered); every queue
-    notification reaches the device through an ioeventfd.  Emulated
-    hangs and panics are tried again, as for the boot test, within 10
-    minutes."""
+    notification reaches the device through an ioeventfd."""
     if not have_mods(check):
         return
     rd = balloon_initramfs(d)
-    tries, deadline = emulated_tries(SHORT_BUDGET)
-    for attempt in range(1, tries + 1):
-        seen, text, why = balloon_run(d, attempt, rd, min(kt.slow(120), deadline - time.time()))
-        print("# balloon boot %d: %r" % (attempt, {k: v for k, v in seen.items()
-                                                   if not k.startswith("_")}))
-        if "status" in seen or not platform_failure(why, text) or \
-                deadline - time.time() < QUIET:
-            break
-        print("# boot %d failed, the console ended: %s" % (
-            attempt, " / ".join(text.splitlines()[-8:])[-1200:]))
+    seen, text, why = balloon_run(d, 1, rd, kt.slow(120))
+    print("# balloon boot: %r" % {k: v for k, v in seen.items() if not k.startswith("_")})
     tail = " / ".join(text.splitlines()[-10:])[-1500:]
     print("# linux balloon: %s" % " / ".join(
         l for l in text.splitlines() if any(k in l for k in (
@@ -469,50 +425,25 @@ def test_migrate_idle_linux(d, check):
     cancelled in its bulk pass, while Linux's driver hints its free
     pages: the source goes on running and ticking with dirty logging
     off, that destination exits, and the migration after it is the one
-    checked above.  Not under load: a busy Linux userspace
-    crashes on the emulated KVM (docs/platform.md).  Under emulation a
-    boot that hangs or panics is tried again, as for the boot test, and so
-    is a pair whose source stops ticking while its balloon moves or after
-    the cancel, or whose destination dies of the platform's panic in
-    interrupt entry or stops altogether (no tick, and its balloon driver
-    does not answer), within 20 minutes (one CI run needed 7 pairs: 4
-    boots hung, 1 source stopped after the cancel, 1 destination stopped).  A destination whose guest answers but prints nothing
-    fails."""
+    checked above.  (Under load: test_linux_load.py.)"""
     if not have_mods(check):
         return
     rd = guest_initramfs(d)
-    tries, deadline = emulated_tries(MIGRATE_BUDGET)
-    for attempt in range(1, tries + 1):
-        uri = "tcp:127.0.0.1:%d" % kt.free_port()
-        src, dst = linux_pair(d, attempt, rd, uri)
-        uri0 = "tcp:127.0.0.1:%d" % kt.free_port()
-        dst0 = linux_vm(d, attempt, rd, "dst0", ["--incoming", uri0])
-        try:
-            up, why = wait_moving(src, r"KMIG-LINUX tick (3) ",
-                                  min(kt.slow(90), deadline - time.time()))
-            text = src.console.text()
-            print("# migrate boot %d: %s" % (attempt, "ticking" if up else why + ": " + " / ".join(
-                text.splitlines()[-6:])[-800:]))
-            if up:
-                got = cancel_linux(check, src, dst0, uri0)
-                if got is None:
-                    got = migrate_linux(check, src, dst)
-                if got != "platform":
-                    return
-                if deadline - time.time() < QUIET:
-                    check("platform", False, "the platform stopped the pair (above), "
-                          "with no time left to try again")
-                    return
-                continue
-            if not platform_failure(why if why.startswith("console") else "", text) or \
-                    deadline - time.time() < QUIET:
-                check("boot", False, why + ": " + " / ".join(text.splitlines()[-10:])[-1200:])
-                return
-        finally:
-            src.kill()
-            dst.kill()
-            dst0.kill()
-    check("boot", False, "no boot of %d ticked" % tries)
+    uri = "tcp:127.0.0.1:%d" % kt.free_port()
+    src, dst = linux_pair(d, 1, rd, uri)
+    uri0 = "tcp:127.0.0.1:%d" % kt.free_port()
+    dst0 = linux_vm(d, 1, rd, "dst0", ["--incoming", uri0])
+    try:
+        up, why = wait_moving(src, r"KMIG-LINUX tick (3) ", kt.slow(90))
+        text = src.console.text()
+        if not check("boot", up, why + ": " + " / ".join(text.splitlines()[-10:])[-1200:]):
+            return
+        if cancel_linux(check, src, dst0, uri0):
+            migrate_linux(check, src, dst)
+    finally:
+        src.kill()
+        dst.kill()
+        dst0.kill()
 
 
 def balloon_wait(vm, target, timeout):
@@ -528,26 +459,10 @@ def balloon_to(check, name, vm, target):
     return check(name, actual == target, "actual %r, want %d / %s" % (actual, target, dump_vm(vm)))
 
 
-def ticks_stopped(vm, wait=20):
-    """Under emulation: the guest's 1 Hz tick has stopped (none in wait
-    seconds), as when the platform loses its timer (docs/platform.md)."""
-    return kt.emulated() and vm.console.wait(TICK, wait, start=len(vm.console.lines),
-                                             proc=vm.proc) is None
-
-
-def platform_panic(text):
-    """The emulated platform's panic: an interrupt delivered twice faults
-    in interrupt entry until the entry stack's guard page
-    (docs/platform.md)."""
-    return PANIC in text and ("Fatal exception in interrupt" in text or
-                              "stack guard page was hit" in text)
-
-
 def cancel_linux(check, src, dst0, uri0):
     """A migration to dst0, cancelled in its bulk pass (8 MB/s: the hinted
-    pages are skipped, the rest takes seconds); None when the source runs
-    on as it did, "platform" if it stopped as the emulated platform's
-    guests do, False on a failed check."""
+    pages are skipped, the rest takes seconds); True when the source runs
+    on as it did."""
     kt.wait_incoming(dst0, kt.slow(30))
     q = src.qmp()
     q.cmd("migrate-set-parameters", **{"max-bandwidth": 8 << 20, "x-free-page-hint-wait": 2000})
@@ -567,10 +482,6 @@ def cancel_linux(check, src, dst0, uri0):
     print("# linux cancel: in the bulk pass %s, then %s after %s MiB" % (
         in_bulk, r.get("status"), r.get("ram", {}).get("transferred", 0) >> 20))
     ticking = src.console.wait(TICK, kt.slow(15), start=n, proc=src.proc) is not None
-    if not ticking and ticks_stopped(src, 1):
-        print("# the source stopped ticking after the cancel, as the platform does "
-              "(docs/platform.md): %s" % dump_vm(src))
-        return "platform"
     ok = [check("cancel_in_bulk", in_bulk, repr(r)),
           check("cancelled", r.get("status") == "cancelled", repr(r)),
           check("cancel_src_running", q.cmd("query-status").get("status") == "running",
@@ -578,32 +489,19 @@ def cancel_linux(check, src, dst0, uri0):
           check("cancel_src_recovered", *kt.recovered(q)),
           check("cancel_src_ticks", ticking, dump_vm(src)),
           check("cancel_dst_exits", dst0.wait_exit(kt.slow(20)) == 1, dump_vm(dst0))]
-    return None if all(ok) else False
+    return all(ok)
 
 
 def migrate_linux(check, src, dst):
-    """Migrates src to dst and checks the guest there; "platform" if the
-    destination's Linux died of the emulated platform's panic."""
+    """Migrates src to dst and checks the guest there."""
     # Linux's driver inflates 64 MiB before the migration: those pages
     # are not sent
     try:
         actual = balloon_wait(src, 448 * MIB, kt.slow(30))
     except OSError as e:
-        # the source ended: under emulation the platform's panic (Linux
-        # then reboots, panic=-1, and the reset ends kmig with status 0)
-        # is tried again; anything else (kmig dying) fails
         rc = src.wait_exit(kt.slow(10))
-        reset = rc == 0 and "asked for a reset" in src.output()
-        print("# the source ended while its balloon moved (%r, exit %r): %s"
-              % (e, rc, dump_vm(src)))
-        if kt.emulated() and reset and PANIC in src.console.text():
-            return "platform"
-        check("src_alive", False, "exit %r: %s" % (rc, dump_vm(src)))
+        check("src_alive", False, "%r, exit %r: %s" % (e, rc, dump_vm(src)))
         return
-    if actual != 448 * MIB and ticks_stopped(src):
-        print("# the source stopped ticking while its balloon moved, as the platform does "
-              "(docs/platform.md): %s" % dump_vm(src))
-        return "platform"
     if not check("src_balloon", actual == 448 * MIB, "actual %r / %s" % (actual, dump_vm(src))):
         return
     kt.wait_incoming(dst, kt.slow(30))
@@ -629,19 +527,10 @@ def migrate_linux(check, src, dst):
     t_seen = time.time()
     later = dst.console.wait(r"KMIG-LINUX tick (%d) " % (int(last.group(1)) + 3), kt.slow(30),
                              proc=dst.proc)
-    if later is None and kt.emulated() and platform_panic(dst.console.text()):
-        print("# the destination panicked as the platform does (docs/platform.md): %s"
-              % dump_vm(dst))
-        return "platform"
     if later is None:
-        # a guest that still runs (its balloon driver answers) but prints
-        # nothing is kmig's failure; one that does neither, under
-        # emulation, the platform's stop
         alive, state = guest_answers(dst)
-        print("# the destination does not tick: %s; %s" % (state, dump_vm(dst)))
-        if kt.emulated() and not alive:
-            return "platform"
-        check("dst_ticks", False, state + " / " + dump_vm(dst))
+        check("dst_ticks", False, "balloon driver %s: %s / %s" % (
+            "answers" if alive else "silent", state, dump_vm(dst)))
         return
     first = next(m for m in (re.search(TICK, l) for l in dst.console.text().splitlines()) if m)
     step = float(first.group(2)) - float(last.group(2))
