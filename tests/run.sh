@@ -66,7 +66,7 @@ run_pytest() {  # $1: marker expression, $2...: files
 	shift
 	[ "${KMIG_TEST_EMULATED:-}" = 1 ] && extra+=(--timeout=1500)
 	[ $# -gt 0 ] || return 0
-	echo "== pytest -m '$expr' $*"
+	echo "== pytest -m '$expr' $*$([ "$KMIG_BUILD" != "$build" ] && echo " with $KMIG_BUILD/kmig")"
 	PYTHONUNBUFFERED=1 $PY -m pytest -q -o console_output_style=classic "${extra[@]}" -m "$expr" "$@" 2>&1 |
 		tee "$log"
 	local rc=${PIPESTATUS[0]}
@@ -145,7 +145,7 @@ kvm_items() {  # the kvm part, one item per line: C tests, pytest files, san:e2e
 		echo "$t"
 	done
 	if [ "${skip_linux:-0}" = 1 ]; then
-		pytest_files | grep -Ev "/${LINUX_TESTS}(_load)?\.py$"
+		pytest_files | grep -Ev "/${LINUX_TESTS}(_[a-z]+)?\.py$"
 	else
 		pytest_files
 	fi
@@ -162,7 +162,7 @@ kvm_items() {  # the kvm part, one item per line: C tests, pytest files, san:e2e
 # Items of the kvm part, longest first (measured under emulation, see
 # docs/testing.md "The kvm part in two VMs"): several VMs take them from one
 # queue, so the long ones start early and the short ones fill the gaps.
-LONG_ITEMS="tests/e2e/test_linux_load.py tests/e2e/test_linux.py tests/e2e/test_matrix.py san:tests/e2e/test_postcopy.py
+LONG_ITEMS="tests/e2e/test_linux_load.py tests/e2e/test_linux_faults.py tests/e2e/test_linux.py tests/e2e/test_matrix.py san:tests/e2e/test_postcopy.py
 	tests/e2e/test_postcopy.py tests/e2e/test_faults.py tsan:e2e tests/e2e/test_converge.py
 	san:tests/e2e/test_migrate_fail.py san:tests/e2e/test_migrate.py tests/e2e/test_hostile.py
 	tests/e2e/test_migrate_fail.py tests/e2e/test_balloon.py tests/e2e/test_multifd.py"
@@ -215,8 +215,8 @@ run_kvm_part() {
 		claim "$item" || continue
 		p0=$passed f0=$failed s0=$skipped t0=$SECONDS
 		case "$item" in
-		*.py) run_pytest "$expr" "$item" ;;
 		san:*) KMIG_BUILD=build-san run_pytest "$expr" "${item#san:}" ;;
+		*.py) run_pytest "$expr" "$item" ;;
 		# shellcheck disable=SC2086
 		tsan:e2e) KMIG_BUILD=build-tsan TSAN_OPTIONS=${TSAN_OPTIONS:-second_deadlock_stack=1} \
 			run_pytest "$expr" $TSAN_E2E ;;
@@ -229,7 +229,7 @@ run_kvm_part() {
 
 # One runner of the kvm part inside scripts/kvm-vm: $1 its number, $2 its
 # progress file, $3 the seconds left.  When its emulated machine freezes
-# (status 126) a new VM goes on from the item that was running, once.
+# (status 126) a new VM goes on from the item that was running, twice at most.
 # Prints the runner's last status on fd 3.
 vm_runner() {
 	local n=$1 progress=$2 budget=$3 t0=$SECONDS rc attempt=1
@@ -240,7 +240,7 @@ vm_runner() {
 			--env KMIG_PROGRESS --env KMIG_CLAIMS --env KMIG_RUNNER -- \
 			tests/run.sh --part kvm "$build" "$filter" 2>&1
 		rc=$?
-		[ "$rc" = 126 ] && [ "$attempt" -lt 2 ] && [ $((SECONDS - t0)) -lt "$budget" ] ||
+		[ "$rc" = 126 ] && [ "$attempt" -lt 3 ] && [ $((SECONDS - t0)) -lt "$budget" ] ||
 			break
 		attempt=$((attempt + 1))
 		echo "# the emulated machine froze; a new VM goes on from where it stopped"

@@ -109,15 +109,30 @@ def sig(vm, s):
         pass
 
 
+class VerifyGuest:
+    """kmig's test guest (verify workload) for the cells; tests/e2e/
+    test_linux_faults.py has a Linux one with the same methods."""
+    ok_rx = OK_RX        # a line the running guest prints again and again
+    boot_s = 40
+
+    def __init__(self, d):
+        self.d = d
+
+    def vm(self, name, extra=()):
+        vm = kt.kmig_vm(self.d, name, CMD, memory=MEMORY, extra=list(extra))
+        vm.ok_rx = self.ok_rx
+        return vm
+
+
 def ran(vm):
-    return vm.console.count(OK_RX) > 0
+    return vm.console.count(vm.ok_rx) > 0
 
 
 def goes_on(vm, timeout=20):
     """The guest reports a new round on vm."""
     vm.console.poll()
     n = len(vm.console.lines)
-    return vm.console.wait(OK_RX, kt.slow(timeout), start=n, proc=vm.proc) is not None
+    return vm.console.wait(vm.ok_rx, kt.slow(timeout), start=n, proc=vm.proc) is not None
 
 
 def wait_dirty_round(q, timeout):
@@ -133,10 +148,10 @@ def wait_dirty_round(q, timeout):
     return None
 
 
-def retry(d, vms, check, src):
+def retry(guest, vms, check, src):
     """A fresh destination, no proxy, x-verify: must complete."""
     uri = "tcp:127.0.0.1:%d" % kt.free_port()
-    dst = kt.kmig_vm(d, "retry", CMD, memory=MEMORY, extra=["--incoming", uri])
+    dst = guest.vm("retry", ["--incoming", uri])
     vms.append(dst)
     q = src.qmp()
     q.cmd("migrate-set-parameters", **{"max-bandwidth": 0, "downtime-limit": 10000})
@@ -153,12 +168,11 @@ def src_clean(check, src):
 
 
 class Cell:
-    def __init__(self, d, vms, phase, fault):
+    def __init__(self, guest, vms, phase, fault):
         self.phase, self.fault = phase, fault
         self.dst_uri_port = kt.free_port()
-        self.src = kt.kmig_vm(d, "src", CMD, memory=MEMORY)
-        self.dst = kt.kmig_vm(d, "dst", CMD, memory=MEMORY,
-                              extra=["--incoming", "tcp:127.0.0.1:%d" % self.dst_uri_port])
+        self.src = guest.vm("src")
+        self.dst = guest.vm("dst", ["--incoming", "tcp:127.0.0.1:%d" % self.dst_uri_port])
         vms += [self.src, self.dst]
         self.stopped = None
         # a killed source sends nothing more: what it had written and the
@@ -219,12 +233,17 @@ class Cell:
 
 @pytest.mark.parametrize("phase,fault", cells())
 def test_fault(d, vms, check, phase, fault):
+    run_cell(VerifyGuest(d), vms, check, phase, fault)
+
+
+def run_cell(guest, vms, check, phase, fault):
+    """One cell of the matrix with guest (VerifyGuest or a Linux one)."""
     want = EXPECT[(phase, fault)]
-    c = Cell(d, vms, phase, fault)
+    c = Cell(guest, vms, phase, fault)
     src, dst = c.src, c.dst
     try:
-        if not check("boot", src.console.wait(OK_RX, kt.slow(40), proc=src.proc) is not None,
-                     dump(src)):
+        if not check("boot", src.console.wait(guest.ok_rx, kt.slow(guest.boot_s), proc=src.proc)
+                     is not None, dump(src)):
             return
         r = c.run(check)
     finally:
@@ -279,4 +298,4 @@ def test_fault(d, vms, check, phase, fault):
         src.qmp().cmd("cont")   # the destination is known not to run it
     check("src_guest_goes_on", goes_on(src), dump(src))
     src_clean(check, src)
-    retry(d, vms, check, src)
+    retry(guest, vms, check, src)

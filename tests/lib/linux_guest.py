@@ -1,0 +1,75 @@
+"""A stock Linux guest for the tests marked linux: Debian's kernel (the
+bzImage scripts/kvm-vm downloads into its cache) with the project's
+initramfs (guest/linux/mkinitrd.sh: busybox, memcheck, rtcwait, /init and
+Linux's virtio modules), run by kmig.  memcheck's report line and what a
+clean console means are here so that every Linux test reads them alike.
+"""
+import os
+import re
+import subprocess
+
+import kmigtest as kt
+
+CACHE = os.environ.get("KMIG_VM_CACHE", "/var/cache/kmig/kvm-vm")
+KERNEL = os.path.join(CACHE, "vmlinuz")
+GUEST_MODS = os.path.join(CACHE, "guest-mods")
+REPORT = re.compile(r"^memcheck mode=verify thr=(\d+) gen=(\d+) pages=(\d+) bad=(\d+) "
+                    r"t_ms=(\d+) max_step_ms=(\d+) back=(\d+)", re.M)
+# a report of memcheck's verify mode with no page found wrong
+REPORT_OK = r"^memcheck mode=verify thr=\d+ gen=\d+ pages=\d+ bad=0 "
+# what must never appear on the console of a guest under migration, once
+# its init runs (the boot before it holds the emulated CPU's XSAVE warning,
+# docs/platform.md)
+BAD = ("watchdog", "stall", "soft lockup", "hard LOCKUP", "BUG:", "Oops", "Call Trace",
+       "WARNING:", "Kernel panic", "memcheck BAD", "unstable", "KMIG-LINUX insmod")
+# the clocksource watchdog's note that an interval grew by a stop (the
+# downtime): it skips that one comparison, it reports nothing wrong
+BENIGN = ("Long readout interval, skipping watchdog check",)
+
+
+def missing():
+    """Why the kernel cache cannot serve a Linux guest, or ""."""
+    if os.path.isfile(KERNEL) and os.path.isfile(os.path.join(GUEST_MODS, "modules.list")):
+        return ""
+    return "%s incomplete: scripts/kvm-vm --prepare fetches the kernel" % CACHE
+
+
+def initramfs(d):
+    """Builds the project's Linux initramfs with Linux's virtio modules into d."""
+    out = os.path.join(d, "linux-initrd.gz")
+    subprocess.run([os.path.join(kt.ROOT, "guest/linux/mkinitrd.sh"), out,
+                    os.path.join(kt.BUILD, "linux", "memcheck"), GUEST_MODS], check=True)
+    return out
+
+
+def cmdline(mib, cpus, extra=""):
+    """memcheck verify over mib MiB on every vCPU; the PIC alone on one."""
+    apic = "noapic nolapic " if cpus == 1 else ""
+    return ("console=ttyS0 panic=-1 %skmig.mode=verify kmig.mib=%d kmig.threads=%d "
+            "kmig.report_ms=1000 %s" % (apic, mib, cpus, extra)).strip()
+
+
+def vm(d, name, rd, cmd, memory="512M", cpus=1, extra=()):
+    """kmig running the Linux guest: console d/name.log, QMP d/name.qmp."""
+    con = os.path.join(d, name + ".log")
+    qmp = os.path.join(d, name + ".qmp")
+    args = [os.path.join(kt.BUILD, "kmig"), "run", "--kernel", KERNEL, "--initrd", rd,
+            "--memory", memory, "--cpus", str(cpus), "--console", "file:" + con,
+            "--qmp", "unix:" + qmp, "--cmdline", cmd] + list(extra)
+    return kt.VM(args, con, qmp)
+
+
+def reports(vm_):
+    return [tuple(int(x) for x in m.groups()) for m in REPORT.finditer(vm_.console.text())]
+
+
+def init_line(vm_):
+    """The console's line number where the guest's init began, or 0."""
+    return next((i for i, l in enumerate(vm_.console.text().splitlines())
+                 if "KMIG-LINUX up" in l), 0)
+
+
+def bad_lines(vm_, start=0):
+    """Console lines from line start on that tell of a problem."""
+    return [l for l in vm_.console.text().splitlines()[start:]
+            if any(b in l for b in BAD) and not any(b in l for b in BENIGN)]
