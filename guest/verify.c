@@ -65,9 +65,12 @@ int verify_prepare(void)
 /* Every 64 pages: the largest time between two such points since the
  * last report (what the guest saw of a pause, e.g. a migration's
  * switchover), the largest step back of this CPU's TSC (never, on a
- * correct VMM), and the exit check. */
+ * correct VMM), the balloon driver on cpu 0 (every BALLOON_POLL_MS, so it
+ * answers a free page hint request while a long round runs), and the exit
+ * check. */
+#define BALLOON_POLL_MS 10
 struct progress {
-	u64 last, max_gap, max_back;
+	u64 last, max_gap, max_back, next_poll;
 };
 
 static void progress_point(int cpu, struct progress *pr)
@@ -80,6 +83,10 @@ static void progress_point(int cpu, struct progress *pr)
 		pr->max_gap = t - pr->last;
 	}
 	pr->last = t;
+	if (cpu == 0 && t >= pr->next_poll) {
+		balloon_poll();
+		pr->next_poll = t + BALLOON_POLL_MS * tsc_khz;
+	}
 	if (g_stop || t >= exit_at)
 		poll_exit(cpu);
 }
@@ -89,7 +96,7 @@ void verify_run(int cpu)
 	struct share *s = &shares[cpu];
 	const u64 period = cfg.report_ms * tsc_khz;
 	u64 next_report = rdtsc() + period, checked = 0;
-	struct progress pr = { rdtsc(), 0, 0 };
+	struct progress pr = { rdtsc(), 0, 0, 0 };
 
 	if (!s->npages)
 		halt_cpu();
@@ -139,8 +146,6 @@ void verify_run(int cpu)
 				round, cpu, checked, cycles_to_ms(pr.max_gap),
 				pr.max_back * 1000 / tsc_khz);
 			pr.max_gap = pr.max_back = 0;
-			if (cpu == 0)
-				balloon_poll();
 			checked = 0;
 			next_report += period;
 			if (next_report <= t)
