@@ -8,7 +8,12 @@ record boundary of a known phase; the return path is relayed as bytes.
 
 Trigger (`at`):
   ("record", TYPE, N)  before forwarding the N-th record of TYPE (1-based)
-  ("manual",)          before forwarding the first record after fire()
+  ("manual",)          before forwarding the first record after fire(); a
+                       cut or a stall fire() does at once, wherever the
+                       stream is (a manual trigger must not wait for the
+                       source's next record: a post-copy push may have
+                       nothing more to send, or the proxy may be blocked
+                       writing to a destination that reads slowly)
   ("after-end",)       END was forwarded; a link fault hits the
                        destination's answer on the return path; with
                        action none, on_trigger runs right after END went
@@ -67,12 +72,16 @@ class FaultProxy:
         self._fire = threading.Event()
         self._stall = threading.Event()
         self._dst_gone = threading.Event()
+        self._acted = threading.Event()    # fire() did the action itself
         self._lock = threading.Lock()
         self.error = None
         threading.Thread(target=self._run, daemon=True).start()
 
     def fire(self):
         self._fire.set()
+        if self.at == ("manual",) and self.action in ("cut", "stall"):
+            self._acted.set()
+            self._act(None, b"")
 
     @staticmethod
     def _read(sock, n):
@@ -235,8 +244,12 @@ class FaultProxy:
             while not self._stall.is_set():
                 rtype, rec = self._next(src)
                 self.counts[rtype] = self.counts.get(rtype, 0) + 1
+                if self._stall.is_set():
+                    break
                 if self._dst_gone.is_set():
                     continue            # draining
+                if self._acted.is_set():
+                    fired = True
                 if not fired and self.at[0] != "after-end" and self._is_trigger(rtype):
                     fired = True
                     if not self._act(dst, rec):
