@@ -31,13 +31,15 @@ export KMIG_BUILD=$build
 PY=/usr/bin/python3
 passed=0; failed=0; skipped=0
 log=$(mktemp)
-trap 'rm -f "$log" "$log.vm"' EXIT
+fails=$(mktemp)  # every "not ok" line of the run, printed again at its end
+trap 'rm -f "$log" "$log.vm" "$fails"' EXIT
 
 count() {  # count the ok / not ok / skip lines of $log; $1: exit status, $2: name
 	local p f s
 	p=$(grep -c '^ok ' "$log"); f=$(grep -c '^not ok ' "$log"); s=$(grep -c '^skip ' "$log")
+	grep '^not ok ' "$log" >> "$fails"
 	if [ "$1" -ne 0 ] && [ "$f" -eq 0 ]; then
-		echo "not ok $2: exited with status $1"
+		echo "not ok $2: exited with status $1" | tee -a "$fails"
 		f=1
 	fi
 	passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
@@ -273,10 +275,12 @@ run_kvm_part_in_vm() {
 	echo "# kvm part inside scripts/kvm-vm: $((SECONDS - t0)) s, status $rc, $vms VMs"
 	if ! grep -q '^vm[0-9]*| platform: kvm' "$log.vm"; then
 		echo "not ok kvm-vm: no VM with a usable KVM could be started (status $rc), so" \
-			"the tests that need KVM did not run; see scripts/kvm-vm's messages above"
+			"the tests that need KVM did not run; see scripts/kvm-vm's messages above" |
+			tee -a "$fails"
 		failed=$((failed + 1))
 	fi
 	# the counts are the finished items'; an item cut short is a failure
+	grep -E '^vm[0-9]+\| not ok ' "$log.vm" >> "$fails"
 	echo "# items by seconds in the VMs (item passed failed skipped seconds):"
 	cat "$base"/progress.* 2>/dev/null | sort -k5 -n -r | sed 's/^/#   /'
 	while read -r _ p f s _; do
@@ -286,7 +290,7 @@ run_kvm_part_in_vm() {
 	all=$(KMIG_TEST_EMULATED=1 kvm_items | wc -l)
 	done=$(cat "$base"/progress.* 2>/dev/null | wc -l)
 	if [ "$done" -lt "$all" ] || { [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; }; then
-		echo "not ok kvm-vm: status $rc; $done of $all items finished"
+		echo "not ok kvm-vm: status $rc; $done of $all items finished" | tee -a "$fails"
 		failed=$((failed + 1))
 	fi
 	rm -rf "$base" "$log.vm"
@@ -308,7 +312,7 @@ case "$part" in
 host) run_host_part ;;
 kvm)
 	if [ "$kvm_ok" -ne 0 ]; then
-		echo "not ok kvm part: no usable /dev/kvm"
+		echo "not ok kvm part: no usable /dev/kvm" | tee -a "$fails"
 		failed=$((failed + 1))
 	else
 		run_kvm_part
@@ -324,5 +328,11 @@ all)
 *) echo "tests/run.sh: unknown part $part" >&2; exit 2 ;;
 esac
 echo "# tests/run.sh --part $part: $((SECONDS - t_start)) s"
+# the failures again, last, where a tail of the log shows them (each cut
+# to 300 characters, at most 20)
+if [ -s "$fails" ]; then
+	echo "# what failed:"
+	head -n 20 "$fails" | cut -c1-300
+fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
