@@ -129,7 +129,8 @@ int multifd_recv__main_sync(struct multifd_recv *mf, uint64_t round) KMIG_MUST_C
 /* From any thread: fails the channels ("cancelled"), wakes a barrier and
  * unblocks every read, the handshake's too. */
 void multifd_recv__cancel(struct multifd_recv *mf);
-/* Ends the channels (after END, or on failure) and joins their threads;
+/* Ends the channels (after END, or on failure) and joins their threads,
+ * those waiting at a SYNC barrier the main stream never reached too;
  * returns -EPROTO if a channel failed (reason in mf->error). */
 int multifd_recv__finish(struct multifd_recv *mf) KMIG_MUST_CHECK;
 /* Page counters summed over the channels. */

@@ -10,6 +10,11 @@ quit, and what kmig creates is private.
                       nothing: quit ends the destination
   multifd_sync_without_data  a peer's channel never reaches the main
                       stream's SYNC: quit ends the destination
+  multifd_main_fails_after_sync  every channel reached SYNC(1), then the
+                      main stream ends before its own SYNC(1): the destination
+                      fails the migration and exits (its channel threads
+                      used to wait at that barrier for ever, and quit and
+                      SIGTERM behind them)
   silent_after_end    a destination that reads everything and never
                       confirms: migrate_cancel after END ends the wait, the
                       guest stays paused here (the destination may run it),
@@ -185,6 +190,32 @@ def test_multifd_sync_without_data(d, vms, check):
         time.sleep(1)
         check("dst_waits", dst.proc.poll() is None, dump(dst))
         quit_ends(check, "quit", dst)
+    finally:
+        chan.close()
+        main.close()
+
+
+def test_multifd_main_fails_after_sync(d, vms, check):
+    dst, port = listening_dest(d, vms, check)
+    if dst is None:
+        return
+    main = fake_source(port)
+    chan = socket.create_connection(("127.0.0.1", port), timeout=10)
+    chan.sendall(channel_record(1, 1) + sync_record(1))
+    try:
+        if not check("channels_up", kt.wait_output(dst, r"1 multifd channels", kt.slow(20)),
+                     dump(dst)):
+            return
+        time.sleep(0.5)                  # the channel thread waits at SYNC(1)
+        main.close()                     # the main stream ends before its SYNC(1)
+        rc = dst.wait_exit(kt.slow(QUIT_WITHIN))
+        if not check("dst_exits", rc is not None,
+                     "still running %.0f s after the main stream ended; %s"
+                     % (kt.slow(QUIT_WITHIN), dump(dst))):
+            quit_ends(check, "quit", dst)
+            return
+        check("dst_failed", rc == 1, "exit %r; %s" % (rc, dump(dst)))
+        check("says_why", kt.wait_output(dst, r"incoming migration failed", 1), dump(dst))
     finally:
         chan.close()
         main.close()

@@ -38,7 +38,10 @@ static void multifd_recv__fail(struct multifd_recv *mf, struct multifd_recv_chan
 	pthread_mutex_unlock(&mf->lock);
 }
 
-/* Stream `who` (0 = main) reached round r: wait until every stream has. */
+/* Stream `who` (0 = main) reached round r: wait until every stream has,
+ * or until the migration failed or is being finished (a main stream that
+ * ended before its own SYNC(r) never arrives: finish must still end the
+ * channels waiting here, or its join never returns). */
 static int multifd_recv__barrier(struct multifd_recv *mf, unsigned who, uint64_t round)
 {
 	pthread_mutex_lock(&mf->lock);
@@ -48,16 +51,18 @@ static int multifd_recv__barrier(struct multifd_recv *mf, unsigned who, uint64_t
 	}
 	mf->arrived[who] = round;
 	pthread_cond_broadcast(&mf->cond);
+	bool all;
 	for (;;) {
 		uint64_t low = mf->arrived[0];
 		for (unsigned i = 1; i <= mf->n; i++)
 			if (mf->arrived[i] < low)
 				low = mf->arrived[i];
-		if (low >= round || mf->failed)
+		all = low >= round;
+		if (all || mf->failed || mf->done)
 			break;
 		pthread_cond_wait(&mf->cond, &mf->lock);
 	}
-	int rc = mf->failed ? -EPROTO : 0;
+	int rc = mf->failed ? -EPROTO : all ? 0 : -ECANCELED;
 	pthread_mutex_unlock(&mf->lock);
 	return rc;
 }
