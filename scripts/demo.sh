@@ -27,7 +27,12 @@ echo "== destination VM waiting on tcp:127.0.0.1:$port (console: $d/dest.log)"
 	--console "file:$d/dest.log" --qmp "unix:$d/dest.qmp" \
 	--incoming "tcp:127.0.0.1:$port" 2>"$d/dest.err" &
 dst=$!
-sleep 4
+# the guest's first lines (seconds natively, longer under emulation)
+for _ in $(seq 120); do
+	[ -f "$d/source.log" ] && [ "$(wc -l < "$d/source.log")" -ge 3 ] && break
+	kill -0 "$src" 2>/dev/null || { cat "$d/source.err" >&2; exit 1; }
+	sleep 0.5
+done
 echo "== the guest on the source:"
 tail -n 3 "$d/source.log"
 echo "== migrating at 125 MB/s, downtime limit 300 ms, dirty limit 20 MB/s per vCPU"
@@ -36,4 +41,9 @@ echo "== migrating at 125 MB/s, downtime limit 300 ms, dirty limit 20 MB/s per v
 sleep 3
 echo "== the guest carries on at the destination:"
 tail -n 4 "$d/dest.log"
-echo "== logs and sockets are in $d"
+if [ -n "${DEMO_IN_VM:-}" ]; then   # the VM's /tmp goes with it: keep the logs
+	mkdir -p build/demo && cp "$d"/*.log "$d"/*.err build/demo/
+	echo "== the logs are in build/demo"
+else
+	echo "== logs and sockets are in $d"
+fi

@@ -43,7 +43,7 @@ static void usage(FILE *f)
 		"                    [--postcopy auto|after-pass|off] [--dest-qmp unix:PATH] [--resume]\n"
 		"                    [--tls-creds ID] [--tls-hostname NAME]\n"
 		"                    [--verify] [--json]\n"
-		"       kmig version\n");
+		"       kmig version | --version | --help\n");
 }
 
 static int open_console(const char *spec, int *fd)
@@ -177,9 +177,13 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 	if (optind < argc)
 		die("unexpected argument: %s", argv[optind]);
 	if (!o->vm.kernel && !o->incoming)
-		die("--kernel FILE is required");
+		die("--kernel FILE is required (kmig run --help)");
 	if (o->vm.initrd && !o->vm.kernel)
 		die("--initrd needs --kernel (an incoming VM gets its RAM by migration)");
+	if (o->vm.kernel && access(o->vm.kernel, R_OK))
+		die("--kernel %s: %s", o->vm.kernel, strerror(errno));
+	if (o->vm.initrd && access(o->vm.initrd, R_OK))
+		die("--initrd %s: %s", o->vm.initrd, strerror(errno));
 	o->vm.incoming = o->incoming != NULL;
 	open_console(o->console, &o->vm.console_fd);
 }
@@ -208,8 +212,12 @@ static int cmd_run(int argc, char **argv)
 {
 	struct run_opts o;
 	parse_run(argc, argv, &o);
-	if (access("/dev/kvm", R_OK | W_OK))
-		die("/dev/kvm: %s", strerror(errno));
+	if (access("/dev/kvm", R_OK | W_OK)) {
+		int e = errno;
+		die("/dev/kvm: %s%s", strerror(e),
+		    e == ENOENT ? " (this host has no KVM; scripts/kvm-vm -- COMMAND runs a "
+				  "command inside a VM that has one, under emulation)" : "");
+	}
 	struct vm *vm = calloc(1, sizeof(*vm));
 	struct control *ctl = calloc(1, sizeof(*ctl));
 	struct migration *mig = calloc(1, sizeof(*mig));
@@ -255,11 +263,12 @@ int main(int argc, char **argv)
 		return cmd_run(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "migrate"))
 		return client__migrate_main(argc - 1, argv + 1);
-	if (!strcmp(argv[1], "version")) {
+	if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version") ||
+	    !strcmp(argv[1], "-V")) {
 		printf("kmig 0.1.0\n");
 		return 0;
 	}
-	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
 		usage(stdout);
 		return 0;
 	}

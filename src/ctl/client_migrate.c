@@ -8,6 +8,7 @@
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -24,6 +25,26 @@ struct migrate_opts {
 	uint64_t multifd;            /* channels; 0 = off */
 };
 
+static void migrate__usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kmig migrate --qmp unix:PATH URI [OPTIONS]\n"
+		"  migrates the VM whose QMP socket is PATH to the destination listening on URI\n"
+		"  (tcp:HOST:PORT or unix:PATH; start it with kmig run --incoming URI)\n"
+		"  --bandwidth MB/s              cap (0: unlimited)\n"
+		"  --downtime MS                 the longest pause allowed at the switchover\n"
+		"  --auto-converge step|computed throttle the guest's vCPUs when it dirties too fast\n"
+		"  --dirty-limit MB/s            cap each vCPU's dirty rate instead\n"
+		"  --multifd N                   N parallel channels (1 to 16)\n"
+		"  --compression none|zstd|lz4   compress page records\n"
+		"  --postcopy auto|after-pass|off  switch to post-copy when pre-copy cannot end\n"
+		"  --dest-qmp unix:PATH          the destination's QMP (post-copy, --resume)\n"
+		"  --resume                      resume a paused post-copy migration\n"
+		"  --tls-creds ID [--tls-hostname NAME]  TLS with the source's --object ID\n"
+		"  --verify                      check every page at the destination (x-verify)\n"
+		"  --json                        the final statistics as JSON\n");
+}
+
 static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 {
 	static const struct option longopts[] = {
@@ -34,7 +55,8 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "dirty-limit", required_argument, 0, 'l' }, { "multifd", required_argument, 0, 'm' },
 		{ "tls-creds", required_argument, 0, 't' }, { "tls-hostname", required_argument, 0, 'H' },
 		{ "postcopy", required_argument, 0, 'p' }, { "dest-qmp", required_argument, 0, 'D' },
-		{ "resume", no_argument, 0, 'r' }, { 0, 0, 0, 0 },
+		{ "resume", no_argument, 0, 'r' }, { "help", no_argument, 0, 'h' },
+		{ 0, 0, 0, 0 },
 	};
 	int c;
 	memset(o, 0, sizeof(*o));
@@ -91,17 +113,21 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		case 'r': o->resume = true; break;
 		case 't': o->tls_creds = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;
+		case 'h':
+			migrate__usage(stdout);
+			exit(0);
 		default:
-			fprintf(stderr, "usage: kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] "
-					"[--downtime MS] [--auto-converge step|computed] [--dirty-limit MB/s] "
-					"[--multifd N] [--compression none|zstd|lz4] [--tls-creds ID] "
-					"[--tls-hostname NAME] [--postcopy auto|after-pass|off] "
-					"[--dest-qmp unix:PATH] [--resume] [--verify] [--json]\n");
+			migrate__usage(stderr);
 			return -1;
 		}
 	}
-	if (!o->qmp || optind != argc - 1)
-		die("usage: kmig migrate --qmp unix:PATH URI [options]");
+	if (!o->qmp)
+		die("migrate: --qmp unix:PATH (the source VM's QMP socket) is required "
+		    "(kmig migrate --help)");
+	if (optind != argc - 1)
+		die("migrate: %s (kmig migrate --help)", optind == argc ?
+		    "the destination URI (tcp:HOST:PORT or unix:PATH) is missing" :
+		    "more than one destination URI");
 	if (o->resume && !o->dest_qmp)
 		die("--resume needs --dest-qmp unix:PATH (the destination listens on URI first)");
 	o->uri = argv[optind];

@@ -1,9 +1,11 @@
 """kmig's command line: each bad input ends kmig with a non-zero status and
-exactly one stderr line "kmig: error: ..." that names the problem, never a
-crash; `kmig version` works.
+exactly one stderr line "kmig: error: ..." (ending with a newline) that names
+the problem, never a crash; `kmig version`, `--version`, `--help`, `run --help`
+and `migrate --help` work.
 
-Only the bad kernels need KVM (kmig reads the kernel after opening
-/dev/kvm): those are marked kvm; the rest run anywhere."""
+Only the bad kernel files that exist need KVM (kmig reads the kernel after
+opening /dev/kvm; a kernel or initrd it cannot read is refused before):
+those are marked kvm; the rest run anywhere."""
 import os
 import re
 import subprocess
@@ -48,8 +50,10 @@ def test_kmig_built(check):
 # (name, args, words that must be in the error line); {NAME} is the path
 # of the file NAME in the test's directory
 BAD = [
-    pytest.param("missing_kernel_file", ["--kernel", "{%s}" % MISSING, "--console", "none"],
-                 ["{%s}" % MISSING, "no such file"], marks=KVM),
+    ("missing_kernel_file", ["--kernel", "{%s}" % MISSING, "--console", "none"],
+     ["--kernel", "{%s}" % MISSING, "no such file"]),
+    ("missing_initrd_file", G + ["--initrd", "{%s}" % MISSING],
+     ["--initrd", "{%s}" % MISSING, "no such file"]),
     pytest.param("non_elf", ["--kernel", "{%s}" % NOT_ELF, "--console", "none"],
                  ["{%s}" % NOT_ELF, "not an ELF"], marks=KVM),
     pytest.param("empty_kernel", ["--kernel", "{%s}" % EMPTY, "--console", "none"],
@@ -93,21 +97,49 @@ def test_bad_input(files, check, name, args, words):
     desc = "kmig run %s -> status %s, stderr %r" % (" ".join(args), rc, err)
     check("cli_%s_fails" % name, rc is not None and rc > 0, desc)
     check("cli_%s_one_error_line" % name,
-          len(lines) == 1 and lines[0].startswith("kmig: error:"), desc)
+          len(lines) == 1 and lines[0].startswith("kmig: error:") and err.endswith("\n"), desc)
     check("cli_%s_names_problem" % name,
           len(lines) >= 1 and all(w.lower() in lines[0].lower() for w in words),
           "want %s in: %r" % (words, err))
 
 
-def test_version(check):
-    rc, out, err = run_kmig(["version"])
+@pytest.mark.parametrize("args", [["version"], ["--version"]], ids=["version", "dashdash"])
+def test_version(check, args):
+    rc, out, err = run_kmig(args)
     check("cli_version", rc == 0 and re.match(r"^kmig \d+\.\d+\.\d+\n$", out) and not err,
           "status %s, stdout %r, stderr %r" % (rc, out, err))
 
 
-def test_run_help(check):
-    rc, out, err = run_kmig(["run", "--help"])
-    check("cli_run_help", rc == 0 and "--kernel" in out, "status %s, stdout %r" % (rc, out))
+# (command line, words the help on stdout must hold)
+HELP = [(["--help"], ["kmig run", "kmig migrate"]), (["-h"], ["kmig run"]),
+        (["run", "--help"], ["--kernel", "--incoming"]),
+        (["migrate", "--help"], ["--qmp", "URI", "--bandwidth", "--postcopy"])]
+
+
+@pytest.mark.parametrize("args, words", HELP, ids=[" ".join(a) for a, _ in HELP])
+def test_help(check, args, words):
+    rc, out, err = run_kmig(args)
+    check("cli_help", rc == 0 and all(w in out for w in words) and not err,
+          "kmig %s: status %s, stdout %r, stderr %r" % (" ".join(args), rc, out, err))
+
+
+# kmig migrate's own mistakes: (name, args, words in the error line)
+BAD_MIGRATE = [
+    ("no_qmp", ["tcp:127.0.0.1:1"], ["--qmp"]),
+    ("no_uri", ["--qmp", "unix:/nonexistent"], ["URI", "missing"]),
+    ("two_uris", ["--qmp", "unix:/nonexistent", "a", "b"], ["more than one"]),
+    ("bad_bandwidth", ["--qmp", "unix:/x", "--bandwidth", "fast", "tcp:h:1"], ["--bandwidth"]),
+]
+
+
+@pytest.mark.parametrize("name, args, words", BAD_MIGRATE, ids=[b[0] for b in BAD_MIGRATE])
+def test_bad_migrate(check, name, args, words):
+    rc, out, err = run_kmig(["migrate"] + args)
+    lines = err.splitlines()
+    desc = "kmig migrate %s -> status %s, stderr %r" % (" ".join(args), rc, err)
+    check("cli_migrate_%s" % name, rc is not None and rc > 0 and len(lines) == 1 and
+          lines[0].startswith("kmig: error:") and err.endswith("\n") and
+          all(w.lower() in lines[0].lower() for w in words), desc)
 
 
 def test_no_command(check):
