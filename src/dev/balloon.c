@@ -56,17 +56,17 @@ static void balloon__pfns(struct balloon *b, const struct virtq_buf *buf, bool i
 		uint64_t gpa = (uint64_t)pfn << RAM_PAGE_SHIFT;
 		int64_t page = ram__gpa_to_host(b->ram, gpa, RAM_PAGE_SIZE) ? balloon__page_of(b, gpa) : -1;
 		if (page < 0) {
-			b->stats.bad_pfns++;
+			BALLOON_STAT_ADD(b, bad_pfns, 1);
 			continue;
 		}
 		if (inflate && bitmap__test_and_set(&b->ballooned, (size_t)page)) {
-			b->stats.inflated++;
-			b->stats.ballooned++;
+			BALLOON_STAT_ADD(b, inflated, 1);
+			BALLOON_STAT_ADD(b, ballooned, 1);
 			balloon__run_add(b, run, gpa);
 		} else if (!inflate && bitmap__test(&b->ballooned, (size_t)page)) {
 			bitmap__clear_bit(&b->ballooned, (size_t)page);
-			b->stats.deflated++;
-			b->stats.ballooned--;
+			BALLOON_STAT_ADD(b, deflated, 1);
+			BALLOON_STAT_ADD(b, ballooned, (uint64_t)-1);
 		}
 	}
 }
@@ -134,7 +134,7 @@ static void balloon__report_chain(struct balloon *b, unsigned qi, const struct v
 		uint64_t hi = (c->bufs[i].gpa + c->bufs[i].len) & ~(RAM_PAGE_SIZE - 1);
 		if (hi > lo) {
 			balloon__discard(b, lo, hi - lo);
-			b->stats.reported_pages += (hi - lo) >> RAM_PAGE_SHIFT;
+			BALLOON_STAT_ADD(b, reported_pages, (hi - lo) >> RAM_PAGE_SHIFT);
 		}
 	}
 }
@@ -153,7 +153,8 @@ static void balloon__notify(void *ctx, unsigned q)
 
 static void balloon__cfg_image(const struct balloon *b, uint8_t img[BALLOON_CFG_SIZE])
 {
-	uint32_t w[4] = { b->num_pages, b->actual, b->cmd_id, b->poison_val };
+	uint32_t w[4] = { __atomic_load_n(&b->num_pages, __ATOMIC_RELAXED),
+			  __atomic_load_n(&b->actual, __ATOMIC_RELAXED), b->cmd_id, b->poison_val };
 	memcpy(img, w, sizeof(w));
 }
 
@@ -174,8 +175,8 @@ static void balloon__cfg_write(void *ctx, uint32_t off, const uint8_t *data, uns
 	memcpy(&actual, img + 4, 4);
 	memcpy(&poison, img + 12, 4);
 	b->poison_val = poison;
-	if (actual != b->actual) {
-		b->actual = actual;
+	if (actual != __atomic_load_n(&b->actual, __ATOMIC_RELAXED)) {
+		__atomic_store_n(&b->actual, actual, __ATOMIC_RELAXED);
 		if (b->on_change)
 			b->on_change(b->on_change_ctx, balloon__actual_bytes_locked(b));
 	}
@@ -185,8 +186,8 @@ static void balloon__reset(void *ctx)
 {
 	struct balloon *b = ctx;
 	bitmap__clear_all(&b->ballooned);
-	b->stats.ballooned = 0;
-	b->actual = 0;
+	BALLOON_STAT_SET(b, ballooned, 0);
+	__atomic_store_n(&b->actual, 0, __ATOMIC_RELAXED);
 	b->poison_val = 0;
 	balloon__hint_reset(b);
 }
@@ -256,43 +257,42 @@ void balloon__set_change_cb(struct balloon *b, balloon_change_fn fn, void *ctx)
 	pthread_mutex_unlock(&b->vp.lock);
 }
 
+/* Without vp.lock (balloon_impl.h). */
 int balloon__set_target(struct balloon *b, uint64_t bytes)
 {
 	if (!bytes)
 		return -EINVAL;
 	if (bytes > b->ram->size)
 		bytes = b->ram->size;
-	pthread_mutex_lock(&b->vp.lock);
 	uint32_t target = (uint32_t)((b->ram->size - bytes) >> RAM_PAGE_SHIFT);
-	if (target != b->num_pages) {
-		b->num_pages = target;
+	if (__atomic_exchange_n(&b->num_pages, target, __ATOMIC_RELAXED) != target)
 		virtio_pci__config_changed(&b->vp);
-	}
-	pthread_mutex_unlock(&b->vp.lock);
 	return 0;
 }
 
 uint64_t balloon__actual_bytes_locked(const struct balloon *b)
 {
-	uint64_t out = (uint64_t)b->actual << RAM_PAGE_SHIFT;
+	uint64_t out = (uint64_t)__atomic_load_n(&b->actual, __ATOMIC_RELAXED) << RAM_PAGE_SHIFT;
 	return out < b->ram->size ? b->ram->size - out : 0;
 }
 
 uint64_t balloon__actual_bytes(struct balloon *b)
 {
-	pthread_mutex_lock(&b->vp.lock);
-	uint64_t v = balloon__actual_bytes_locked(b);
-	pthread_mutex_unlock(&b->vp.lock);
-	return v;
+	return balloon__actual_bytes_locked(b);
 }
 
 void balloon__get_stats(struct balloon *b, struct balloon_stats *out)
 {
-	pthread_mutex_lock(&b->vp.lock);
-	*out = b->stats;
-	out->notify_exits = b->vp.notify_exits;
-	out->notify_events = b->vp.notify_events;
-	pthread_mutex_unlock(&b->vp.lock);
+	const struct balloon_stats *s = &b->stats;
+	out->inflated = __atomic_load_n(&s->inflated, __ATOMIC_RELAXED);
+	out->deflated = __atomic_load_n(&s->deflated, __ATOMIC_RELAXED);
+	out->ballooned = __atomic_load_n(&s->ballooned, __ATOMIC_RELAXED);
+	out->hint_bufs = __atomic_load_n(&s->hint_bufs, __ATOMIC_RELAXED);
+	out->hinted_pages = __atomic_load_n(&s->hinted_pages, __ATOMIC_RELAXED);
+	out->stale_hints = __atomic_load_n(&s->stale_hints, __ATOMIC_RELAXED);
+	out->reported_pages = __atomic_load_n(&s->reported_pages, __ATOMIC_RELAXED);
+	out->bad_pfns = __atomic_load_n(&s->bad_pfns, __ATOMIC_RELAXED);
+	virtio_pci__notify_counts(&b->vp, &out->notify_exits, &out->notify_events);
 }
 
 enum balloon_skip balloon__skip(const struct balloon *b, uint64_t page)

@@ -112,11 +112,15 @@ struct pci_dev *balloon__pci(struct balloon *b);
 struct virtio_pci *balloon__transport(struct balloon *b);
 void balloon__set_change_cb(struct balloon *b, balloon_change_fn fn, void *ctx);
 
-/* QMP `balloon`: the guest should keep `bytes` of its RAM (clamped to the
+/* These three never take the device lock and never touch guest memory:
+ * QMP calls them, and on a post-copy destination the lock may be held by
+ * a thread waiting for a page that has not arrived.
+ * QMP `balloon`: the guest should keep `bytes` of its RAM (clamped to the
  * RAM size); num_pages = (RAM - bytes) / 4 KiB.  -EINVAL for 0. */
 int balloon__set_target(struct balloon *b, uint64_t bytes) KMIG_MUST_CHECK;
 /* QMP `query-balloon`: RAM size minus the driver's `actual`. */
 uint64_t balloon__actual_bytes(struct balloon *b);
+/* The counters, each read atomically (not one snapshot of them all). */
 void balloon__get_stats(struct balloon *b, struct balloon_stats *out);
 
 /* Whether the driver runs with free page hinting negotiated and its

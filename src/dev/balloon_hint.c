@@ -16,7 +16,7 @@ static void balloon__hint_id(struct balloon *b, const struct virtq_buf *buf)
 {
 	uint32_t id;
 	if (buf->len < sizeof(id)) {
-		b->stats.stale_hints++;
+		BALLOON_STAT_ADD(b, stale_hints, 1);
 		return;
 	}
 	memcpy(&id, buf->host, sizeof(id));
@@ -26,7 +26,7 @@ static void balloon__hint_id(struct balloon *b, const struct virtq_buf *buf)
 	} else if (id == BALLOON_CMD_ID_STOP && b->hint_acked) {
 		b->hint_stopped = true;
 	} else {
-		b->stats.stale_hints++;
+		BALLOON_STAT_ADD(b, stale_hints, 1);
 	}
 	pthread_cond_broadcast(&b->hint_cond);
 }
@@ -35,7 +35,7 @@ static void balloon__hint_id(struct balloon *b, const struct virtq_buf *buf)
 static void balloon__hint_range(struct balloon *b, const struct virtq_buf *buf)
 {
 	if (!balloon__hint_active(b) || !b->hint_acked || b->hint_stopped) {
-		b->stats.stale_hints++;
+		BALLOON_STAT_ADD(b, stale_hints, 1);
 		return;
 	}
 	uint64_t lo = (buf->gpa + RAM_PAGE_SIZE - 1) & ~(RAM_PAGE_SIZE - 1);
@@ -45,8 +45,8 @@ static void balloon__hint_range(struct balloon *b, const struct virtq_buf *buf)
 		return;
 	uint64_t n = (hi - lo) >> RAM_PAGE_SHIFT;
 	bitmap__set_range(&b->hinted, (size_t)first, (size_t)n);
-	b->stats.hint_bufs++;
-	b->stats.hinted_pages += n;
+	BALLOON_STAT_ADD(b, hint_bufs, 1);
+	BALLOON_STAT_ADD(b, hinted_pages, n);
 	b->hint_round_pages += n;
 	b->hint_last_ns = time__now_ns();
 	pthread_cond_broadcast(&b->hint_cond);

@@ -1,5 +1,11 @@
 /* Internals of the balloon device (balloon.c, balloon_hint.c,
- * balloon_state.c).  Every field below vp is under vp.lock unless noted. */
+ * balloon_state.c).  Every field below vp is under vp.lock unless noted.
+ *
+ * QMP reads and sets what it needs without vp.lock (num_pages, actual,
+ * stats: atomics; the config interrupt: virtio_pci's irq_lock): on a
+ * post-copy destination the lock may be held by a thread waiting for a
+ * guest page that has not arrived, for ever while post-copy is paused,
+ * and QMP must stay free to recover it. */
 #ifndef KMIG_DEV_BALLOON_IMPL_H
 #define KMIG_DEV_BALLOON_IMPL_H
 
@@ -11,7 +17,7 @@ struct balloon {
 	struct virtio_pci vp;          /* vp.lock is the device lock */
 	struct ram *ram;
 	struct virtio_mem mem;
-	/* configuration space */
+	/* configuration space; num_pages and actual are atomics (QMP's) */
 	uint32_t num_pages, actual, cmd_id, poison_val;
 	/* free page hinting */
 	uint32_t next_cmd_id;
@@ -22,10 +28,13 @@ struct balloon {
 	pthread_cond_t hint_cond;      /* hint progress (with vp.lock) */
 	/* page maps, VM-wide page numbers; bits change atomically */
 	struct bitmap ballooned, hinted;
-	struct balloon_stats stats;
+	struct balloon_stats stats;    /* atomics: BALLOON_STAT_ADD/SET, loads */
 	balloon_change_fn on_change;
 	void *on_change_ctx;
 };
+
+#define BALLOON_STAT_ADD(b, f, n) __atomic_fetch_add(&(b)->stats.f, (n), __ATOMIC_RELAXED)
+#define BALLOON_STAT_SET(b, f, v) __atomic_store_n(&(b)->stats.f, (v), __ATOMIC_RELAXED)
 
 /* balloon.c */
 /* The role of queue qi under the negotiated features, or -1; the queue

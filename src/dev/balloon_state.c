@@ -75,7 +75,9 @@ int balloon__save(struct balloon *b, state_put_fn put, void *ctx)
 	size_t pos = 8 + (size_t)(tl > 0 ? tl : 0);
 	if (!rc) {
 		uint32_t head[2] = { BALLOON_STATE_MAGIC, (uint32_t)tl };
-		uint32_t cfg[5] = { b->num_pages, b->actual, b->cmd_id, b->poison_val, b->next_cmd_id };
+		uint32_t cfg[5] = { __atomic_load_n(&b->num_pages, __ATOMIC_RELAXED),
+				    __atomic_load_n(&b->actual, __ATOMIC_RELAXED), b->cmd_id,
+				    b->poison_val, b->next_cmd_id };
 		uint64_t npages = b->ram->npages;
 		memcpy(buf, head, 8);
 		memcpy(buf + pos, cfg, 20);
@@ -102,7 +104,7 @@ static int balloon__load_bitmap(struct balloon *b, const uint8_t *p, size_t len,
 	memcpy(m->words, p, bytes);
 	if (m->nbits % 64)             /* no frame beyond guest RAM */
 		m->words[m->nbits / 64] &= (1ull << (m->nbits % 64)) - 1;
-	b->stats.ballooned = bitmap__count(m);
+	BALLOON_STAT_SET(b, ballooned, bitmap__count(m));
 	return 0;
 }
 
@@ -116,7 +118,7 @@ static int balloon__load_ranges(struct balloon *b, const uint8_t *p, size_t len,
 		return -EINVAL;
 	}
 	bitmap__clear_all(&b->ballooned);
-	b->stats.ballooned = 0;
+	BALLOON_STAT_SET(b, ballooned, 0);
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t r[2];
 		memcpy(r, p + 4 + 8ull * i, 8);
@@ -125,7 +127,7 @@ static int balloon__load_ranges(struct balloon *b, const uint8_t *p, size_t len,
 			return -EINVAL;
 		}
 		bitmap__set_range(&b->ballooned, r[0], r[1]);
-		b->stats.ballooned += r[1];
+		BALLOON_STAT_ADD(b, ballooned, r[1]);
 	}
 	return 0;
 }
@@ -159,8 +161,8 @@ int balloon__load(struct balloon *b, const void *data, size_t len, char *why, si
 	if (!rc)
 		rc = balloon__load_ranges(b, p + pos + 28, len - pos - 28, why, whylen);
 	if (!rc) {
-		b->num_pages = cfg[0];
-		b->actual = cfg[1];
+		__atomic_store_n(&b->num_pages, cfg[0], __ATOMIC_RELAXED);
+		__atomic_store_n(&b->actual, cfg[1], __ATOMIC_RELAXED);
 		b->cmd_id = cfg[2] >= BALLOON_CMD_ID_MIN ? BALLOON_CMD_ID_DONE : cfg[2];
 		b->poison_val = cfg[3];
 		b->next_cmd_id = cfg[4] >= BALLOON_CMD_ID_MIN ? cfg[4] : BALLOON_CMD_ID_MIN;

@@ -20,6 +20,7 @@ static uint64_t vp__get(const uint8_t *p, unsigned len)
 	return v;
 }
 
+/* irq_lock held. */
 static void vp__set_irq(struct virtio_pci *vp)
 {
 	bool level = vp->isr && vp->conf.irq_line &&
@@ -30,19 +31,33 @@ static void vp__set_irq(struct virtio_pci *vp)
 	}
 }
 
+/* Sets ISR bits (0: none), bumps the generation if asked, and sets the
+ * line's level, under irq_lock. */
+static void vp__isr_update(struct virtio_pci *vp, uint8_t bits, bool cfg_gen)
+{
+	pthread_mutex_lock(&vp->irq_lock);
+	vp->isr |= bits;
+	if (cfg_gen)
+		vp->cfg_gen++;
+	vp__set_irq(vp);
+	pthread_mutex_unlock(&vp->irq_lock);
+}
+
 void virtio_pci__config_changed(struct virtio_pci *vp)
 {
-	vp->cfg_gen++;
-	vp->isr |= VIRTIO_ISR_CONFIG;
-	vp__set_irq(vp);
+	vp__isr_update(vp, VIRTIO_ISR_CONFIG, true);
 }
 
 void virtio_pci__queue_used(struct virtio_pci *vp, unsigned q)
 {
-	if (q < vp->conf.nqueues && virtq__want_irq(&vp->vqs[q])) {
-		vp->isr |= VIRTIO_ISR_QUEUE;
-		vp__set_irq(vp);
-	}
+	if (q < vp->conf.nqueues && virtq__want_irq(&vp->vqs[q]))
+		vp__isr_update(vp, VIRTIO_ISR_QUEUE, false);
+}
+
+void virtio_pci__notify_counts(struct virtio_pci *vp, uint64_t *exits, uint64_t *events)
+{
+	*exits = __atomic_load_n(&vp->notify_exits, __ATOMIC_RELAXED);
+	*events = __atomic_load_n(&vp->notify_events, __ATOMIC_RELAXED);
 }
 
 void virtio_pci__fail(struct virtio_pci *vp, const char *why)
@@ -71,11 +86,13 @@ static void vp__reset(struct virtio_pci *vp)
 	vp->dfselect = vp->gfselect = 0;
 	vp->queue_select = 0;
 	vp->status = 0;
-	vp->isr = 0;
 	vp->broken = false;
 	for (unsigned i = 0; i < VIRTIO_MAX_QUEUES; i++)
 		virtq__reset(&vp->vqs[i], i < vp->conf.nqueues ? vp->conf.queue_max : 0);
+	pthread_mutex_lock(&vp->irq_lock);
+	vp->isr = 0;
 	vp__set_irq(vp);
+	pthread_mutex_unlock(&vp->irq_lock);
 	if (vp->ops->reset)
 		vp->ops->reset(vp->ctx);
 }
@@ -96,7 +113,9 @@ static void vp__common_image(struct virtio_pci *vp, uint8_t img[VIRTIO_PCI_COMMO
 	vp__put(img + VIRTIO_PCI_MSIX_CONFIG, VIRTIO_NO_VECTOR, 2);
 	vp__put(img + VIRTIO_PCI_NUM_QUEUES, vp->conf.nqueues, 2);
 	img[VIRTIO_PCI_STATUS] = vp->status;
+	pthread_mutex_lock(&vp->irq_lock);
 	img[VIRTIO_PCI_CFG_GEN] = vp->cfg_gen;
+	pthread_mutex_unlock(&vp->irq_lock);
 	vp__put(img + VIRTIO_PCI_Q_SELECT, vp->queue_select, 2);
 	struct virtq *q = vp__selected(vp);
 	if (!q)
@@ -211,9 +230,11 @@ static void vp__bar_read(void *ctx, unsigned bar, uint64_t off, void *data, unsi
 		vp__common_image(vp, img);
 		memcpy(out, img + r, len);
 	} else if (region == VIRTIO_PCI_ISR && r == 0) {
+		pthread_mutex_lock(&vp->irq_lock);
 		out[0] = vp->isr; /* reading acknowledges */
 		vp->isr = 0;
 		vp__set_irq(vp);
+		pthread_mutex_unlock(&vp->irq_lock);
 	} else if (region == VIRTIO_PCI_DEVCFG && r < vp->conf.cfg_size && len <= vp->conf.cfg_size - r) {
 		vp->ops->cfg_read(vp->ctx, r, out, len);
 	}
@@ -233,7 +254,7 @@ static void vp__bar_write(void *ctx, unsigned bar, uint64_t off, const void *dat
 	} else if (region == VIRTIO_PCI_DEVCFG && r < vp->conf.cfg_size && len <= vp->conf.cfg_size - r) {
 		vp->ops->cfg_write(vp->ctx, r, data, len);
 	} else if (region == VIRTIO_PCI_NOTIFY && r % VIRTIO_PCI_NOTIFY_MULT == 0) {
-		vp->notify_exits++;
+		__atomic_fetch_add(&vp->notify_exits, 1, __ATOMIC_RELAXED);
 		vp__queue_notify(vp, r / VIRTIO_PCI_NOTIFY_MULT);
 	}
 	pthread_mutex_unlock(&vp->lock);
@@ -271,7 +292,7 @@ void virtio_pci__remap_notify(struct virtio_pci *vp)
 void virtio_pci__notify(struct virtio_pci *vp, unsigned q)
 {
 	pthread_mutex_lock(&vp->lock);
-	vp->notify_events++;
+	__atomic_fetch_add(&vp->notify_events, 1, __ATOMIC_RELAXED);
 	vp__queue_notify(vp, q);
 	pthread_mutex_unlock(&vp->lock);
 }
@@ -310,6 +331,7 @@ int virtio_pci__init(struct virtio_pci *vp, const struct virtio_pci_conf *conf,
 		return -EINVAL;
 	memset(vp, 0, sizeof(*vp));
 	pthread_mutex_init(&vp->lock, NULL);
+	pthread_mutex_init(&vp->irq_lock, NULL);
 	vp->conf = *conf;
 	vp->ops = ops;
 	vp->ctx = ctx;
@@ -336,4 +358,5 @@ int virtio_pci__init(struct virtio_pci *vp, const struct virtio_pci_conf *conf,
 void virtio_pci__destroy(struct virtio_pci *vp)
 {
 	pthread_mutex_destroy(&vp->lock);
+	pthread_mutex_destroy(&vp->irq_lock);
 }

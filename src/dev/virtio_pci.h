@@ -123,11 +123,16 @@ struct virtio_pci {
 	uint64_t device_features, driver_features;
 	uint32_t dfselect, gfselect;
 	uint16_t queue_select;
-	uint8_t status, cfg_gen, isr;
-	bool irq_level;
+	uint8_t status;
 	bool broken;                 /* NEEDS_RESET set: queues stopped */
-	uint64_t notify_exits;       /* notifications written through the BAR */
-	uint64_t notify_events;      /* ... and through virtio_pci__notify */
+	/* under irq_lock, a leaf taken with or without lock and never held
+	 * while guest memory is touched: a config change can be signalled
+	 * while lock is held by a thread waiting on a missing page */
+	pthread_mutex_t irq_lock;
+	uint8_t cfg_gen, isr;
+	bool irq_level;
+	uint64_t notify_exits;       /* notifications written through the BAR (atomic) */
+	uint64_t notify_events;      /* ... and through virtio_pci__notify (atomic) */
 	virtio_notify_map_fn notify_map;
 	void *notify_map_ctx;
 	struct virtq vqs[VIRTIO_MAX_QUEUES];
@@ -138,9 +143,11 @@ int virtio_pci__init(struct virtio_pci *vp, const struct virtio_pci_conf *conf,
 		     virtio_irq_fn irq, void *irq_ctx) KMIG_MUST_CHECK;
 void virtio_pci__destroy(struct virtio_pci *vp);
 
-/* Lock held.  The device changed its configuration: bump the generation,
- * ISR bit 1, interrupt. */
+/* With or without the lock (it takes only irq_lock).  The device changed
+ * its configuration: bump the generation, ISR bit 1, interrupt. */
 void virtio_pci__config_changed(struct virtio_pci *vp);
+/* Without the lock: the notification counters. */
+void virtio_pci__notify_counts(struct virtio_pci *vp, uint64_t *exits, uint64_t *events);
 /* Lock held.  Buffers were returned on queue q: ISR bit 0 and an
  * interrupt unless the driver suppressed it. */
 void virtio_pci__queue_used(struct virtio_pci *vp, unsigned q);
@@ -166,7 +173,7 @@ void virtio_pci__notify(struct virtio_pci *vp, unsigned q);
  * load checks every value (queue sizes, ring addresses against guest
  * RAM) and returns -EINVAL with *why set. */
 #define VIRTIO_PCI_STATE_MAX (64 + PCI_CFG_SIZE + VIRTIO_MAX_QUEUES * 40)
-long virtio_pci__save(const struct virtio_pci *vp, uint8_t *buf, size_t cap) KMIG_MUST_CHECK;
+long virtio_pci__save(struct virtio_pci *vp, uint8_t *buf, size_t cap) KMIG_MUST_CHECK;
 long virtio_pci__load(struct virtio_pci *vp, const uint8_t *buf, size_t len,
 		      const char **why) KMIG_MUST_CHECK;
 

@@ -51,13 +51,15 @@ static void vp__state_io(struct vp_buf *b, uint64_t *feat, uint32_t sel[2], uint
 	}
 }
 
-long virtio_pci__save(const struct virtio_pci *vp, uint8_t *buf, size_t cap)
+long virtio_pci__save(struct virtio_pci *vp, uint8_t *buf, size_t cap)
 {
 	struct vp_buf b = { .w = buf, .cap = cap };
 	uint64_t feat = vp->driver_features;
 	uint32_t sel[2] = { vp->dfselect, vp->gfselect };
 	uint16_t qsel = vp->queue_select;
+	pthread_mutex_lock(&vp->irq_lock);
 	uint8_t flags[4] = { vp->status, vp->cfg_gen, vp->isr, vp->broken };
+	pthread_mutex_unlock(&vp->irq_lock);
 	uint8_t cfg[PCI_CFG_SIZE];
 	struct virtq vqs[VIRTIO_MAX_QUEUES];
 	uint32_t nq = vp->conf.nqueues;
@@ -120,16 +122,18 @@ long virtio_pci__load(struct virtio_pci *vp, const uint8_t *buf, size_t len, con
 	vp->gfselect = sel[1];
 	vp->queue_select = qsel;
 	vp->status = flags[0];
-	vp->cfg_gen = flags[1];
-	vp->isr = flags[2];
 	vp->broken = flags[3] != 0;
 	pci_dev__cfg_write(&vp->pci, 0, cfg, PCI_CFG_SIZE); /* writable bytes only */
 	virtio_pci__remap_notify(vp);                       /* the BAR may have moved */
+	pthread_mutex_lock(&vp->irq_lock);
+	vp->cfg_gen = flags[1];
+	vp->isr = flags[2];
 	vp->irq_level = false;
 	if (vp->isr && vp->conf.irq_line && vp->irq &&
 	    !(vp->pci.cfg[PCI_COMMAND + 1] & (PCI_COMMAND_INTX_DISABLE >> 8))) {
 		vp->irq_level = true;
 		vp->irq(vp->irq_ctx, true);
 	}
+	pthread_mutex_unlock(&vp->irq_lock);
 	return (long)b.pos;
 }

@@ -1,8 +1,17 @@
 /* PCI host bridge, virtio-pci transport, split virtqueues and the balloon
  * device, driven by a fake driver over fake guest RAM (no KVM). */
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "base/timeutil.h"
 #include "dev/balloon.h"
@@ -780,6 +789,96 @@ static void t_state_refused_features(struct t *t)
 	drv_fini(&b);
 }
 
+/* A post-copy destination whose link broke: a thread serving the inflate
+ * queue holds the device lock while it waits, in userfaultfd, for the
+ * used ring's page.  QMP's balloon calls (query-balloon's reads and
+ * `balloon`) must return at once, and the config change must reach the
+ * driver's interrupt line; the queue completes once the page is there. */
+struct qmp_calls {
+	struct drv *d;
+	struct balloon_stats st;
+	uint64_t actual;
+	int rc;
+	atomic_bool done;
+};
+
+static void *kick_inflate(void *arg)
+{
+	kick(arg, BALLOON_VQ_INFLATE);
+	return NULL;
+}
+
+static void *qmp_calls(void *arg)
+{
+	struct qmp_calls *c = arg;
+	balloon__get_stats(c->d->b, &c->st);
+	c->actual = balloon__actual_bytes(c->d->b);
+	c->rc = balloon__set_target(c->d->b, RAM_SIZE / 2);
+	atomic_store(&c->done, true);
+	return NULL;
+}
+
+/* Registers the page at gpa as missing; waits (5 s at most) for the first
+ * fault on it.  The userfaultfd, or -1. */
+static int missing_page_fault(struct drv *d, uint64_t gpa, pthread_t *th, void *(*fn)(void *))
+{
+	uint8_t *h = host(d, gpa);
+	int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	struct uffdio_api api = { .api = UFFD_API };
+	struct uffdio_register reg = { .range = { (uint64_t)(uintptr_t)h, 4096 },
+				       .mode = UFFDIO_REGISTER_MODE_MISSING };
+	if (fd < 0 || ioctl(fd, UFFDIO_API, &api) || madvise(h, 4096, MADV_DONTNEED) ||
+	    ioctl(fd, UFFDIO_REGISTER, &reg) || pthread_create(th, NULL, fn, d)) {
+		fprintf(stderr, "# userfaultfd: %s\n", strerror(errno));
+		abort();
+	}
+	struct pollfd p = { fd, POLLIN, 0 };
+	struct uffd_msg msg;
+	if (poll(&p, 1, 5000) != 1 || read(fd, &msg, sizeof(msg)) != sizeof(msg) ||
+	    msg.event != UFFD_EVENT_PAGEFAULT ||
+	    (msg.arg.pagefault.address & ~4095ull) != (uint64_t)(uintptr_t)h) {
+		fprintf(stderr, "# no fault on the page at 0x%llx\n", (unsigned long long)gpa);
+		abort();
+	}
+	return fd;
+}
+
+static void t_qmp_never_waits(struct t *t)
+{
+	struct drv d;
+	drv_init(&d);
+	T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES), 0x0f);
+	uint32_t pfn = 0x400;
+	memcpy(host(&d, 0x200000), &pfn, 4);
+	struct seg s = { 0x200000, 4, false };
+	add_chain(&d, BALLOON_VQ_INFLATE, &s, 1);
+	pthread_t kicker, q;
+	int fd = missing_page_fault(&d, qused(BALLOON_VQ_INFLATE), &kicker, kick_inflate);
+	struct qmp_calls c = { .d = &d };
+	if (pthread_create(&q, NULL, qmp_calls, &c))
+		abort();
+	for (int i = 0; i < 200 && !atomic_load(&c.done); i++)
+		usleep(10000);
+	bool done = atomic_load(&c.done);
+	int level = d.irq_level;
+	/* the page arrives: the queue's work completes */
+	struct uffdio_zeropage z = { .range = { (uint64_t)(uintptr_t)host(&d, qused(BALLOON_VQ_INFLATE)),
+						4096 } };
+	T_CHECK_EQ(t, ioctl(fd, UFFDIO_ZEROPAGE, &z), 0);
+	pthread_join(kicker, NULL);
+	pthread_join(q, NULL);
+	close(fd);
+	T_CHECK(t, done);                   /* returned within 2 s, lock still held */
+	T_CHECK_EQ(t, c.rc, 0);
+	T_CHECK_EQ(t, c.actual, RAM_SIZE);
+	T_CHECK_EQ(t, level, 1);            /* config interrupt while the lock was held */
+	T_CHECK_EQ(t, used_idx(&d, BALLOON_VQ_INFLATE), 1);
+	T_CHECK_EQ(t, cfg32(&d, 0), (uint32_t)((RAM_SIZE / 2) >> 12));
+	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_ISR, 1) & VIRTIO_ISR_CONFIG, VIRTIO_ISR_CONFIG);
+	T_CHECK_EQ(t, balloon__skip(d.b, 0x400), BALLOON_SKIP_BALLOONED);
+	drv_fini(&d);
+}
+
 int main(void)
 {
 	struct t t = { 0 };
@@ -794,5 +893,6 @@ int main(void)
 	T_RUN(&t, t_state_fragmented);
 	T_RUN(&t, t_state_refused_features);
 	T_RUN(&t, t_queue_layout);
+	T_RUN(&t, t_qmp_never_waits);
 	return T_DONE(&t);
 }
