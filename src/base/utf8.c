@@ -53,8 +53,11 @@ void utf8__sanitize(char *s)
 	size_t n = strlen(s);
 	for (size_t i = 0; i < n;) {
 		size_t l = utf8__seq_len(p + i, n - i);
-		if (!l) {
-			p[i++] = '?';
+		bool c0 = l == 1 && (p[i] < 0x20 || p[i] == 0x7f);
+		bool c1 = l == 2 && p[i] == 0xc2 && p[i + 1] < 0xa0;   /* U+0080..U+009F */
+		if (!l || c0 || c1) {
+			memset(p + i, '?', l ? l : 1);
+			i += l ? l : 1;
 			continue;
 		}
 		i += l;

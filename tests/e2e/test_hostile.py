@@ -24,6 +24,12 @@ quit, and what kmig creates is private.
                       channel, and the guest runs on
   silent_after_end_timeout  (slow) without a cancel, the source gives up
                       after 60 s and keeps the guest paused
+  refusal_in_two_parts  a destination sends its RP_FAIL in two parts a
+                      second apart, its reason holding an escape sequence, a
+                      newline and a C1 control: the source keeps the first
+                      part until the rest comes (it used to drop it, and the
+                      reason with it), and its error and log carry the reason
+                      with every control character replaced
   section_swapped     a proxy replaces vCPU 0's LAPIC section with a second
                       FPU section: the destination refuses the stream (it
                       used to count sections only, and ran without the LAPIC)
@@ -261,6 +267,59 @@ class SilentDestination:
         for s in (self.conn, self.lsock):
             if s is not None:
                 s.close()
+
+
+class RefusingDestination(SilentDestination):
+    """Reads every record; once the source's first record is in, sends an
+    RP_FAIL in two parts, the second `gap` s after the first."""
+
+    def __init__(self, d, reason, gap=1.0):
+        payload = struct.pack("<I", 5) + reason
+        self.rec = struct.pack("<IIQ", 0x102, 0, len(payload)) + payload
+        self.gap = gap
+        self.sent = threading.Event()
+        super().__init__(d)
+
+    def _read(self, n):
+        buf = super()._read(n)
+        if not self.sent.is_set():
+            self.sent.set()
+            threading.Thread(target=self._refuse, daemon=True).start()
+        return buf
+
+    def _refuse(self):
+        try:
+            half = len(self.rec) // 2
+            self.conn.sendall(self.rec[:half])
+            time.sleep(self.gap)
+            self.conn.sendall(self.rec[half:])
+        except OSError:
+            pass
+
+
+def test_refusal_in_two_parts(d, vms, check):
+    src = source(d, vms)
+    if not booted(check, src):
+        return
+    reason = b"disk full\x1b[2J\nFAKE LOG LINE\xc2\x9b31m on the destination"
+    fake = RefusingDestination(d, reason)
+    try:
+        q = src.qmp()
+        kt.set_params(q, max_bandwidth=16 << 20)     # still sending when the rest comes
+        q.cmd("migrate", uri="unix:" + fake.path)
+        r = kt.wait_migration(q, kt.slow(30))
+        desc = r.get("error-desc") or ""
+        print("# refusal: %s: %r" % (r.get("status"), desc))
+        check("failed", r.get("status") == "failed", repr(r))
+        check("reason_whole", "disk full" in desc and "on the destination" in desc, repr(desc))
+        check("no_controls_in_error", not any(ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f
+                                              for c in desc), repr(desc))
+        out = src.output()
+        check("no_controls_in_log", "\x1b" not in out and "\nFAKE LOG LINE" not in out and
+              "\u009b" not in out, repr(out[-600:]))
+        check("runs_on", status(src) == "running", dump(src))
+    finally:
+        fake.close()
 
 
 def silent_migration(d, vms, check):

@@ -486,12 +486,27 @@ static size_t stream__take(struct mig_stream *s, uint8_t *buf, size_t cap, int t
 	return got;
 }
 
+/* Puts the n bytes stream__take gave back in front of what is still
+ * buffered (n + the rest fit: take reads only when it emptied the buffer). */
+static void stream__untake(struct mig_stream *s, const uint8_t *buf, size_t n)
+{
+	size_t rest = s->rlen - s->rpos;
+	if (!n || n + rest > MIG_STREAM_RBUF)
+		return;
+	memmove(s->rbuf + n, s->rbuf + s->rpos, rest);
+	memcpy(s->rbuf, buf, n);
+	s->rpos = 0;
+	s->rlen = n + rest;
+}
+
 int mig_stream__peek_answer(struct mig_stream *s, int timeout_ms, struct proto_hdr *hdr,
 			    const uint8_t **payload, uint8_t *buf, size_t cap)
 {
-	size_t n = stream__take(s, buf, cap, timeout_ms);
-	if (!stream__whole_record(buf, n) || proto__decode_header(buf, n, hdr))
+	size_t n = stream__take(s, buf, cap < MIG_STREAM_RBUF ? cap : MIG_STREAM_RBUF, timeout_ms);
+	if (!stream__whole_record(buf, n) || proto__decode_header(buf, n, hdr)) {
+		stream__untake(s, buf, n);
 		return 0;
+	}
 	*payload = buf + PROTO_HDR_SIZE;
 	return 1;
 }

@@ -82,8 +82,11 @@ int mig_stream__write(struct mig_stream *s, const void *buf, size_t len) KMIG_MU
  * timeout_ms for bytes from the peer and takes one record's worth, read
  * through TLS when the stream has it (never the raw socket then: only
  * authenticated bytes count).  1 with *hdr and *payload (inside buf) when
- * a whole record arrived, else 0.  Does not change the sticky error,
- * except that a TLS record that stops halfway for 1 s sets -ETIMEDOUT. */
+ * a whole record arrived, else 0; the bytes of a record not whole yet
+ * stay buffered for the next look (or mig_stream__get_record), so a
+ * reason that arrives in parts is read whole.  cap at most
+ * MIG_STREAM_RBUF.  Does not change the sticky error, except that a TLS
+ * record that stops halfway for 1 s sets -ETIMEDOUT. */
 int mig_stream__peek_answer(struct mig_stream *s, int timeout_ms, struct proto_hdr *hdr,
 			    const uint8_t **payload, uint8_t *buf, size_t cap) KMIG_MUST_CHECK;
 /* Sends everything buffered. */
