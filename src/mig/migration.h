@@ -145,6 +145,8 @@ struct migration {
 	bool in_cancelled;            /* under lock: a cancel came, maybe before in_cancel */
 	void (*in_pause)(void *ctx);  /* under lock: migrate-pause (the link is cut) */
 	bool recover;                 /* under lock: migrate-recover came (to in_uri) */
+	bool recovering;              /* under lock: from migrate-recover until that
+				       * attempt ended (a second one is refused) */
 	int pc_uffd;                  /* under lock: a failed post-copy's userfaultfd, kept
 				       * until the process ends (-1: none) */
 	bool confirmed;              /* under lock: RP_OK arrived, a cancel is too late */

@@ -45,14 +45,17 @@ int migration__recover(struct migration *m, const char *uri, char *err, size_t e
 	if (migration__recovery_uri(uri, u, sizeof(u), err, errlen))
 		return -EINVAL;
 	pthread_mutex_lock(&m->lock);
-	bool ok = m->status == MIG_POSTCOPY_PAUSED && m->in_ctx && !m->recover;
+	bool busy = m->recovering;
+	bool ok = !busy && m->status == MIG_POSTCOPY_PAUSED && m->in_ctx;
 	if (ok) {
 		snprintf(m->in_uri, sizeof(m->in_uri), "%s", u);
-		m->recover = true;
+		m->recover = m->recovering = true;
 		pthread_cond_broadcast(&m->cont_cond);
 	}
 	pthread_mutex_unlock(&m->lock);
-	if (!ok)
+	if (busy)
+		snprintf(err, errlen, "Migrate recovery is triggered already");
+	else if (!ok)
 		snprintf(err, errlen, "Migrate recover can only be run when postcopy is paused.");
 	return ok ? 0 : -EINVAL;
 }

@@ -529,7 +529,10 @@ static int incoming__paused(struct incoming *in, int rc)
 	struct migration *m = in->m;
 	char why[256];
 	snprintf(why, sizeof(why), "%s", mig_recv__error(&in->recv));
-	while (rc && in->postcopy && mig_recv__link_lost(&in->recv)) {
+	/* a fault thread that stopped (pc.error) is no lost link: after a
+	 * recovery nobody would answer the guest's faults */
+	while (rc && in->postcopy && mig_recv__link_lost(&in->recv) &&
+	       !atomic_load(&in->pc.error)) {
 		incoming__drop_link(in);
 		pthread_mutex_lock(&m->lock);
 		snprintf(m->error, sizeof(m->error), "post-copy paused, the link to the source broke "
@@ -540,9 +543,15 @@ static int incoming__paused(struct incoming *in, int rc)
 		incoming__postcopy_stats(in);
 		migration__set_status(m, MIG_POSTCOPY_PAUSED);
 		log_warn("incoming migration: %s", m->error);
-		if (!migration__await_recovery(m, &m->recover, &in->cancelled))
+		bool go = migration__await_recovery(m, &m->recover, &in->cancelled) &&
+			  !atomic_load(&in->pc.error);
+		int r = go ? incoming__reconnect(in, why, sizeof(why)) : 0;
+		pthread_mutex_lock(&m->lock);
+		m->recovering = false;
+		pthread_mutex_unlock(&m->lock);
+		if (!go)
 			return rc;
-		if (incoming__reconnect(in, why, sizeof(why))) {
+		if (r) {
 			log_warn("incoming migration: post-copy recovery failed: %s", why);
 			continue;
 		}
