@@ -187,6 +187,12 @@ int migration__start_postcopy(struct migration *m, char *err, size_t errlen) KMI
  * goes on from where post-copy stopped.  -EINVAL (err says why) in any
  * other state. */
 int migration__pause(struct migration *m, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* QMP yank, instance `migration`: cuts this side's links at once (the
+ * main stream and, on the source, every multifd channel), whatever the
+ * peer does; the migration then fails as on a broken link (post-copy:
+ * pauses).  -ENOENT when no migration has a link (has_yank false). */
+int migration__yank(struct migration *m) KMIG_MUST_CHECK;
+bool migration__has_yank(struct migration *m);
 int migration__recover(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
 int migration__resume(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
 /* The post-copy threads' wait in postcopy-paused: until resume (source)

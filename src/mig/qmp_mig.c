@@ -46,6 +46,42 @@ static json_t *cmd_migrate_pause(void *ctx, json_t *args, struct qmp_error *err)
 	return NULL;
 }
 
+/* QEMU's yank: instances [{type: migration}] (kmig has no other kind). */
+static json_t *cmd_yank(void *ctx, json_t *args, struct qmp_error *err)
+{
+	static const char *const known[] = { "instances", NULL };
+	json_t *list = NULL, *inst;
+	size_t i;
+	if (qmp_arg__check_known(args, known, err) ||
+	    qmp_arg__array(args, "instances", &list, true, err) < 0)
+		return NULL;
+	json_array_foreach(list, i, inst) {
+		json_t *type = json_is_object(inst) ? json_object_get(inst, "type") : NULL;
+		if (!json_is_string(type) || strcmp(json_string_value(type), "migration")) {
+			qmp_error__set(err, QMP_ERROR_GENERIC, "Instance %zu: kmig yanks only "
+				       "{\"type\": \"migration\"}", i);
+			return NULL;
+		}
+	}
+	json_array_foreach(list, i, inst) {
+		if (migration__yank(ctx)) {
+			qmp_error__set(err, QMP_ERROR_GENERIC, "Instance 'migration' not found");
+			return NULL;
+		}
+	}
+	return NULL;
+}
+
+static json_t *cmd_query_yank(void *ctx, json_t *args, struct qmp_error *err)
+{
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
+	json_t *r = json_array();
+	if (migration__has_yank(ctx))
+		json_array_append_new(r, json_pack("{s:s}", "type", "migration"));
+	return r;
+}
+
 static json_t *cmd_migrate_incoming(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct migration *m = ctx;
@@ -381,6 +417,8 @@ int migration__register_qmp(struct migration *m)
 		{ "migrate-start-postcopy", cmd_start_postcopy },
 		{ "migrate-recover", cmd_migrate_recover },
 		{ "migrate-pause", cmd_migrate_pause },
+		{ "yank", cmd_yank },
+		{ "query-yank", cmd_query_yank },
 		{ "query-migrate", cmd_query_migrate },
 		{ "migrate-set-parameters", cmd_set_params },
 		{ "query-migrate-parameters", cmd_query_params },

@@ -25,6 +25,38 @@ int migration__pause(struct migration *m, char *err, size_t errlen)
 	return ok ? 0 : -EINVAL;
 }
 
+/* Lock held: whether the migration has a link yank could cut. */
+static bool migration__yankable(const struct migration *m)
+{
+	if (migration__outgoing(m))
+		return m->stream_open && mig_status__busy(m->status) && m->status != MIG_CANCELLING;
+	return m->in_ctx && (m->status == MIG_ACTIVE || m->status == MIG_DEVICE ||
+			     m->status == MIG_POSTCOPY_ACTIVE);
+}
+
+bool migration__has_yank(struct migration *m)
+{
+	pthread_mutex_lock(&m->lock);
+	bool yes = migration__yankable(m);
+	pthread_mutex_unlock(&m->lock);
+	return yes;
+}
+
+int migration__yank(struct migration *m)
+{
+	pthread_mutex_lock(&m->lock);
+	bool yes = migration__yankable(m);
+	if (yes && migration__outgoing(m)) {
+		mig_stream__shutdown(&m->stream);
+		if (m->mf_open)
+			multifd_send__shutdown(&m->mf);
+	} else if (yes && m->in_pause) {
+		m->in_pause(m->in_ctx);
+	}
+	pthread_mutex_unlock(&m->lock);
+	return yes ? 0 : -ENOENT;
+}
+
 /* Both: the URI is well-formed and fits. */
 static int migration__recovery_uri(const char *uri, char *dst, size_t cap, char *err,
 				   size_t errlen)

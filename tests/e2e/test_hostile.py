@@ -22,6 +22,11 @@ quit, and what kmig creates is private.
   connect_full_backlog  a unix listener that never accepts: migrate_cancel
                       ends the connect, of the main stream and of a multifd
                       channel, and the guest runs on
+  yank_stuck_peer     a destination that never reads (a connection left in
+                      a listener's backlog): QMP `yank` of the migration
+                      ends it within 5 s, the migration fails and the guest
+                      runs on; query-yank lists the instance only while a
+                      link exists; other instances are refused
   silent_after_end_timeout  (slow) without a cancel, the source gives up
                       after 60 s and keeps the guest paused
   refusal_in_two_parts  a destination sends its RP_FAIL in two parts a
@@ -424,6 +429,55 @@ def test_connect_full_backlog(d, vms, check, multifd):
         check("guest_goes_on", src.console.wait(r"^heartbeat", kt.slow(5),
                                                 start=len(src.console.lines)) is not None
               and src.console.count(r"^heartbeat") > n, dump(src))
+    finally:
+        full.close()
+
+
+def stuck(q, timeout):
+    """Waits until the migration is active and sends nothing for 1 s."""
+    deadline, last, since = time.time() + timeout, None, time.time()
+    while time.time() < deadline:
+        r = q.cmd("query-migrate")
+        sent = r.get("ram", {}).get("transferred")
+        if r.get("status") != "active" or sent != last:
+            last, since = sent, time.time()
+        elif time.time() - since >= 1.0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_yank_stuck_peer(d, vms, check):
+    src = kt.kmig_vm(d, "src", "workload=verify mb=32 report_ms=200", memory="256M")
+    vms.append(src)
+    if not check("boot", src.console.wait(r"^verify ok", kt.slow(30), proc=src.proc)
+                 is not None, dump(src)):
+        return
+    q = src.qmp()
+    e = q.cmd_full("yank", instances=[{"type": "migration"}]).get("error", {}).get("desc", "")
+    check("nothing_to_yank", "not found" in e, e)
+    check("no_instance", q.cmd("query-yank") == [], repr(q.cmd("query-yank")))
+    full = FullListener(d, prefill=0)
+    try:
+        q.cmd("migrate", uri="unix:" + full.path)
+        if not check("stuck", stuck(q, kt.slow(20)), repr(q.cmd("query-migrate"))):
+            return
+        check("listed", q.cmd("query-yank") == [{"type": "migration"}],
+              repr(q.cmd("query-yank")))
+        e = q.cmd_full("yank", instances=[{"type": "chardev", "id": "c0"}])
+        check("other_refused", "error" in e, repr(e))
+        t0 = time.time()
+        q.cmd("yank", instances=[{"type": "migration"}])
+        r = kt.wait_migration(q, kt.slow(QUIT_WITHIN))
+        print("# yank: %s after %.2f s: %r" % (r.get("status"), time.time() - t0,
+                                                r.get("error-desc")))
+        check("failed", r.get("status") == "failed", repr(r))
+        check("tracking_off", r.get("x-dirty-tracking") is False, repr(r))
+        check("src_running", status(src) == "running", dump(src))
+        n = len(src.console.lines)
+        check("guest_goes_on", src.console.wait(r"^verify ok", kt.slow(10), start=n)
+              is not None, dump(src))
+        check("unlisted", q.cmd("query-yank") == [], repr(q.cmd("query-yank")))
     finally:
         full.close()
 
