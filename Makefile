@@ -38,7 +38,7 @@ UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 KVM_TEST_BINS := $(patsubst tests/kvm/%.c,$(BUILD)/tests/test_kvm_%,$(wildcard tests/kvm/*.c))
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all guest test test-full unit deps demo bench clean fuzz fuzz-bins soak
+.PHONY: all guest test test-full unit deps demo bench clean fuzz fuzz-bins soak chaos
 all: $(BUILD)/kmig
 
 $(BUILD)/kmig: $(OBJS)
@@ -90,6 +90,17 @@ soak: deps
 	$(MAKE) all guest
 	if [ -c /dev/kvm ]; then scripts/soak.py -n $(SOAK_N); \
 	else scripts/kvm-vm --timeout 86400 -- scripts/soak.py -n $(SOAK_N); fi
+
+# CHAOS_N migrations of one guest, each broken by a random fault
+# (scripts/chaos.py; CHAOS_SEED replays a run); inside scripts/kvm-vm
+# where /dev/kvm is missing
+CHAOS_N ?= 200
+CHAOS_SEED ?=
+chaos: deps
+	$(MAKE) all guest
+	if [ -c /dev/kvm ]; then scripts/chaos.py -n $(CHAOS_N) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)); \
+	else scripts/kvm-vm --timeout 86400 -- scripts/chaos.py -n $(CHAOS_N) \
+		$(if $(CHAOS_SEED),--seed $(CHAOS_SEED)); fi
 
 demo: deps
 	$(MAKE) all guest

@@ -239,6 +239,7 @@ vm_runner() {
 		KMIG_RUNNER=$n KMIG_PROGRESS=$PWD/$progress scripts/kvm-vm --cpus "${KMIG_VM_CPUS:-1}" \
 			--mem "${KMIG_VM_MEM:-8G}" --timeout $((budget - (SECONDS - t0))) \
 			--env KMIG_TEST_ALL --env KMIG_TEST_FULL --env KMIG_TEST_KEEP \
+			--env KMIG_CHAOS_RUNS --env KMIG_CHAOS_SEED \
 			--env KMIG_PROGRESS --env KMIG_CLAIMS --env KMIG_RUNNER -- \
 			tests/run.sh --part kvm "$build" "$filter" 2>&1
 		rc=$?

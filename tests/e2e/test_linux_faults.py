@@ -1,5 +1,5 @@
 """The fault matrix's Linux row: a few cells of tests/e2e/test_faults.py
-(its FaultProxy, phases, faults and expected outcomes, docs/protocol.md
+(tests/lib/faultmatrix.py: its FaultProxy, phases, faults and expected outcomes, docs/protocol.md
 "Faults and outcomes") with a stock Linux guest running memcheck in verify
 mode (64 MiB) in place of the test guest.  "The guest goes on" is a new
 memcheck report with no page bad; "never ran" is no memcheck report on
@@ -12,19 +12,12 @@ the destination's console.
                              stays paused
 KMIG_TEST_FULL=1 adds the rest of the CI cells of test_faults.py.
 """
-import importlib.util
 import os
 
 import pytest
 
+import faultmatrix as tf
 import linux_guest as lg
-
-# test_faults.py's cells, loaded by path (pytest's importlib mode puts no
-# test directory on sys.path)
-_spec = importlib.util.spec_from_file_location(
-    "kmig_fault_matrix", os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_faults.py"))
-tf = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tf)
 
 pytestmark = pytest.mark.linux
 

@@ -1,0 +1,211 @@
+"""Chaos: one guest migrated from kmig process to kmig process again and
+again, each migration broken once by a fault chosen at random, each
+outcome checked against the fault matrix's table.
+
+Every run draws a cell of the fault matrix (tests/lib/faultmatrix.py:
+phase x fault, docs/protocol.md "Faults and outcomes", where the expected
+outcome of each is written down) or one of the extra faults below, from a
+random.Random seeded once: the same seed replays the same sequence, and
+`--seed S --only K` replays run K alone.  The guest goes on from wherever
+the table says it runs afterwards; where it is lost by design (a source
+killed before the end: the destination never ran it) a fresh guest starts.
+
+After each run, beyond the cell's own checks (faultmatrix.run_cell):
+  - never two running copies: of the run's kmig processes still alive, at
+    most one has its guest running;
+  - every QMP call to a side that runs answers within QMP_WITHIN s (slowed
+    under emulation as every timeout of the tests);
+  - nothing leaked: a source that kept its guest has, once it runs again,
+    as many open fds and threads as before the migration.
+
+Extra faults, outside the matrix:
+  cancel   migrate_cancel during the bulk pass: the migration is cancelled
+           within QUIT_WITHIN s, the guest runs on at the source (then a
+           retry as in the matrix);
+  yank     QMP yank of the migration during the bulk pass: the same, with
+           status failed;
+  none     no fault: the migration completes with x-verify.
+"""
+import os
+import random
+import time
+
+import faultmatrix as fm
+import kmigtest as kt
+
+QMP_WITHIN = 3.0       # s: a running side answers a QMP call this soon
+QUIT_WITHIN = 5.0      # s: a cancel or yank ends the migration this soon
+EXTRA = ["cancel", "yank", "none"]
+
+
+def choices():
+    """Every (phase, fault) a run may draw, in a fixed order."""
+    cells = [(p, f) for p in fm.PHASES for f in fm.FAULTS]
+    return cells + [("bulk", "cancel"), ("bulk", "yank"), ("any", "none")]
+
+
+def counts(vm):
+    """(open fds, threads) of a live kmig process, or None."""
+    try:
+        return (len(os.listdir("/proc/%d/fd" % vm.proc.pid)),
+                len(os.listdir("/proc/%d/task" % vm.proc.pid)))
+    except OSError:
+        return None
+
+
+def qmp_time(vm, name="query-status"):
+    """Seconds one QMP call took (None: no answer within the slowed
+    QMP_WITHIN, or the process is gone)."""
+    q = vm.qmp()
+    q.sock.settimeout(kt.slow(QMP_WITHIN))
+    t0 = time.time()
+    try:
+        q.cmd(name)
+        return time.time() - t0
+    except (OSError, EOFError, ValueError, RuntimeError):
+        return None
+    finally:
+        q.sock.settimeout(30.0)
+
+
+class Checks:
+    """The `check` of faultmatrix.run_cell, collecting what failed."""
+
+    def __init__(self):
+        self.failed = []
+
+    def __call__(self, name, cond, msg=""):
+        if not cond:
+            self.failed.append("%s: %s" % (name, str(msg)[:2000]))
+        return bool(cond)
+
+
+class Chaos:
+    def __init__(self, d, seed, log=print):
+        self.d, self.seed, self.log = d, seed, log
+        self.guest = fm.VerifyGuest(d)
+        self.vms = []
+        self.runs = []
+
+    def _extra(self, check, kind, src, tag):
+        """cancel / yank / none from src; returns the VM running the guest."""
+        port = kt.free_port()
+        uri = "tcp:127.0.0.1:%d" % port
+        dst = self.guest.vm("dst" + tag, ["--incoming", uri])
+        self.vms.append(dst)
+        if not check("dst_listening", kt.wait_incoming(dst, kt.slow(30)), fm.dump(dst)):
+            return src
+        if kind == "none":
+            r = kt.migrate(src, dst, uri, caps={"x-verify": True},
+                           params={"downtime-limit": 10000}, timeout=kt.slow(90))
+            check("completed", r.get("status") == "completed", repr(r))
+            check("guest_goes_on", fm.goes_on(dst), fm.dump(dst))
+            return dst if r.get("status") == "completed" else src
+        q = src.qmp()
+        before = counts(src)
+        q.cmd("migrate-set-parameters", **{"max-bandwidth": fm.BANDWIDTH, "downtime-limit": 1})
+        q.cmd("migrate", uri=uri)
+        deadline = time.time() + kt.slow(30)
+        while time.time() < deadline:
+            r = q.cmd("query-migrate")
+            if r.get("status") == "active" and r.get("ram", {}).get("transferred", 0) > 0:
+                break
+            time.sleep(0.05)
+        t0 = time.time()
+        if kind == "cancel":
+            q.cmd("migrate_cancel")
+        else:
+            q.cmd("yank", instances=[{"type": "migration"}])
+        r = kt.wait_migration(q, kt.slow(QUIT_WITHIN))
+        want = "cancelled" if kind == "cancel" else "failed"
+        check(kind + "_ends", r.get("status") == want, "after %.1f s: %r"
+              % (time.time() - t0, r))
+        check("src_runs", fm.status(src) == "running", fm.dump(src))
+        check("src_guest_goes_on", fm.goes_on(src), fm.dump(src))
+        fm.src_clean(check, src)
+        rc = dst.wait_exit(kt.slow(30))
+        check("dst_exits_nonzero", rc not in (None, 0), "exit %r; %s" % (rc, fm.dump(dst)))
+        check("dst_never_ran", not fm.ran(dst), fm.dump(dst))
+        self._no_leak(check, src, before)
+        return fm.retry(self.guest, self.vms, check, src, "retry" + tag)
+
+    def _no_leak(self, check, src, before):
+        """src's fds and threads back to `before` (within a few seconds:
+        the migration's threads end after its status)."""
+        now = counts(src)
+        deadline = time.time() + kt.slow(5)
+        while before and now and now > before and time.time() < deadline:
+            time.sleep(0.1)
+            now = counts(src)
+        check("no_fd_or_thread_leak", before is None or now is None or
+              (now[0] <= before[0] and now[1] <= before[1]),
+              "(fds, threads) before %r, after %r" % (before, now))
+
+    def _invariants(self, check, mine):
+        """At most one running copy; the running one answers QMP in time."""
+        alive = [vm for vm in mine if vm.proc.poll() is None]
+        running = [vm for vm in alive if fm.status(vm) == "running"]
+        check("one_copy", len(running) <= 1, "%d running: %s"
+              % (len(running), "; ".join(fm.dump(vm) for vm in running)))
+        for vm in running:
+            took = qmp_time(vm)
+            check("qmp_answers", took is not None, "no answer within %.0f s; %s"
+                  % (kt.slow(QMP_WITHIN), fm.dump(vm)))
+
+    def one(self, i, rng_choice, cur):
+        """Run i with (phase, fault) from cur (None: a fresh guest); returns
+        the VM running the guest afterwards and the run's record."""
+        phase, fault = rng_choice
+        tag = "_%d" % i
+        check = Checks()
+        first = len(self.vms)
+        t0 = time.time()
+        if cur is None:
+            cur = self.guest.vm("src" + tag)
+            self.vms.append(cur)
+            check("boot", cur.console.wait(self.guest.ok_rx, kt.slow(self.guest.boot_s),
+                                           proc=cur.proc) is not None, fm.dump(cur))
+        cur.qmp()                       # its QMP connection counts in `before`
+        if fault in EXTRA:
+            nxt = self._extra(check, fault, cur, tag)
+        else:
+            before = counts(cur)
+            nxt = fm.run_cell(self.guest, self.vms, check, phase, fault, src=cur, tag=tag,
+                              on_src_back=lambda s: self._no_leak(check, s, before))
+        mine = [cur] + [vm for vm in self.vms[first:] if vm is not cur]
+        self._invariants(check, mine)
+        want = fm.EXPECT.get((phase, fault), "runs" if fault != "none" else "completes")
+        rec = {"run": i, "phase": phase, "fault": fault, "want": want,
+               "seconds": round(time.time() - t0, 1), "failed": check.failed,
+               "guest_on": "lost" if nxt is None else os.path.basename(nxt.console.path)}
+        for vm in mine:                 # only the guest's VM goes on
+            if vm is not nxt:
+                vm.kill()
+        self.vms = [vm for vm in self.vms if vm.proc.poll() is None]
+        return nxt, rec
+
+    def run(self, n, only=None):
+        rng = random.Random(self.seed)
+        all_choices = choices()
+        plan = [rng.choice(all_choices) for _ in range(n)]
+        cur = None
+        for i, c in enumerate(plan):
+            if only is not None and i != only:
+                continue
+            cur, rec = self.one(i, c, cur)
+            self.runs.append(rec)
+            self.log("# chaos run %d (seed %d): %s-%s, want %s, %.0f s: %s"
+                     % (i, self.seed, c[0], c[1], rec["want"], rec["seconds"],
+                        "ok" if not rec["failed"] else "FAILED " + " | ".join(rec["failed"])))
+        return self.summary(n)
+
+    def summary(self, n):
+        bad = [r for r in self.runs if r["failed"]]
+        return {"seed": self.seed, "runs_planned": n, "runs": len(self.runs),
+                "failed_runs": len(bad), "lost_by_design": sum(r["guest_on"] == "lost"
+                                                               for r in self.runs),
+                "first_failure": bad[0] if bad else None}
+
+    def close(self):
+        for vm in self.vms:
+            vm.kill()
