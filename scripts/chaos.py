@@ -27,6 +27,8 @@ def main():
     ap.add_argument("-n", type=int, default=200, help="migrations (default 200)")
     ap.add_argument("--seed", type=int, default=None, help="default: from the clock")
     ap.add_argument("--only", type=int, default=None, help="replay this run of the seed")
+    ap.add_argument("--faults", default=None,
+                    help="comma-separated: draw only these (e.g. postcopy-cut,yank,kill-src)")
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "chaos.json"))
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else int(time.time() * 1000) % 1000000007
@@ -35,7 +37,7 @@ def main():
     d = kt.tmpdir()
     c = chaos.Chaos(d, seed, log=lambda m: print(m, flush=True))
     try:
-        summary = c.run(a.n, a.only)
+        summary = c.run(a.n, a.only, a.faults.split(",") if a.faults else None)
     finally:
         c.close()
     summary["commit"] = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],

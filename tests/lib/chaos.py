@@ -24,6 +24,11 @@ Extra faults, outside the matrix:
            retry as in the matrix);
   yank     QMP yank of the migration during the bulk pass: the same, with
            status failed;
+  postcopy-cut  a post-copy migration (x-verify) whose link is cut at a
+           random moment of postcopy-active, with the push held back so
+           pages are still missing: both sides pause; two migrate-recover
+           in one write: the second is refused; the source resumes on the
+           new link and the migration completes, every page checked;
   none     no fault: the migration completes with x-verify.
 """
 import os
@@ -32,16 +37,20 @@ import time
 
 import faultmatrix as fm
 import kmigtest as kt
+from faultproxy import FaultProxy
 
 QMP_WITHIN = 3.0       # s: a running side answers a QMP call this soon
 QUIT_WITHIN = 5.0      # s: a cancel or yank ends the migration this soon
-EXTRA = ["cancel", "yank", "none"]
+EXTRA = ["cancel", "yank", "postcopy-cut", "none"]
+EXTRA_WANT = {"cancel": "runs", "yank": "runs", "postcopy-cut": "recovers", "none": "completes"}
+PUSH = 2000000         # B/s after the switch to post-copy: pages stay missing
 
 
 def choices():
     """Every (phase, fault) a run may draw, in a fixed order."""
     cells = [(p, f) for p in fm.PHASES for f in fm.FAULTS]
-    return cells + [("bulk", "cancel"), ("bulk", "yank"), ("any", "none")]
+    return cells + [("bulk", "cancel"), ("bulk", "yank"), ("postcopy", "postcopy-cut"),
+                    ("any", "none")]
 
 
 def counts(vm):
@@ -87,14 +96,72 @@ class Chaos:
         self.vms = []
         self.runs = []
 
-    def _extra(self, check, kind, src, tag):
-        """cancel / yank / none from src; returns the VM running the guest."""
+    def _wait_status(self, q, want, timeout):
+        deadline = time.time() + timeout
+        r = {}
+        while time.time() < deadline:
+            r = q.cmd("query-migrate")
+            if r.get("status") == want:
+                break
+            time.sleep(0.05)
+        return r
+
+    def _postcopy_cut(self, check, src, dst, port, delay):
+        """The post-copy fault (see the module's text); the VM running the
+        guest afterwards."""
+        proxy = FaultProxy(port, ("manual",), "cut")
+        try:
+            q, dq = src.qmp(), dst.qmp()
+            kt.set_caps(dq, postcopy_ram=True)
+            kt.set_caps(q, postcopy_ram=True, x_verify=True)
+            kt.set_params(q, max_bandwidth=fm.BANDWIDTH, max_postcopy_bandwidth=PUSH)
+            q.cmd("migrate", uri="tcp:127.0.0.1:%d" % proxy.port)
+            r = fm.wait_dirty_round(q, kt.slow(60))
+            if not check("dirty_round", r is not None and r.get("status") == "active", repr(r)):
+                return src
+            q.cmd("migrate-start-postcopy")
+            r = self._wait_status(q, "postcopy-active", kt.slow(20))
+            if not check("postcopy_active", r.get("status") == "postcopy-active", repr(r)):
+                return src
+            time.sleep(delay)
+            proxy.fire()
+            check("cut", proxy.triggered.wait(kt.slow(10)), "proxy never triggered")
+            for side, name in ((q, "src"), (dq, "dst")):
+                r = self._wait_status(side, "postcopy-paused", kt.slow(20))
+                check(name + "_paused", r.get("status") == "postcopy-paused", repr(r))
+            uri2 = "tcp:127.0.0.1:%d" % kt.free_port()
+            dq.send_raw(('{"execute": "migrate-recover", "arguments": {"uri": "%s"}}\n' % uri2)
+                        .encode() * 2)
+            first, second = dq.read_reply(), dq.read_reply()
+            check("recover_once", "return" in first and "error" in second,
+                  "%r / %r" % (first, second))
+            r = self._wait_status(dq, "postcopy-recover", kt.slow(10))
+            check("dst_listens", r.get("status") == "postcopy-recover", repr(r))
+            kt.set_params(q, max_postcopy_bandwidth=0)
+            q.cmd("migrate", uri=uri2, resume=True)
+            r = kt.wait_migration(q, kt.slow(60))
+            ok = check("completed", r.get("status") == "completed",
+                       "%r; %s; %s" % (r, fm.dump(src), fm.dump(dst)))
+            dr = kt.wait_migration(dq, kt.slow(20))
+            check("dst_completed", dr.get("status") == "completed", repr(dr))
+            check("x_verify", kt.wait_output(dst, r"x-verify: every page as it came matches",
+                                             kt.slow(5)) is not None, dst.output()[-400:])
+            check("guest_goes_on", fm.goes_on(dst), fm.dump(dst))
+            return dst if ok else None
+        finally:
+            proxy.close()
+
+    def _extra(self, check, kind, src, tag, rng):
+        """cancel / yank / postcopy-cut / none from src; returns the VM
+        running the guest afterwards."""
         port = kt.free_port()
         uri = "tcp:127.0.0.1:%d" % port
         dst = self.guest.vm("dst" + tag, ["--incoming", uri])
         self.vms.append(dst)
         if not check("dst_listening", kt.wait_incoming(dst, kt.slow(30)), fm.dump(dst)):
             return src
+        if kind == "postcopy-cut":
+            return self._postcopy_cut(check, src, dst, port, rng.uniform(0, 1.0))
         if kind == "none":
             r = kt.migrate(src, dst, uri, caps={"x-verify": True},
                            params={"downtime-limit": 10000}, timeout=kt.slow(90))
@@ -152,7 +219,7 @@ class Chaos:
             check("qmp_answers", took is not None, "no answer within %.0f s; %s"
                   % (kt.slow(QMP_WITHIN), fm.dump(vm)))
 
-    def one(self, i, rng_choice, cur):
+    def one(self, i, rng_choice, cur, rng):
         """Run i with (phase, fault) from cur (None: a fresh guest); returns
         the VM running the guest afterwards and the run's record."""
         phase, fault = rng_choice
@@ -167,14 +234,14 @@ class Chaos:
                                            proc=cur.proc) is not None, fm.dump(cur))
         cur.qmp()                       # its QMP connection counts in `before`
         if fault in EXTRA:
-            nxt = self._extra(check, fault, cur, tag)
+            nxt = self._extra(check, fault, cur, tag, rng)
         else:
             before = counts(cur)
             nxt = fm.run_cell(self.guest, self.vms, check, phase, fault, src=cur, tag=tag,
                               on_src_back=lambda s: self._no_leak(check, s, before))
         mine = [cur] + [vm for vm in self.vms[first:] if vm is not cur]
         self._invariants(check, mine)
-        want = fm.EXPECT.get((phase, fault), "runs" if fault != "none" else "completes")
+        want = fm.EXPECT.get((phase, fault), EXTRA_WANT.get(fault))
         rec = {"run": i, "phase": phase, "fault": fault, "want": want,
                "seconds": round(time.time() - t0, 1), "failed": check.failed,
                "guest_on": "lost" if nxt is None else os.path.basename(nxt.console.path)}
@@ -184,15 +251,17 @@ class Chaos:
         self.vms = [vm for vm in self.vms if vm.proc.poll() is None]
         return nxt, rec
 
-    def run(self, n, only=None):
+    def run(self, n, only=None, faults=None):
+        """n runs; only: just run `only` of the sequence; faults: draw only
+        these faults (names of the matrix's or EXTRA)."""
         rng = random.Random(self.seed)
-        all_choices = choices()
-        plan = [rng.choice(all_choices) for _ in range(n)]
+        all_choices = [c for c in choices() if not faults or c[1] in faults]
+        plan = [(rng.choice(all_choices), random.Random(rng.random())) for _ in range(n)]
         cur = None
-        for i, c in enumerate(plan):
+        for i, (c, run_rng) in enumerate(plan):
             if only is not None and i != only:
                 continue
-            cur, rec = self.one(i, c, cur)
+            cur, rec = self.one(i, c, cur, run_rng)
             self.runs.append(rec)
             self.log("# chaos run %d (seed %d): %s-%s, want %s, %.0f s: %s"
                      % (i, self.seed, c[0], c[1], rec["want"], rec["seconds"],
