@@ -2,7 +2,8 @@
 lossless over the main stream and multifd channels with nothing in clear
 on the wire, and every refusal (plain peer, wrong key, foreign CA, wrong
 host name, a client tls-authz does not name) fails cleanly on both sides
-with the source still running, after which a good migration completes."""
+with the source still running, after which a good migration completes;
+tls-creds and tls-authz cannot change while a destination listens."""
 import os
 import socket
 import subprocess
@@ -146,6 +147,46 @@ def refused(check, name, src, dst, port, want):
     print("# %s: destination %r" % (name, m.group(0) if m else dst.output()[-300:]))
     check(name + "_destination_says_tls", m is not None and "TLS" in m.group(0),
           dst.output()[-400:])
+
+
+def test_tls_creds_while_listening(d, vms, check):
+    """tls-creds and tls-authz cannot change while an incoming listener is
+    up (--incoming tcp: at start-up, or migrate-incoming): the change is
+    refused and query-migrate-parameters shows what is in force."""
+    keys = certs(d, "c")
+    creds = "tls-creds-psk,id=k0,dir=%s/psk" % keys
+    authz = "authz-simple,id=only,identity=qemu"
+    dst = kt.kmig_vm(d, "dst", "workload=idle", memory="128M",
+                     extra=["--object", creds, "--object", authz, "--incoming",
+                            "tcp:127.0.0.1:%d" % kt.free_port()])
+    vms.append(dst)
+    if not check("listening", kt.wait_incoming(dst, kt.slow(30)), kt.dump(dst)):
+        return
+    q = dst.qmp()
+    for name, value in (("tls-creds", "k0"), ("tls-authz", "only")):
+        rep = q.cmd_full("migrate-set-parameters", **{name: value})
+        print("# %s at start-up: %r" % (name, rep))
+        check(name + "_refused", "error" in rep and "incoming" in rep["error"]["desc"],
+              "%r" % rep)
+        check(name + "_not_shown", q.cmd("query-migrate-parameters").get(name) == "",
+              "%r" % q.cmd("query-migrate-parameters"))
+    rep = q.cmd_full("migrate-set-parameters", **{"max-bandwidth": 1 << 20})
+    check("others_change", "return" in rep, "%r" % rep)
+
+    dst = kt.kmig_vm(d, "dst2", "workload=idle", memory="128M",
+                     extra=["--object", creds, "--incoming", "defer"])
+    vms.append(dst)
+    q = dst.qmp()
+    q.cmd("migrate-set-parameters", **{"tls-creds": "k0"})
+    q.cmd("migrate-incoming", uri="tcp:127.0.0.1:%d" % kt.free_port())
+    if not check("listening2", kt.wait_incoming(dst, kt.slow(30)), kt.dump(dst)):
+        return
+    rep = q.cmd_full("migrate-set-parameters", **{"tls-creds": ""})
+    check("clear_refused", "error" in rep and "incoming" in rep["error"]["desc"], "%r" % rep)
+    check("still_k0", q.cmd("query-migrate-parameters").get("tls-creds") == "k0",
+          "%r" % q.cmd("query-migrate-parameters"))
+    rep = q.cmd_full("migrate-set-parameters", **{"tls-creds": "k0"})
+    check("same_value_accepted", "return" in rep, "%r" % rep)
 
 
 def test_x509_refusals_then_success(d, vms, check):
