@@ -119,7 +119,9 @@ void multifd_recv__init(struct multifd_recv *mf, const struct proto_ram *ram,
 struct mig_stream *multifd_recv__next_stream(struct multifd_recv *mf);
 /* Takes the connection just accepted into next_stream: reads its CHANNEL
  * record (within MULTIFD_HANDSHAKE_MS, and cancellable) and starts its
- * thread.  err gets a reason on failure. */
+ * thread.  err gets a reason on failure: -EPROTO when the connection is
+ * not a channel of this migration (closed; the caller may wait for
+ * another), -ECANCELED after multifd_recv__cancel, else -errno. */
 #define MULTIFD_HANDSHAKE_MS 10000
 int multifd_recv__add(struct multifd_recv *mf, unsigned expected, char *err,
 		      size_t errlen) KMIG_MUST_CHECK;

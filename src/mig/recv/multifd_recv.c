@@ -175,10 +175,12 @@ int multifd_recv__add(struct multifd_recv *mf, unsigned expected, char *err, siz
 	    count != expected || index < 1 || index > expected || multifd_recv__index_taken(mf, index)) {
 		pthread_mutex_lock(&mf->lock);
 		mf->pending = NULL;
+		bool failed = mf->failed;
 		pthread_mutex_unlock(&mf->lock);
 		snprintf(err, errlen, "bad multifd channel handshake: %s", rc ? io_why : why);
+		utf8__sanitize(err);
 		mig_stream__close(&c->stream);
-		return -EPROTO;
+		return failed ? -ECANCELED : -EPROTO;
 	}
 	c->mf = mf;
 	c->index = index;
