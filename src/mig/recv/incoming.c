@@ -67,8 +67,9 @@ static void incoming__pause(void *ctx)
 #define INCOMING_CHANNEL_WAIT_MS 10000
 #define INCOMING_CHANNEL_STRAYS  PROTO_MAX_CHANNELS /* dropped while channels are taken */
 
-/* The listener, once no more connections are wanted on it: whatever
- * still waits there is dropped, and a unix socket file goes. */
+/* The listener, once no more connections are wanted on it (the channels
+ * are in, or the link broke): whatever still waits there is dropped, and
+ * a unix socket file goes. */
 static void incoming__close_listener(struct incoming *in)
 {
 	pthread_mutex_lock(&in->m->lock);
@@ -110,6 +111,7 @@ static int incoming__on_channels(void *ctx, uint32_t count)
 		}
 		i++;
 	}
+	incoming__close_listener(in);
 	log_info("incoming migration: %u multifd channels", count);
 	return 0;
 }
@@ -421,6 +423,7 @@ static int incoming__accept(struct incoming *in, const char *uri, uint32_t want,
 {
 	char err[256];
 	struct migration *m = in->m;
+	incoming__close_listener(in);
 	int rc = mig_listener__open(&in->listener, uri, err, sizeof(err));
 	if (!rc) {
 		in->listener.on_drop = incoming__silent;
@@ -604,6 +607,7 @@ static int incoming__paused(struct incoming *in, int rc)
 	snprintf(why, sizeof(why), "%s", mig_recv__error(&in->recv));
 	while (rc && in->postcopy && mig_recv__link_lost(&in->recv)) {
 		incoming__drop_link(in);
+		incoming__close_listener(in);   /* migrate-recover opens one, maybe on its URI */
 		pthread_mutex_lock(&m->lock);
 		snprintf(m->error, sizeof(m->error), "post-copy paused, the link to the source broke "
 			 "(%.60s): the guest cannot go on without the source's pages; "
