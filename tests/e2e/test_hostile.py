@@ -15,6 +15,9 @@ quit, and what kmig creates is private.
                       source holds nothing up, the migration completes
   multifd_stray_channel  garbage where a multifd channel is expected:
                       dropped and counted, the real channel after it taken
+  multifd_intruder    a CHANNEL record with another session claims channel
+                      1 before the source's: dropped (its socket closed),
+                      the source's channel taken
   multifd_sync_without_data  a peer's channel never reaches the main
                       stream's SYNC: quit ends the destination
   silent_after_end    a destination that reads everything and never
@@ -66,14 +69,20 @@ def record(rtype, payload=b"", flags=0):
 
 
 def start_record(blocks=((0, 256 * MIB),)):
-    payload = b"KMIGSTRM" + struct.pack("<III", 1, 4096, len(blocks))
+    payload = b"KMIGSTRM" + struct.pack("<III", 2, 4096, len(blocks))
     for gpa, size in blocks:
         payload += struct.pack("<QQ", gpa, size)
     return record(1, payload)
 
 
-def channel_record(index, count):
-    return record(8, struct.pack("<II", index, count))
+SESSION = bytes(range(16))           # the fake source's multifd session
+SESSION_OTHER = b"other session!!!"
+
+
+def channel_record(index, count, session=SESSION):
+    """CHANNEL (protocol version 2): index, count and the session that the
+    main stream's CHANNEL{0, n} announced."""
+    return record(8, struct.pack("<II", index, count) + session)
 
 
 def sync_record(rnd):
@@ -274,6 +283,38 @@ def test_multifd_stray_channel(d, vms, check):
         quit_ends(check, "quit", dst)
     finally:
         for s in (junk, chan, main):
+            s.close()
+
+
+def test_multifd_intruder(d, vms, check):
+    """A connection claims channel 1 before the source's own channel 1,
+    with a CHANNEL record that is not this migration's: it is dropped, the
+    source's channel is taken."""
+    dst, port = listening_dest(d, vms, check)
+    if dst is None:
+        return
+    main = fake_source(port)
+    intruder = socket.create_connection(("127.0.0.1", port), timeout=10)
+    intruder.sendall(channel_record(1, 1, SESSION_OTHER))
+    chan = socket.create_connection(("127.0.0.1", port), timeout=10)
+    chan.sendall(channel_record(1, 1))
+    try:
+        if not check("channels_up", kt.wait_output(dst, r"1 multifd channels", kt.slow(20)),
+                     dump(dst)):
+            return
+        intruder.settimeout(kt.slow(5))
+        try:
+            got = intruder.recv(1)
+        except socket.timeout:
+            got = None
+        check("intruder_dropped", got == b"", "intruder still connected; %s" % dump(dst))
+        s = strays(dst)
+        print("# strays: %r" % s)
+        check("counted", s.get("count") == 1, "%r" % s)
+        check("dst_waits", dst.proc.poll() is None, dump(dst))
+        quit_ends(check, "quit", dst)
+    finally:
+        for s in (intruder, chan, main):
             s.close()
 
 

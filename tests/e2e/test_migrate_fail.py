@@ -336,7 +336,7 @@ def test_cancel_stalled(d, vms, check):
 
 # ----------------------------------------------------------- garbage
 
-def start_record(magic=b"KMIGSTRM", version=1, blocks=((0, 256 * MIB),)):
+def start_record(magic=b"KMIGSTRM", version=2, blocks=((0, 256 * MIB),)):
     payload = magic + struct.pack("<III", version, 4096, len(blocks))
     for gpa, size in blocks:
         payload += struct.pack("<QQ", gpa, size)
@@ -357,6 +357,8 @@ GARBAGE = [
      "START: bad magic (not a kmig migration stream) (version 0, page size 0)", True),
     ("bad_version", start_record(version=99),
      "START: unsupported protocol version (version 99, page size 4096)", True),
+    ("old_version", start_record(version=1),
+     "START: unsupported protocol version (version 1, page size 4096)", True),
     # a valid START (the layout matches) and then a PAGES record whose
     # offset lies outside guest RAM
     ("out_of_range", start_record() + struct.pack("<IIQ", 2, 0, 8 + 8 + 4096)

@@ -82,7 +82,8 @@ static void incoming__close_listener(struct incoming *in)
 /* The main stream announced `count` extra channels: accept them.  A
  * connection that is not one of them (no TLS, no CHANNEL record of this
  * migration in time) is dropped and counted; the listener waits on. */
-static int incoming__on_channels(void *ctx, uint32_t count)
+static int incoming__on_channels(void *ctx, uint32_t count,
+				 const uint8_t session[PROTO_SESSION_LEN])
 {
 	struct incoming *in = ctx;
 	char err[256] = "";
@@ -90,6 +91,7 @@ static int incoming__on_channels(void *ctx, uint32_t count)
 	if (in->multifd || !in->listening)
 		return -EPROTO;
 	in->multifd = true;
+	memcpy(in->mf.session, session, PROTO_SESSION_LEN);
 	for (uint32_t i = 0; i < count;) {
 		struct mig_stream *s = multifd_recv__next_stream(&in->mf);
 		int rc = s ? mig_listener__accept(&in->listener, s,
@@ -376,6 +378,9 @@ static int incoming__vet(struct incoming *in, uint32_t want, char *why, size_t l
 		if (rc)
 			return rc;
 		log_info("incoming migration: TLS 1.3 with '%s'", m->tls_in.creds->id);
+		/* the channels must come from the same client */
+		if (tls__peer(&in->stream, &m->tls_in, in->mf.peer, sizeof(in->mf.peer)))
+			in->mf.peer[0] = 0;
 	}
 	return incoming__first_header(&in->stream, want, m->tls_in.creds != NULL, why, len);
 }
