@@ -129,6 +129,19 @@ void migration__set_error(struct migration *m, const char *fmt, ...)
 	pthread_mutex_unlock(&m->lock);
 }
 
+void migration__stray(struct migration *m, const char *what, const char *why)
+{
+	char copy[sizeof(m->stray_why)];
+	pthread_mutex_lock(&m->lock);
+	uint64_t n = ++m->strays;
+	snprintf(m->stray_why, sizeof(m->stray_why), "%s: %s", what, why);
+	utf8__sanitize(m->stray_why);
+	memcpy(copy, m->stray_why, sizeof(copy));
+	pthread_mutex_unlock(&m->lock);
+	log_warn("incoming migration: dropped a connection that is not the source's "
+		 "(%llu so far), the listener waits on: %s", (unsigned long long)n, copy);
+}
+
 void migration__proto_ram(const struct ram *ram, struct proto_ram *out)
 {
 	memset(out, 0, sizeof(*out));
@@ -398,6 +411,9 @@ json_t *migration__query(struct migration *m)
 			    json_boolean(m->vm->dirty && dirty__active(m->vm->dirty)));
 	json_object_set_new(r, "x-cpu-throttle-now",
 			    json_integer(atomic_load(&m->vm->throttle_pct)));
+	if (m->strays)   /* the incoming side: who else knocked, and why it was dropped */
+		json_object_set_new(r, "x-stray-connections", json_pack("{s:I, s:s}",
+			"count", (json_int_t)m->strays, "last-reason", m->stray_why));
 	/* a cancel after END also says why the guest stays paused; a paused
 	 * post-copy why it waits and what continues it */
 	if ((s == MIG_FAILED || s == MIG_CANCELLED || s == MIG_POSTCOPY_PAUSED) && m->error[0])

@@ -153,6 +153,8 @@ struct migration {
 	char in_uri[256];
 	char out_uri[256];
 	bool incoming_expected;      /* --incoming given: the VM waits for a stream */
+	uint64_t strays;             /* under lock: connections the incoming side dropped */
+	char stray_why[256];         /* under lock: the last one's reason */
 	struct calcrate calc;        /* calc-dirty-rate */
 	bool limit_set;              /* this migration set dirty limits */
 	uint64_t user_limits[DIRTYLIMIT_MAX_VCPUS]; /* quotas before it did */
@@ -218,6 +220,11 @@ void migration__set_status(struct migration *m, enum mig_status s);
 /* The same, only if the status is `from` (a cancel's `cancelling` is not
  * overwritten); false if it was not. */
 bool migration__advance(struct migration *m, enum mig_status from, enum mig_status to) KMIG_MUST_CHECK;
+/* The incoming side dropped a connection that is not the source's (what:
+ * "connection", "multifd channel"; why: the reason): counted, logged and
+ * shown by query-migrate (x-stray-connections) until the next
+ * migrate-incoming. */
+void migration__stray(struct migration *m, const char *what, const char *why);
 /* Records a failure description (first one wins until the next start). */
 void migration__set_error(struct migration *m, const char *fmt, ...) KMIG_PRINTF(2, 3);
 

@@ -60,16 +60,19 @@ struct multifd_send {
 	atomic_int err;              /* first worker error */
 	atomic_bool stop;            /* shutdown: connects in progress give up */
 	const struct tls_config *tls; /* each channel's TLS, NULL = plain */
+	uint8_t session[PROTO_SESSION_LEN]; /* in every channel's CHANNEL record */
 	struct multifd_send_chan chan[PROTO_MAX_CHANNELS];
 };
 
 /* Connects n channels to uri (each with a TLS handshake when tls is not
- * NULL) and starts their workers.  mf must be zeroed (as
+ * NULL, each CHANNEL record with session, as the main stream's announced)
+ * and starts their workers.  mf must be zeroed (as
  * multifd_send__close leaves it); ram and tls must outlive the channels.
  * err gets a reason on failure; multifd_send__close cleans up either way. */
 int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
 		       const struct proto_ram *ram, enum proto_comp comp, uint64_t rate,
-		       const struct tls_config *tls, char *err, size_t errlen) KMIG_MUST_CHECK;
+		       const struct tls_config *tls, const uint8_t session[PROTO_SESSION_LEN],
+		       char *err, size_t errlen) KMIG_MUST_CHECK;
 /* Queues a batch (blocks while the chosen channel's queue is full). */
 int multifd_send__queue(struct multifd_send *mf, uint32_t type, uint32_t block,
 			uint32_t count, const uint64_t *offsets) KMIG_MUST_CHECK;
@@ -105,6 +108,8 @@ struct multifd_recv {
 	unsigned accepted;           /* connections taken so far */
 	struct mig_stream *pending;  /* under lock: accepted, handshake not read yet */
 	const struct tls_config *tls; /* each channel's TLS, NULL = plain */
+	uint8_t session[PROTO_SESSION_LEN]; /* the main stream's CHANNEL{0, n}'s */
+	char peer[256];              /* with TLS: the main stream's client, "" = any */
 	bool failed, done;
 	bool closed;                 /* multifd_recv__finish ran (the main thread's) */
 	char error[256];
@@ -118,8 +123,11 @@ void multifd_recv__init(struct multifd_recv *mf, const struct proto_ram *ram,
  * PROTO_MAX_CHANNELS are taken). */
 struct mig_stream *multifd_recv__next_stream(struct multifd_recv *mf);
 /* Takes the connection just accepted into next_stream: reads its CHANNEL
- * record (within MULTIFD_HANDSHAKE_MS, and cancellable) and starts its
- * thread.  err gets a reason on failure. */
+ * record (within MULTIFD_HANDSHAKE_MS, and cancellable), which must carry
+ * mf->session (and, with TLS and mf->peer set, come from that client),
+ * and starts its thread.  err gets a reason on failure: -EPROTO when the connection is
+ * not a channel of this migration (closed; the caller may wait for
+ * another), -ECANCELED after multifd_recv__cancel, else -errno. */
 #define MULTIFD_HANDSHAKE_MS 10000
 int multifd_recv__add(struct multifd_recv *mf, unsigned expected, char *err,
 		      size_t errlen) KMIG_MUST_CHECK;

@@ -221,6 +221,25 @@ static int params_tls(struct migration *m, json_t *args, struct mig_params *p,
 	return 0;
 }
 
+/* tls-creds and tls-authz of a destination are taken when it starts
+ * listening (migrate-incoming, --incoming): while it listens or loads,
+ * a change would be shown and not be in force, so it is refused. */
+static int params_tls_in_force(struct migration *m, const struct mig_params *p,
+			       struct qmp_error *err)
+{
+	pthread_mutex_lock(&m->lock);
+	bool same = !strcmp(p->tls_creds, m->params.tls_creds) &&
+		    !strcmp(p->tls_authz, m->params.tls_authz);
+	bool busy = m->in_running && (m->in_ctx || m->status == MIG_SETUP);
+	pthread_mutex_unlock(&m->lock);
+	if (same || !busy)
+		return 0;
+	qmp_error__set(err, QMP_ERROR_GENERIC, "tls-creds and tls-authz cannot change while an "
+		       "incoming migration listens or runs: they are taken when migrate-incoming "
+		       "(or --incoming) starts it");
+	return -EBUSY;
+}
+
 static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct migration *m = ctx;
@@ -259,7 +278,7 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 			       MIG_HINT_WAIT_MAX_MS);
 		return NULL;
 	}
-	if (params_tls(m, args, &p, err))
+	if (params_tls(m, args, &p, err) || params_tls_in_force(m, &p, err))
 		return NULL;
 	if (p.multifd_channels < 1) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "multifd-channels must be 1..%u", PROTO_MAX_CHANNELS);

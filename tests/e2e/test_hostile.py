@@ -8,6 +8,16 @@ quit, and what kmig creates is private.
                       came before the incoming thread registered)
   multifd_silent_channel  a peer announces a channel, connects it and sends
                       nothing: quit ends the destination
+  stray_before_source  a silent connector and an HTTP request reach the
+                      port before the source: each dropped, counted in
+                      query-migrate (x-stray-connections) and logged, the
+                      destination waits on; a silent one just before the
+                      source holds nothing up, the migration completes
+  multifd_stray_channel  garbage where a multifd channel is expected:
+                      dropped and counted, the real channel after it taken
+  multifd_intruder    a CHANNEL record with another session claims channel
+                      1 before the source's: dropped (its socket closed),
+                      the source's channel taken
   multifd_sync_without_data  a peer's channel never reaches the main
                       stream's SYNC: quit ends the destination
   multifd_main_fails_after_sync  every channel reached SYNC(1), then the
@@ -75,14 +85,20 @@ def record(rtype, payload=b"", flags=0):
 
 
 def start_record(blocks=((0, 256 * MIB),)):
-    payload = b"KMIGSTRM" + struct.pack("<III", 1, 4096, len(blocks))
+    payload = b"KMIGSTRM" + struct.pack("<III", 2, 4096, len(blocks))
     for gpa, size in blocks:
         payload += struct.pack("<QQ", gpa, size)
     return record(1, payload)
 
 
-def channel_record(index, count):
-    return record(8, struct.pack("<II", index, count))
+SESSION = bytes(range(16))           # the fake source's multifd session
+SESSION_OTHER = b"other session!!!"
+
+
+def channel_record(index, count, session=SESSION):
+    """CHANNEL (protocol version 2): index, count and the session that the
+    main stream's CHANNEL{0, n} announced."""
+    return record(8, struct.pack("<II", index, count) + session)
 
 
 def sync_record(rnd):
@@ -230,6 +246,118 @@ def test_multifd_main_fails_after_sync(d, vms, check):
     finally:
         chan.close()
         main.close()
+
+
+def strays(vm):
+    """query-migrate's count of dropped connections and the last reason."""
+    return vm.qmp().cmd("query-migrate").get("x-stray-connections", {})
+
+
+def wait_strays(vm, n, timeout):
+    deadline = time.time() + timeout
+    s = {}
+    while time.time() < deadline and vm.proc.poll() is None:
+        s = strays(vm)
+        if s.get("count", 0) >= n:
+            break
+        time.sleep(0.1)
+    return s
+
+
+def test_stray_before_source(d, vms, check):
+    """A connector that stays silent and one that sends an HTTP request
+    reach the destination before the real source: each is dropped (the
+    silent one after 10 s), counted in query-migrate and logged, and the
+    destination waits on.  Then another silent connector comes just before
+    the source: it holds nothing up, and the migration completes."""
+    dst, port = listening_dest(d, vms, check)
+    if dst is None:
+        return
+    src = source(d, vms)
+    if not booted(check, src):
+        return
+    silent = socket.create_connection(("127.0.0.1", port), timeout=10)
+    junk = socket.create_connection(("127.0.0.1", port), timeout=10)
+    junk.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    silent2 = None
+    try:
+        s = wait_strays(dst, 2, kt.slow(15))
+        print("# strays before the source: %r" % s)
+        if not check("both_dropped", s.get("count") == 2 and
+                     "silent" in s.get("last-reason", ""), "%r; %s" % (s, dump(dst))):
+            return
+        check("logged", dst.output().count("dropped a connection") == 2 and
+              "not a kmig migration stream (first bytes 47 45 54 20)" in dst.output(), dump(dst))
+        check("dst_waits", status(dst) == "inmigrate" and
+              dst.qmp().cmd("query-migrate").get("status") == "setup", dump(dst))
+        silent2 = socket.create_connection(("127.0.0.1", port), timeout=10)
+        res = kt.migrate(src, None, "tcp:127.0.0.1:%d" % port, timeout=kt.slow(40))
+        check("completed", res.get("status") == "completed", "%r; %s" % (res, dump(dst)))
+        check("counted", strays(dst).get("count") == 2, "%r" % strays(dst))
+    finally:
+        for c in (silent, junk, silent2):
+            if c is not None:
+                c.close()
+
+
+def test_multifd_stray_channel(d, vms, check):
+    """A connection that sends garbage is taken where a multifd channel is
+    expected: it is dropped and counted, and the real channel after it is
+    taken."""
+    dst, port = listening_dest(d, vms, check)
+    if dst is None:
+        return
+    main = fake_source(port)
+    junk = socket.create_connection(("127.0.0.1", port), timeout=10)
+    junk.sendall(b"\x16\x03\x01\x02\x00" + b"\x01" * 512)   # a TLS ClientHello's start
+    chan = socket.create_connection(("127.0.0.1", port), timeout=10)
+    chan.sendall(channel_record(1, 1))
+    main.sendall(sync_record(1))
+    chan.sendall(sync_record(1))
+    try:
+        if not check("channels_up", kt.wait_output(dst, r"1 multifd channels", kt.slow(20)),
+                     dump(dst)):
+            return
+        s = strays(dst)
+        check("counted", s.get("count") == 1 and "channel" in s.get("last-reason", ""),
+              "%r" % s)
+        check("dst_waits", dst.proc.poll() is None, dump(dst))
+        quit_ends(check, "quit", dst)
+    finally:
+        for s in (junk, chan, main):
+            s.close()
+
+
+def test_multifd_intruder(d, vms, check):
+    """A connection claims channel 1 before the source's own channel 1,
+    with a CHANNEL record that is not this migration's: it is dropped, the
+    source's channel is taken."""
+    dst, port = listening_dest(d, vms, check)
+    if dst is None:
+        return
+    main = fake_source(port)
+    intruder = socket.create_connection(("127.0.0.1", port), timeout=10)
+    intruder.sendall(channel_record(1, 1, SESSION_OTHER))
+    chan = socket.create_connection(("127.0.0.1", port), timeout=10)
+    chan.sendall(channel_record(1, 1))
+    try:
+        if not check("channels_up", kt.wait_output(dst, r"1 multifd channels", kt.slow(20)),
+                     dump(dst)):
+            return
+        intruder.settimeout(kt.slow(5))
+        try:
+            got = intruder.recv(1)
+        except socket.timeout:
+            got = None
+        check("intruder_dropped", got == b"", "intruder still connected; %s" % dump(dst))
+        s = strays(dst)
+        print("# strays: %r" % s)
+        check("counted", s.get("count") == 1, "%r" % s)
+        check("dst_waits", dst.proc.poll() is None, dump(dst))
+        quit_ends(check, "quit", dst)
+    finally:
+        for s in (intruder, chan, main):
+            s.close()
 
 
 # ------------------------------------------------------------- source

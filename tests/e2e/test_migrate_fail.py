@@ -1,6 +1,9 @@
 """Live migration that does not complete: cancelled (in the bulk pass and in
 dirty rounds), destination killed, layout mismatch, garbage on the
-destination's port, nobody listening, bad URIs and a second migrate.  In
+destination's port (a connection that does not even begin with a START
+record's header is dropped as a stray and the destination waits on; one
+that does is the migration, and fails it), nobody listening, bad URIs and
+a second migrate.  In
 every case the source must keep running its guest, and a migration that
 fails on the destination side must stop that destination with status 1
 (docs/usage.md).  Each fault must give its own error: the source's
@@ -333,42 +336,41 @@ def test_cancel_stalled(d, vms, check):
 
 # ----------------------------------------------------------- garbage
 
-def start_record(magic=b"KMIGSTRM", version=1, blocks=((0, 256 * MIB),)):
+def start_record(magic=b"KMIGSTRM", version=2, blocks=((0, 256 * MIB),)):
     payload = magic + struct.pack("<III", version, 4096, len(blocks))
     for gpa, size in blocks:
         payload += struct.pack("<QQ", gpa, size)
     return struct.pack("<IIQ", 1, 0, len(payload)) + payload
 
 
-def header_error(junk, problem):
-    """The destination's reason for a record header it cannot accept."""
-    t, f, n = struct.unpack("<IIQ", junk[:16])
-    return "bad record header (type %d flags 0x%x length %d): %s" % (t, f, n, problem)
-
-
 TEXT = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)) * 64
 HUGE = struct.pack("<IIQ", 1, 0, 1 << 62)
+NOT_KMIG = "connection: not a kmig migration stream (first bytes %s)"
 
-# (kind, bytes sent, the destination's exact reason)
+# (kind, bytes sent, the destination's exact reason, whether it fails: a
+# connection that does not begin with a START record's header is dropped
+# as a stray and the destination waits on for its source)
 GARBAGE = [
-    ("text", TEXT, header_error(TEXT, "unknown record type")),
+    ("text", TEXT, NOT_KMIG % "47 45 54 20", False),
     # decode_start fails before it reads version and page size: both 0
     ("bad_magic", start_record(magic=b"NOTKMIG!"),
-     "START: bad magic (not a kmig migration stream) (version 0, page size 0)"),
+     "START: bad magic (not a kmig migration stream) (version 0, page size 0)", True),
     ("bad_version", start_record(version=99),
-     "START: unsupported protocol version (version 99, page size 4096)"),
+     "START: unsupported protocol version (version 99, page size 4096)", True),
+    ("old_version", start_record(version=1),
+     "START: unsupported protocol version (version 1, page size 4096)", True),
     # a valid START (the layout matches) and then a PAGES record whose
     # offset lies outside guest RAM
     ("out_of_range", start_record() + struct.pack("<IIQ", 2, 0, 8 + 8 + 4096)
      + struct.pack("<IIQ", 0, 1, 1 << 40) + b"\xaa" * 4096,
-     "PAGES: offset 0x10000000000 beyond block 0 (size 0x10000000)"),
-    ("huge_length", HUGE, header_error(HUGE, "record length exceeds the 16 MiB limit")),
-    ("truncated", start_record()[:10], CLOSED_BY_PEER),
+     "PAGES: offset 0x10000000000 beyond block 0 (size 0x10000000)", True),
+    ("huge_length", HUGE, NOT_KMIG % "01 00 00 00", False),
+    ("truncated", start_record()[:10], "connection: connection closed by peer", False),
 ]
 
 
-@pytest.mark.parametrize("kind,junk,reason", GARBAGE, ids=[g[0] for g in GARBAGE])
-def test_garbage(d, vms, check, kind, junk, reason):
+@pytest.mark.parametrize("kind,junk,reason,fails", GARBAGE, ids=[g[0] for g in GARBAGE])
+def test_garbage(d, vms, check, kind, junk, reason, fails):
     cmd = "workload=idle report_ms=200"
     port = kt.free_port()
     dst = dest(d, vms, cmd, "tcp:127.0.0.1:%d" % port, name="dst_" + kind)
@@ -380,6 +382,22 @@ def test_garbage(d, vms, check, kind, junk, reason):
     except OSError:
         pass        # the destination may close before reading it all
     s.shutdown(socket.SHUT_WR)
+    if not fails:
+        deadline = time.time() + kt.slow(20)
+        got = {}
+        while time.time() < deadline and dst.proc.poll() is None:
+            got = dst.qmp().cmd("query-migrate")
+            if got.get("x-stray-connections"):
+                break
+            time.sleep(0.1)
+        s.close()
+        st = got.get("x-stray-connections", {})
+        check("dropped", st.get("count") == 1 and st.get("last-reason") == reason,
+              "want %r, got %r; %s" % (reason, got, dump(dst)))
+        check("waits_on", dst.proc.poll() is None and got.get("status") == "setup",
+              "%r; %s" % (got, dump(dst)))
+        check("no_guest", dst.console.text().strip() == "", dump(dst))
+        return
     rc = dst.wait_exit(kt.slow(20))
     s.close()
     check("exits_nonzero", rc == 1, "exit %r; %s" % (rc, dump(dst)))

@@ -57,6 +57,9 @@ default) except where a test needs it slow.
                 cut_multifd: with 3 multifd channels (2 vCPUs) through the
                 proxy too, all cut with the main stream, the resume on the
                 main stream alone;
+  recover_same_uri  migrate-recover on the unix URI the migration came in
+                on: the first listener is gone once post-copy pauses (no
+                socket file left), and the recovery listens there again;
   destination_lost  the destination is killed during post-copy: the
                 source pauses, keeps its guest stopped and quits;
   cli_auto      kmig migrate --postcopy auto: the source switches during
@@ -577,6 +580,47 @@ def test_recover(d, vms, check, action, tls, balloon, multifd):
         check("tls_both_links", src.output().count("TLS 1.3 with 'k0'") == 2 and
               dst.output().count("TLS 1.3 with 'k0'") == 2,
               src.output()[-600:] + dst.output()[-600:])
+
+
+def test_recover_same_uri(d, vms, check):
+    """migrate-recover on the URI the migration came in on (a unix socket):
+    once post-copy pauses, the first listener is closed (its socket file is
+    gone, nothing can queue on it), and the recovery listens there again
+    and completes."""
+    path = os.path.join(d, "mig.sock")
+    uri = "unix:" + path
+    src, dst = pair(d, vms, VERIFY % (128, 1), uri, RING)
+    if not check("boot", booted(src, 1), dump(src)):
+        return
+    q, dq = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}), dst.qmp()
+    after_bulk_pass(q, kt.slow(30))
+    q.cmd("migrate-start-postcopy")
+    r = wait_status(q, "postcopy-active", kt.slow(20))
+    rd = wait_status(dq, "postcopy-active", kt.slow(20))
+    if not check("postcopy_active", r.get("status") == "postcopy-active" and
+                 rd.get("status") == "postcopy-active", "%r / %r" % (r, rd)):
+        return
+    dq.cmd("migrate-pause")     # the source sees its link cut and pauses too
+    rs = wait_status(q, "postcopy-paused", kt.slow(20))
+    rd = wait_status(dq, "postcopy-paused", kt.slow(20))
+    if not check("paused", rs.get("status") == "postcopy-paused" and
+                 rd.get("status") == "postcopy-paused", "%r / %r" % (rs, rd)):
+        return
+    check("first_listener_closed", not os.path.exists(path), "%s still there" % path)
+    e = dq.cmd_full("migrate-recover", uri=uri).get("error", {}).get("desc", "")
+    check("recover_accepted", not e, e)
+    r = wait_status(dq, "postcopy-recover", kt.slow(10))
+    check("dst_recover", r.get("status") == "postcopy-recover", "%r; %s" % (r, dump(dst)))
+    kt.set_params(q, max_postcopy_bandwidth=0)
+    q.cmd("migrate", uri=uri, resume=True)
+    r, seen = kt.follow(q, kt.slow(60))
+    print("# recover_same_uri: statuses %r" % seen)
+    if not check("completed", r.get("status") == "completed",
+                 "query-migrate %r; src %s; dst %s" % (r, dump(src), dump(dst))):
+        return
+    dr = kt.wait_migration(dq, kt.slow(20))
+    check("dst_completed", dr.get("status") == "completed", repr(dr))
+    check_dst_runs(check, src, dst)
 
 
 def cli(qmp_path, *args, timeout=120, vms=()):

@@ -1,12 +1,18 @@
 """Migration over TLS 1.3 (tls-creds-psk, tls-creds-x509, authz-simple):
 lossless over the main stream and multifd channels with nothing in clear
-on the wire, and every refusal (plain peer, wrong key, foreign CA, wrong
-host name, a client tls-authz does not name) fails cleanly on both sides
-with the source still running, after which a good migration completes."""
+on the wire; every refusal (plain peer, wrong key, foreign CA, wrong host
+name, a client tls-authz does not name) fails the source cleanly, its
+guest still running, while the destination drops that connection, says
+so (log, query-migrate's x-stray-connections) and keeps listening, so a
+good migration to it completes afterwards; stray connections (garbage,
+silence, a stray where a multifd channel is expected) never fail a TLS
+destination; tls-creds and tls-authz cannot change while a destination
+listens."""
 import os
 import socket
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -46,11 +52,15 @@ class TapProxy:
                 a, _ = self.lsock.accept()
             except OSError:
                 return
+            self._before_connect()
             b = socket.create_connection(("127.0.0.1", self.dst_port))
             with self._lock:
                 self.connections += 1
             threading.Thread(target=self._pipe, args=(a, b, True), daemon=True).start()
             threading.Thread(target=self._pipe, args=(b, a, False), daemon=True).start()
+
+    def _before_connect(self):
+        pass
 
     def _pipe(self, src, dst, record):
         while True:
@@ -127,11 +137,17 @@ def test_psk_multifd(d, vms, check):
     verify_on(check, "dst", dst)
 
 
+def strays(vm):
+    return vm.qmp().cmd("query-migrate").get("x-stray-connections", {})
+
+
 def refused(check, name, src, dst, port, want):
     """One migration the TLS layer must refuse: the source fails with want
-    in its error and runs on, the destination fails and exits non-zero."""
+    in its error and runs on; the destination drops the connection, says
+    so (log, query-migrate's x-stray-connections) and keeps listening."""
     q = src.qmp()
     kt.wait_incoming(dst)
+    before = strays(dst).get("count", 0)
     q.cmd("migrate", uri="tcp:127.0.0.1:%d" % port)
     res = kt.wait_migration(q, timeout=kt.slow(40))
     err = res.get("error-desc", "")
@@ -140,12 +156,130 @@ def refused(check, name, src, dst, port, want):
     check(name + "_reason", want.lower() in err.lower(), "%r" % err)
     check(name + "_source_running", q.cmd("query-status")["status"] == "running")
     check(name + "_no_tracking", res.get("x-dirty-tracking") is False, "%r" % res)
-    rc = dst.wait_exit(kt.slow(20))
-    check(name + "_destination_exits", rc not in (None, 0), "exit %r" % rc)
-    m = kt.wait_output(dst, r"incoming migration failed: .*", timeout=1)
-    print("# %s: destination %r" % (name, m.group(0) if m else dst.output()[-300:]))
-    check(name + "_destination_says_tls", m is not None and "TLS" in m.group(0),
-          dst.output()[-400:])
+    deadline = time.time() + kt.slow(20)
+    s = {}
+    while time.time() < deadline and dst.proc.poll() is None:
+        s = strays(dst)
+        if s.get("count", 0) > before:
+            break
+        time.sleep(0.1)
+    print("# %s: destination %r" % (name, s))
+    check(name + "_destination_waits", dst.proc.poll() is None and
+          dst.qmp().cmd("query-migrate").get("status") == "setup", dst.output()[-400:])
+    check(name + "_destination_counts", s.get("count") == before + 1, "%r" % s)
+    check(name + "_destination_says_tls", "TLS" in s.get("last-reason", "") and
+          "dropped a connection" in dst.output(), "%r %s" % (s, dst.output()[-400:]))
+
+
+class StrayProxy(TapProxy):
+    """A TapProxy that, before it relays each connection after the first
+    (the multifd channels), opens a connection of its own to the
+    destination and sends it garbage, so the destination meets a stray
+    where it expects a channel."""
+
+    def __init__(self, dst_port):
+        self.strays = []
+        super().__init__(dst_port)
+
+    def _before_connect(self):
+        if self.connections >= 1:
+            junk = socket.create_connection(("127.0.0.1", self.dst_port))
+            junk.sendall(b"\x00" * 64)
+            self.strays.append(junk)
+
+    def close(self):
+        super().close()
+        for s in self.strays:
+            s.close()
+
+
+def test_psk_strays(d, vms, check):
+    """A PSK destination meets, before the real source, a connection that
+    sends garbage and one that stays silent, and then a stray before each
+    of the source's two multifd channels: each fails its TLS handshake and
+    is dropped and counted, and the migration completes."""
+    keys = certs(d, "c")
+    creds = "tls-creds-psk,id=k0,dir=%s/psk" % keys
+    src = kt.kmig_vm(d, "src", "workload=idle report_ms=300", memory="256M",
+                     extra=["--object", creds])
+    vms.append(src)
+    port = kt.free_port()
+    dst = kt.kmig_vm(d, "dst", "workload=idle report_ms=300", memory="256M",
+                     extra=["--object", creds, "--tls-creds", "k0", "--incoming",
+                            "tcp:127.0.0.1:%d" % port])
+    vms.append(dst)
+    check("boot", src.console.wait(r"^heartbeat", timeout=kt.slow(20)) is not None,
+          kt.dump(src))
+    if not check("listening", kt.wait_incoming(dst, kt.slow(30)), kt.dump(dst)):
+        return
+    kt.set_caps(dst.qmp(), multifd=True)
+    junk = socket.create_connection(("127.0.0.1", port))
+    junk.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+    silent = socket.create_connection(("127.0.0.1", port))
+    tap = StrayProxy(port)
+    try:
+        deadline = time.time() + kt.slow(15)
+        while time.time() < deadline and dst.proc.poll() is None and \
+                strays(dst).get("count", 0) < 2:
+            time.sleep(0.1)
+        s = strays(dst)
+        print("# strays before the source: %r" % s)
+        if not check("dropped_before", s.get("count") == 2, "%r; %s" % (s, kt.dump(dst))):
+            return
+        res = kt.migrate(src, dst, "tcp:127.0.0.1:%d" % tap.port,
+                         caps={"multifd": True},
+                         params={"tls-creds": "k0", "multifd-channels": 2, "max-bandwidth": 0},
+                         timeout=kt.slow(90))
+        check("completed", res.get("status") == "completed", "%r %s" % (res, kt.dump(dst)))
+        s = strays(dst)
+        print("# strays: %r" % s)
+        check("counted", s.get("count") == 4, "%r" % s)
+        check("reason_tls", "TLS" in s.get("last-reason", ""), "%r" % s)
+        check("channels", "2 multifd channels" in dst.output(), dst.output()[-600:])
+    finally:
+        tap.close()
+        junk.close()
+        silent.close()
+
+
+def test_tls_creds_while_listening(d, vms, check):
+    """tls-creds and tls-authz cannot change while an incoming listener is
+    up (--incoming tcp: at start-up, or migrate-incoming): the change is
+    refused and query-migrate-parameters shows what is in force."""
+    keys = certs(d, "c")
+    creds = "tls-creds-psk,id=k0,dir=%s/psk" % keys
+    authz = "authz-simple,id=only,identity=qemu"
+    dst = kt.kmig_vm(d, "dst", "workload=idle", memory="128M",
+                     extra=["--object", creds, "--object", authz, "--incoming",
+                            "tcp:127.0.0.1:%d" % kt.free_port()])
+    vms.append(dst)
+    if not check("listening", kt.wait_incoming(dst, kt.slow(30)), kt.dump(dst)):
+        return
+    q = dst.qmp()
+    for name, value in (("tls-creds", "k0"), ("tls-authz", "only")):
+        rep = q.cmd_full("migrate-set-parameters", **{name: value})
+        print("# %s at start-up: %r" % (name, rep))
+        check(name + "_refused", "error" in rep and "incoming" in rep["error"]["desc"],
+              "%r" % rep)
+        check(name + "_not_shown", q.cmd("query-migrate-parameters").get(name) == "",
+              "%r" % q.cmd("query-migrate-parameters"))
+    rep = q.cmd_full("migrate-set-parameters", **{"max-bandwidth": 1 << 20})
+    check("others_change", "return" in rep, "%r" % rep)
+
+    dst = kt.kmig_vm(d, "dst2", "workload=idle", memory="128M",
+                     extra=["--object", creds, "--incoming", "defer"])
+    vms.append(dst)
+    q = dst.qmp()
+    q.cmd("migrate-set-parameters", **{"tls-creds": "k0"})
+    q.cmd("migrate-incoming", uri="tcp:127.0.0.1:%d" % kt.free_port())
+    if not check("listening2", kt.wait_incoming(dst, kt.slow(30)), kt.dump(dst)):
+        return
+    rep = q.cmd_full("migrate-set-parameters", **{"tls-creds": ""})
+    check("clear_refused", "error" in rep and "incoming" in rep["error"]["desc"], "%r" % rep)
+    check("still_k0", q.cmd("query-migrate-parameters").get("tls-creds") == "k0",
+          "%r" % q.cmd("query-migrate-parameters"))
+    rep = q.cmd_full("migrate-set-parameters", **{"tls-creds": "k0"})
+    check("same_value_accepted", "return" in rep, "%r" % rep)
 
 
 def test_x509_refusals_then_success(d, vms, check):
@@ -172,6 +306,7 @@ def test_x509_refusals_then_success(d, vms, check):
 
     dst, port = destination(d, vms, "dst-plain", creds, ["--object", authz, "--tls-authz", "only"])
     refused(check, "plain", src, dst, port, "")
+    first = dst, port
     kt.set_params(q, tls_creds="bad")
     dst, port = destination(d, vms, "dst-ca", creds)
     refused(check, "foreign_ca", src, dst, port, "certificate")
@@ -187,7 +322,8 @@ def test_x509_refusals_then_success(d, vms, check):
     check("params_shown", p.get("tls-creds") == "x0" and p.get("tls-hostname") == "",
           "%r" % p)
 
-    dst, port = destination(d, vms, "dst-ok", creds, ["--object", authz, "--tls-authz", "only"])
+    # the first destination, which dropped the plain source, waits on
+    dst, port = first
     # with a bandwidth limit (the limiter and TLS's 16 KiB records:
     # tests/unit/test_tls.c t_rate_limit) and auto-converge: under
     # emulation TLS carries ~10 MB/s, about what the guest dirties

@@ -27,7 +27,11 @@ static int on_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst, const v
 }
 
 static int on_sync(void *ctx, uint64_t round) { (void)ctx; return round == 7777 ? -5 : 0; }
-static int on_channels(void *ctx, uint32_t count) { (void)ctx; return count > 4 ? -71 : 0; }
+static int on_channels(void *ctx, uint32_t count, const uint8_t session[PROTO_SESSION_LEN])
+{
+	(void)ctx;
+	return count > 4 || session[0] == 0xff ? -71 : 0;
+}
 
 static void in_ram(uint32_t block, uint64_t off)
 {

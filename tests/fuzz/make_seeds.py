@@ -14,7 +14,7 @@ def rec(rtype, payload=b"", flags=0):
 
 
 def start(blocks=((0, 16 * PG), (1 << 32, 8 * PG))):
-    p = b"KMIGSTRM" + struct.pack("<III", 1, PG, len(blocks))
+    p = b"KMIGSTRM" + struct.pack("<III", 2, PG, len(blocks))
     for gpa, size in blocks:
         p += struct.pack("<QQ", gpa, size)
     return rec(1, p)
@@ -38,8 +38,8 @@ def sync(n):
     return rec(5, struct.pack("<Q", n))
 
 
-def channel(index, count):
-    return rec(8, struct.pack("<II", index, count))
+def channel(index, count, session=b"0123456789abcdef"):
+    return rec(8, struct.pack("<II", index, count) + session)
 
 
 def discard(block, offsets):

@@ -72,7 +72,7 @@ static void t_start(struct t *t)
 	T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
 	T_CHECK_EQ(t, h.type, PROTO_START);
 	T_CHECK_EQ(t, proto__decode_start(b + 16, h.length, &out, &why), 0);
-	T_CHECK_EQ(t, out.version, 1);
+	T_CHECK_EQ(t, out.version, 2);
 	T_CHECK_EQ(t, out.page_size, 4096);
 	T_CHECK_EQ(t, out.nr_blocks, 2);
 	T_CHECK(t, out.blocks[1].gpa == 0x100000000ull && out.blocks[1].size == 1ull << 33);
@@ -91,7 +91,7 @@ static void t_start(struct t *t)
 	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, &out, &why), -EPROTO);
 	T_CHECK(t, why && strstr(why, "magic"));
 	memcpy(c, b, n);
-	c[24] = 2;
+	c[24] = 1;     /* version 1: before CHANNEL carried the session */
 	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, &out, &why), -EPROTO);
 	T_CHECK(t, strstr(why, "version") != NULL);
 	memcpy(c, b, n);

@@ -245,32 +245,47 @@ static void t_reject_order(struct t *t)
 	neg__done(&x);
 }
 
-static int h_channels(void *ctx, uint32_t n) { ((struct hooks *)ctx)->syncs += (int)n; return 0; }
+static const uint8_t SESSION[PROTO_SESSION_LEN] = "0123456789abcdef";
+static int h_channels(void *ctx, uint32_t n, const uint8_t s[PROTO_SESSION_LEN])
+{
+	((struct hooks *)ctx)->syncs += memcmp(s, SESSION, PROTO_SESSION_LEN) ? -100 : (int)n;
+	return 0;
+}
 
 /* multifd: CHANNEL records and the restricted receiver of an extra channel. */
 static void t_channels(struct t *t)
 {
 	struct neg x;
 	uint32_t idx, cnt;
+	uint8_t ses[PROTO_SESSION_LEN];
 	const char *why;
-	uint8_t b[32];
-	T_CHECK(t, proto__encode_channel(b, sizeof(b), 2, 4) == PROTO_HDR_SIZE + 8);
-	T_CHECK_EQ(t, proto__decode_channel(b + PROTO_HDR_SIZE, 8, &idx, &cnt, &why), 0);
-	T_CHECK(t, idx == 2 && cnt == 4);
-	T_CHECK(t, proto__encode_channel(b, sizeof(b), 5, 4) > 0);
-	T_CHECK_EQ(t, proto__decode_channel(b + PROTO_HDR_SIZE, 8, &idx, &cnt, &why), -EPROTO);
-	T_CHECK(t, proto__encode_channel(b, sizeof(b), 0, PROTO_MAX_CHANNELS + 1) > 0);
-	T_CHECK_EQ(t, proto__decode_channel(b + PROTO_HDR_SIZE, 8, &idx, &cnt, &why), -EPROTO);
+	uint8_t b[64];
+	const size_t len = 8 + PROTO_SESSION_LEN;
+	T_CHECK(t, proto__encode_channel(b, sizeof(b), 2, 4, SESSION) ==
+		   (ssize_t)(PROTO_HDR_SIZE + len));
+	T_CHECK_EQ(t, proto__decode_channel(b + PROTO_HDR_SIZE, len, &idx, &cnt, ses, &why), 0);
+	T_CHECK(t, idx == 2 && cnt == 4 && !memcmp(ses, SESSION, PROTO_SESSION_LEN));
+	T_CHECK(t, proto__encode_channel(b, sizeof(b), 5, 4, SESSION) > 0);
+	T_CHECK_EQ(t, proto__decode_channel(b + PROTO_HDR_SIZE, len, &idx, &cnt, ses, &why), -EPROTO);
+	T_CHECK(t, proto__encode_channel(b, sizeof(b), 0, PROTO_MAX_CHANNELS + 1, SESSION) > 0);
+	T_CHECK_EQ(t, proto__decode_channel(b + PROTO_HDR_SIZE, len, &idx, &cnt, ses, &why), -EPROTO);
+	/* version 1's CHANNEL, without the session, is refused */
+	T_CHECK_EQ(t, proto__decode_channel(b + PROTO_HDR_SIZE, 8, &idx, &cnt, ses, &why), -EPROTO);
+	struct proto_hdr h = { .type = PROTO_CHANNEL, .length = 8 };
+	T_CHECK(t, proto__header_problem(&h) != NULL);
 	/* main stream without an on_channels hook refuses CHANNEL */
 	neg__setup(&x, true);
-	neg__expect(t, &x, proto__encode_channel(x.buf, sizeof(x.buf), 0, 2), -EPROTO, "CHANNEL");
+	neg__expect(t, &x, proto__encode_channel(x.buf, sizeof(x.buf), 0, 2, SESSION), -EPROTO,
+		    "CHANNEL");
 	neg__done(&x);
-	/* main stream with the hook: CHANNEL{0, n} reaches it; CHANNEL{1, n} does not */
+	/* main stream with the hook: CHANNEL{0, n} reaches it, session and
+	 * all; CHANNEL{1, n} does not */
 	neg__setup(&x, true);
 	x.r.ops.on_channels = h_channels;
-	T_CHECK_EQ(t, feed(&x.r, x.buf, proto__encode_channel(x.buf, sizeof(x.buf), 0, 3)), 0);
+	T_CHECK_EQ(t, feed(&x.r, x.buf, proto__encode_channel(x.buf, sizeof(x.buf), 0, 3, SESSION)), 0);
 	T_CHECK_EQ(t, x.hk.syncs, 3);
-	neg__expect(t, &x, proto__encode_channel(x.buf, sizeof(x.buf), 1, 3), -EPROTO, "CHANNEL");
+	neg__expect(t, &x, proto__encode_channel(x.buf, sizeof(x.buf), 1, 3, SESSION), -EPROTO,
+		    "CHANNEL");
 	neg__done(&x);
 	/* an extra channel takes pages and SYNC without START, nothing else */
 	neg__setup(&x, false);
@@ -324,7 +339,7 @@ static void t_reject_start(struct t *t)
 	struct proto_start st;
 	static const struct { int off; uint8_t val; int err; const char *msg; } cases[] = {
 		{ 16 + 0, 'k', -EPROTO, "magic" },
-		{ 16 + 8, 2, -EPROTO, "version" },
+		{ 16 + 8, 1, -EPROTO, "version" },          /* version 1 */
 		{ 16 + 13, 0x20, -EPROTO, "page size" },     /* 8192 */
 		{ 16 + 16, 3, -EPROTO, "block count" },
 		{ 16 + 20 + 16 + 8, 0x20, -EINVAL, "layout" }, /* block 1 size */

@@ -331,7 +331,7 @@ static void check_listen(struct t *t, const char *listen_uri, const char *fmt)
 	snprintf(c.uri, sizeof(c.uri), fmt, l.port);
 	pthread_t th;
 	pthread_create(&th, NULL, connect_thread, &c);
-	T_CHECK_EQ(t, mig_listener__accept(&l, &s, err, sizeof(err)), 0);
+	T_CHECK_EQ(t, mig_listener__accept(&l, &s, 0, err, sizeof(err)), 0);
 	pthread_join(th, NULL);
 	T_CHECK_EQ(t, c.ret, 0);
 	struct proto_hdr h;
@@ -342,6 +342,40 @@ static void check_listen(struct t *t, const char *listen_uri, const char *fmt)
 	mig_stream__close(&s);
 	mig_stream__close(&c.s);
 	mig_listener__close(&l);
+}
+
+/* A connection that says nothing holds no one up: accept hands out the
+ * one after it that talks, keeps the silent one until close, and ends
+ * at its deadline when nobody talks. */
+static void t_listen_silent(struct t *t)
+{
+	struct mig_listener l;
+	struct mig_stream s, silent;
+	struct conn c = { .ret = -1 };
+	char err[128];
+	T_CHECK_EQ(t, mig_listener__open(&l, "tcp:127.0.0.1:0", err, sizeof(err)), 0);
+	snprintf(c.uri, sizeof(c.uri), "tcp:127.0.0.1:%u", l.port);
+	T_CHECK_EQ(t, mig_stream__connect(&silent, c.uri, NULL, err, sizeof(err)), 0);
+	T_CHECK_EQ(t, mig_listener__accept(&l, &s, time__now_ms() + 200, err, sizeof(err)),
+		   -ETIMEDOUT);
+	T_CHECK_EQ(t, l.npending, 1u);
+	pthread_t th;
+	pthread_create(&th, NULL, connect_thread, &c);
+	T_CHECK_EQ(t, mig_listener__accept(&l, &s, 0, err, sizeof(err)), 0);
+	pthread_join(th, NULL);
+	struct proto_hdr h;
+	uint8_t buf[8], peek[PROTO_HDR_SIZE];
+	T_CHECK_EQ(t, mig_stream__peek(&s, peek, sizeof(peek)), 0);
+	T_CHECK_EQ(t, mig_stream__get_record(&s, &h, buf, sizeof(buf)), 0);
+	T_CHECK(t, h.type == PROTO_RP_PING && peek[0] == (PROTO_RP_PING & 0xff));
+	T_CHECK_EQ(t, l.npending, 1u);
+	mig_listener__close(&l);
+	T_CHECK_EQ(t, l.npending, 0u);
+	char b;
+	T_CHECK_EQ(t, mig_stream__read_full(&silent, &b, 1), -ECONNRESET); /* closed */
+	mig_stream__close(&s);
+	mig_stream__close(&c.s);
+	mig_stream__close(&silent);
 }
 
 static void *listener_shutdown_later(void *arg)
@@ -374,7 +408,7 @@ static void t_listen_connect(struct t *t)
 	T_CHECK_EQ(t, mig_listener__open(&l, "tcp:127.0.0.1:0", err, sizeof(err)), 0);
 	pthread_t th;
 	pthread_create(&th, NULL, listener_shutdown_later, &l);
-	T_CHECK_EQ(t, mig_listener__accept(&l, &s, err, sizeof(err)), -ECANCELED);
+	T_CHECK_EQ(t, mig_listener__accept(&l, &s, 0, err, sizeof(err)), -ECANCELED);
 	pthread_join(th, NULL);
 	mig_listener__close(&l);
 }
@@ -450,6 +484,7 @@ int main(void)
 	T_RUN(&t, t_shutdown);
 	T_RUN(&t, t_uri);
 	T_RUN(&t, t_listen_connect);
+	T_RUN(&t, t_listen_silent);
 	T_RUN(&t, t_connect_cancel);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);

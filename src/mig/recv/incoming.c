@@ -65,30 +65,55 @@ static void incoming__pause(void *ctx)
 }
 
 #define INCOMING_CHANNEL_WAIT_MS 10000
+#define INCOMING_CHANNEL_STRAYS  PROTO_MAX_CHANNELS /* dropped while channels are taken */
 
-/* The main stream announced `count` extra channels: accept them. */
-static int incoming__on_channels(void *ctx, uint32_t count)
+/* The listener, once no more connections are wanted on it (the channels
+ * are in, or the link broke): whatever still waits there is dropped, and
+ * a unix socket file goes. */
+static void incoming__close_listener(struct incoming *in)
+{
+	pthread_mutex_lock(&in->m->lock);
+	if (in->listening)
+		mig_listener__close(&in->listener);
+	in->listening = false;
+	pthread_mutex_unlock(&in->m->lock);
+}
+
+/* The main stream announced `count` extra channels: accept them.  A
+ * connection that is not one of them (no TLS, no CHANNEL record of this
+ * migration in time) is dropped and counted; the listener waits on. */
+static int incoming__on_channels(void *ctx, uint32_t count,
+				 const uint8_t session[PROTO_SESSION_LEN])
 {
 	struct incoming *in = ctx;
 	char err[256] = "";
+	unsigned strays = 0;
 	if (in->multifd || !in->listening)
 		return -EPROTO;
 	in->multifd = true;
-	for (uint32_t i = 0; i < count; i++) {
-		struct pollfd p = { .fd = in->listener.fd, .events = POLLIN };
+	memcpy(in->mf.session, session, PROTO_SESSION_LEN);
+	for (uint32_t i = 0; i < count;) {
 		struct mig_stream *s = multifd_recv__next_stream(&in->mf);
-		if (!s || poll(&p, 1, INCOMING_CHANNEL_WAIT_MS) != 1) {
-			mig_recv__fail(&in->recv, -ETIMEDOUT, "multifd channel %u did not connect", i + 1);
-			return -ETIMEDOUT;
+		int rc = s ? mig_listener__accept(&in->listener, s,
+						  time__now_ms() + INCOMING_CHANNEL_WAIT_MS, err,
+						  sizeof(err)) : -ENOSPC;
+		if (rc) {
+			mig_recv__fail(&in->recv, rc, "multifd channel %u did not connect: %s", i + 1,
+				       err);
+			return rc;
 		}
-		int rc = mig_listener__accept(&in->listener, s, err, sizeof(err));
-		if (!rc)
-			rc = multifd_recv__add(&in->mf, count, err, sizeof(err));
+		rc = multifd_recv__add(&in->mf, count, err, sizeof(err));
+		if (rc == -EPROTO && strays++ < INCOMING_CHANNEL_STRAYS) {
+			migration__stray(in->m, "multifd channel", err);
+			continue;
+		}
 		if (rc) {
 			mig_recv__fail(&in->recv, rc, "%s", err);
 			return rc;
 		}
+		i++;
 	}
+	incoming__close_listener(in);
 	log_info("incoming migration: %u multifd channels", count);
 	return 0;
 }
@@ -316,31 +341,98 @@ static int incoming__load(struct incoming *in)
 	return 0;
 }
 
-/* The TLS handshake of the main stream; a failure closes it (the source
- * learns from the handshake, there is no stream to answer on). */
-static int incoming__tls(struct incoming *in, char *err, size_t errlen)
+#define INCOMING_FIRST_RECORD_MS 10000
+
+/* The header of a connection's first record, left unread: of type want
+ * (START, or RESUME on a recovery), within INCOMING_FIRST_RECORD_MS. */
+static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls, char *why,
+				  size_t len)
 {
-	struct migration *m = in->m;
-	int rc = tls__server(&in->stream, &m->tls_in, err, errlen);
-	if (!rc) {
-		log_info("incoming migration: TLS 1.3 with '%s'", m->tls_in.creds->id);
-		return 0;
-	}
-	pthread_mutex_lock(&m->lock);
-	in->connected = false;
-	pthread_mutex_unlock(&m->lock);
-	mig_stream__close(&in->stream);
+	uint8_t b[PROTO_HDR_SIZE];
+	struct proto_hdr h;
+	mig_stream__set_read_deadline(s, time__now_ms() + INCOMING_FIRST_RECORD_MS);
+	int rc = mig_stream__peek(s, b, sizeof(b));
+	mig_stream__set_read_deadline(s, 0);
+	if (rc == -ETIMEDOUT)
+		snprintf(why, len, "silent: no record header within %d s",
+			 INCOMING_FIRST_RECORD_MS / 1000);
+	else if (rc)
+		snprintf(why, len, "%s", mig_stream__strerror(s));
+	else if ((proto__decode_header(b, sizeof(b), &h) || h.type != want) && (rc = -EPROTO))
+		snprintf(why, len, "not a kmig migration stream (first bytes %02x %02x %02x %02x%s)",
+			 b[0], b[1], b[2], b[3], b[0] == 0x16 && b[1] == 3 && !tls ?
+			 ": a TLS handshake, and tls-creds is not set here" : "");
 	return rc;
 }
 
-/* Listens on uri and takes one connection; `ready`, unless MIG_NONE, is
- * the status once the listener is open (the peer may connect). */
-static int incoming__accept(struct incoming *in, const char *uri, enum mig_status ready)
+/* A connection just taken into in->stream: its TLS handshake (with
+ * tls-creds) and its first record's header.  0, or -errno with why set. */
+static int incoming__vet(struct incoming *in, uint32_t want, char *why, size_t len)
+{
+	struct migration *m = in->m;
+	/* the return path carries one small record: send it at once */
+	if (mig_stream__set_nodelay(&in->stream, true))
+		log_debug("incoming migration: TCP_NODELAY not set");
+	if (m->tls_in.creds) {
+		int rc = tls__server(&in->stream, &m->tls_in, why, len);
+		if (rc)
+			return rc;
+		log_info("incoming migration: TLS 1.3 with '%s'", m->tls_in.creds->id);
+		/* the channels must come from the same client */
+		if (tls__peer(&in->stream, &m->tls_in, in->mf.peer, sizeof(in->mf.peer)))
+			in->mf.peer[0] = 0;
+	}
+	return incoming__first_header(&in->stream, want, m->tls_in.creds != NULL, why, len);
+}
+
+/* Takes the source's connection into in->stream.  One that fails its TLS
+ * handshake or does not begin with a `want` record is dropped and
+ * counted (migration__stray): the listener waits on. */
+static int incoming__take(struct incoming *in, uint32_t want, char *err, size_t errlen)
+{
+	struct migration *m = in->m;
+	for (;;) {
+		int rc = mig_listener__accept(&in->listener, &in->stream, 0, err, errlen);
+		pthread_mutex_lock(&m->lock);
+		in->connected = rc == 0;
+		if (in->cancelled && !rc)
+			mig_stream__shutdown(&in->stream);
+		pthread_mutex_unlock(&m->lock);
+		if (rc)
+			return rc;
+		char why[200];
+		rc = incoming__vet(in, want, why, sizeof(why));
+		if (!rc)
+			return 0;
+		pthread_mutex_lock(&m->lock);
+		in->connected = false;
+		bool cancelled = in->cancelled;
+		pthread_mutex_unlock(&m->lock);
+		mig_stream__close(&in->stream);
+		if (cancelled)
+			return utf8__err(err, errlen, -ECANCELED, "cancelled");
+		migration__stray(m, "connection", why);
+	}
+}
+
+static void incoming__silent(void *ctx, const char *why)
+{
+	migration__stray(ctx, "connection", why);
+}
+
+/* Listens on uri and takes the source's connection, which begins with a
+ * `want` record; `ready`, unless MIG_NONE, is the status once the
+ * listener is open (the peer may connect). */
+static int incoming__accept(struct incoming *in, const char *uri, uint32_t want,
+			    enum mig_status ready)
 {
 	char err[256];
 	struct migration *m = in->m;
+	incoming__close_listener(in);
 	int rc = mig_listener__open(&in->listener, uri, err, sizeof(err));
 	if (!rc) {
+		in->listener.on_drop = incoming__silent;
+		in->listener.drop_ctx = m;
 		pthread_mutex_lock(&m->lock);
 		in->listening = true;
 		if (in->cancelled)
@@ -349,17 +441,7 @@ static int incoming__accept(struct incoming *in, const char *uri, enum mig_statu
 		log_info("incoming migration: listening on %s", uri);
 		if (ready != MIG_NONE)
 			migration__set_status(m, ready);
-		rc = mig_listener__accept(&in->listener, &in->stream, err, sizeof(err));
-		pthread_mutex_lock(&m->lock);
-		in->connected = rc == 0;
-		if (in->cancelled && !rc)
-			mig_stream__shutdown(&in->stream);
-		pthread_mutex_unlock(&m->lock);
-		/* the return path carries one small record: send it at once */
-		if (!rc && mig_stream__set_nodelay(&in->stream, true))
-			log_debug("incoming migration: TCP_NODELAY not set");
-		if (!rc && m->tls_in.creds)
-			rc = incoming__tls(in, err, sizeof(err));
+		rc = incoming__take(in, want, err, sizeof(err));
 	}
 	if (rc)
 		migration__set_error(in->m, "%s", err);
@@ -496,14 +578,13 @@ static int incoming__reconnect(struct incoming *in, char *err, size_t errlen)
 	snprintf(uri, sizeof(uri), "%s", m->in_uri);
 	m->error[0] = 0;
 	pthread_mutex_unlock(&m->lock);
-	int rc = incoming__accept(in, uri, MIG_POSTCOPY_RECOVER);
-	pthread_mutex_lock(&m->lock);
-	if (in->listening)
-		mig_listener__close(&in->listener);
-	in->listening = false;
-	if (rc)
+	int rc = incoming__accept(in, uri, PROTO_RESUME, MIG_POSTCOPY_RECOVER);
+	incoming__close_listener(in);
+	if (rc) {
+		pthread_mutex_lock(&m->lock);
 		snprintf(err, errlen, "%s", m->error);
-	pthread_mutex_unlock(&m->lock);
+		pthread_mutex_unlock(&m->lock);
+	}
 	rc = rc ? rc : incoming__check_resume(in, err, errlen);
 	if (!rc && (rc = postcopy_dst__resume(&in->pc, &in->stream)))
 		snprintf(err, errlen, "cannot answer RESUME: %s", strerror(-rc));
@@ -534,6 +615,7 @@ static int incoming__paused(struct incoming *in, int rc)
 	while (rc && in->postcopy && mig_recv__link_lost(&in->recv) &&
 	       !atomic_load(&in->pc.error)) {
 		incoming__drop_link(in);
+		incoming__close_listener(in);   /* migrate-recover opens one, maybe on its URI */
 		pthread_mutex_lock(&m->lock);
 		snprintf(m->error, sizeof(m->error), "post-copy paused, the link to the source broke "
 			 "(%.60s): the guest cannot go on without the source's pages; "
@@ -611,7 +693,7 @@ void *migration__incoming_thread(void *arg)
 		rc = in->nexpected;
 	}
 	if (!rc)
-		rc = incoming__accept(in, m->in_uri, MIG_NONE);
+		rc = incoming__accept(in, m->in_uri, PROTO_START, MIG_NONE);
 	bool connected = rc == 0, recv_ready = false;
 	if (!rc) {
 		pthread_mutex_lock(&m->lock);
@@ -627,11 +709,7 @@ void *migration__incoming_thread(void *arg)
 		rc = incoming__paused(in, rc);
 		connected = in->connected;   /* after a recovery: the last link, or none */
 	}
-	pthread_mutex_lock(&m->lock);
-	if (in->listening)
-		mig_listener__close(&in->listener);
-	in->listening = false;
-	pthread_mutex_unlock(&m->lock);
+	incoming__close_listener(in);
 	incoming__finish(in, rc, connected);
 	pthread_mutex_lock(&m->lock);
 	m->in_cancel = NULL;
@@ -674,6 +752,8 @@ int migration__incoming(struct migration *m, const char *uri, char *err, size_t 
 	snprintf(m->in_uri, sizeof(m->in_uri), "%s", uri);
 	pthread_mutex_lock(&m->lock);
 	m->in_cancelled = false;
+	m->strays = 0;
+	m->stray_why[0] = 0;
 	pthread_mutex_unlock(&m->lock);
 	migration__set_status(m, MIG_SETUP);
 	int rc = pthread_create(&m->in_thread, NULL, migration__incoming_thread, m);

@@ -166,24 +166,67 @@ static int multifd_recv__handshake(struct multifd_recv *mf, struct mig_stream *s
 	return rc;
 }
 
+/* Whether two sessions are equal, in a time that does not depend on where
+ * they differ. */
+static bool multifd_recv__same_session(const uint8_t *a, const uint8_t *b)
+{
+	uint8_t d = 0;
+	for (unsigned i = 0; i < PROTO_SESSION_LEN; i++)
+		d |= a[i] ^ b[i];
+	return d == 0;
+}
+
+/* Under TLS with a known client on the main stream: this channel's
+ * client is the same one. */
+static bool multifd_recv__same_peer(struct multifd_recv *mf, struct mig_stream *s)
+{
+	char who[sizeof(mf->peer)];
+	return !mf->tls || !mf->peer[0] ||
+	       (!tls__peer(s, mf->tls, who, sizeof(who)) && !strcmp(who, mf->peer));
+}
+
+/* The CHANNEL record a channel began with, checked against this
+ * migration: its count, a free index, the session; NULL if it fits. */
+static const char *multifd_recv__check(struct multifd_recv *mf, const struct proto_hdr *h,
+				       const uint8_t *buf, unsigned expected, uint32_t *index)
+{
+	uint32_t count;
+	uint8_t session[PROTO_SESSION_LEN];
+	const char *why = NULL;
+	if (h->type != PROTO_CHANNEL)
+		return "not a CHANNEL record";
+	if (proto__decode_channel(buf, h->length, index, &count, session, &why))
+		return why;
+	if (count != expected || *index < 1 || *index > expected)
+		return "channel index or count not this migration's";
+	if (multifd_recv__index_taken(mf, *index))
+		return "channel index taken already";
+	if (!multifd_recv__same_session(session, mf->session))
+		return "not this migration's session";
+	if (!multifd_recv__same_peer(mf, &mf->chan[mf->accepted].stream))
+		return "TLS client other than the main stream's";
+	return NULL;
+}
+
 int multifd_recv__add(struct multifd_recv *mf, unsigned expected, char *err, size_t errlen)
 {
 	struct multifd_recv_chan *c = &mf->chan[mf->accepted];
 	uint8_t buf[64];
 	struct proto_hdr h;
-	uint32_t index, count;
-	const char *why = "not a CHANNEL record of this migration";
+	uint32_t index = 0;
+	const char *why = NULL;
 	char io_why[256] = "";
 	int rc = multifd_recv__handshake(mf, &c->stream, &h, buf, sizeof(buf), io_why,
 					 sizeof(io_why));
-	if (rc || h.type != PROTO_CHANNEL || proto__decode_channel(buf, h.length, &index, &count, &why) ||
-	    count != expected || index < 1 || index > expected || multifd_recv__index_taken(mf, index)) {
+	if (rc || (why = multifd_recv__check(mf, &h, buf, expected, &index))) {
 		pthread_mutex_lock(&mf->lock);
 		mf->pending = NULL;
+		bool failed = mf->failed;
 		pthread_mutex_unlock(&mf->lock);
 		snprintf(err, errlen, "bad multifd channel handshake: %s", rc ? io_why : why);
+		utf8__sanitize(err);
 		mig_stream__close(&c->stream);
-		return -EPROTO;
+		return failed ? -ECANCELED : -EPROTO;
 	}
 	c->mf = mf;
 	c->index = index;

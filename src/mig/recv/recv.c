@@ -327,12 +327,13 @@ static int recv__error_rec(struct mig_recv *r, const struct proto_hdr *h, const 
 static int recv__channel_rec(struct mig_recv *r, const struct proto_hdr *h, const void *p)
 {
 	uint32_t index, count;
+	uint8_t session[PROTO_SESSION_LEN];
 	const char *why = NULL;
-	if (proto__decode_channel(p, h->length, &index, &count, &why))
+	if (proto__decode_channel(p, h->length, &index, &count, session, &why))
 		return mig_recv__fail(r, -EPROTO, "CHANNEL: %s", why);
 	if (r->channel || index != 0 || !r->ops.on_channels)
 		return mig_recv__fail(r, -EPROTO, "unexpected CHANNEL record");
-	int e = r->ops.on_channels(r->ops.ctx, count);
+	int e = r->ops.on_channels(r->ops.ctx, count, session);
 	if (e)
 		return mig_recv__fail(r, e > 0 ? -EINVAL : e, "cannot open %" PRIu32
 				      " migration channels", count);

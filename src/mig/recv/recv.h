@@ -60,7 +60,7 @@ struct mig_recv_ops {
 	/* Optional: the main stream announced `count` extra channels (multifd);
 	 * a CHANNEL record without this hook, or on a channel stream, fails.
 	 * Non-zero return fails as for on_state. */
-	int (*on_channels)(void *ctx, uint32_t count);
+	int (*on_channels)(void *ctx, uint32_t count, const uint8_t session[PROTO_SESSION_LEN]);
 	/* Post-copy (all four, or DISCARD and POSTCOPY records fail with
 	 * -EPROTO).  on_discard: the page's copy here is stale (before
 	 * POSTCOPY only).  on_postcopy: every state section is in, the guest

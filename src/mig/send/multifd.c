@@ -109,7 +109,7 @@ static int chan__open(struct multifd_send *mf, unsigned i, unsigned n, const cha
 		}
 	}
 	mig_stream__set_rate(&c->stream, rate);
-	ssize_t len = proto__encode_channel(c->rec, MULTIFD_REC_CAP, c->index, n);
+	ssize_t len = proto__encode_channel(c->rec, MULTIFD_REC_CAP, c->index, n, mf->session);
 	rc = len < 0 ? (int)len : mig_stream__write(&c->stream, c->rec, (size_t)len);
 	if (!rc)
 		rc = mig_stream__flush(&c->stream);
@@ -138,7 +138,8 @@ static void chan__free(struct multifd_send_chan *c)
 
 int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
 		       const struct proto_ram *ram, enum proto_comp comp, uint64_t rate,
-		       const struct tls_config *tls, char *err, size_t errlen)
+		       const struct tls_config *tls, const uint8_t session[PROTO_SESSION_LEN],
+		       char *err, size_t errlen)
 {
 	if (n < 1 || n > PROTO_MAX_CHANNELS) {
 		snprintf(err, errlen, "multifd-channels must be 1..%u", PROTO_MAX_CHANNELS);
@@ -147,6 +148,7 @@ int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
 	mf->ram = ram;
 	mf->comp = comp;
 	mf->tls = tls;
+	memcpy(mf->session, session, PROTO_SESSION_LEN);
 	for (unsigned i = 0; i < n; i++) {
 		int rc = chan__open(mf, i, n, uri, multifd__share(rate, n), err, errlen);
 		if (rc) {

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "base/timeutil.h"
 #include "ctl/control.h"
@@ -46,7 +47,12 @@ static int sender__open_channels(struct sender *s, const char *uri, const struct
 	struct migration *m = s->m;
 	unsigned n = m->params.multifd_channels;
 	char err[256];
-	ssize_t len = proto__encode_channel(s->rec, s->rec_cap, 0, n);
+	uint8_t session[PROTO_SESSION_LEN];   /* binds the channels to this migration */
+	if (getrandom(session, sizeof(session), 0) != (ssize_t)sizeof(session)) {
+		migration__set_error(m, "no random bytes for the multifd session: %s", strerror(errno));
+		return -EIO;
+	}
+	ssize_t len = proto__encode_channel(s->rec, s->rec_cap, 0, n, session);
 	int rc = len < 0 ? (int)len : mig_stream__write(s->stream, s->rec, (size_t)len);
 	if (!rc)
 		rc = mig_stream__flush(s->stream);
@@ -57,7 +63,7 @@ static int sender__open_channels(struct sender *s, const char *uri, const struct
 	pthread_mutex_unlock(&m->lock);
 	s->mf = &m->mf;
 	rc = multifd_send__open(&m->mf, n, uri, pr, s->comp, m->params.max_bandwidth,
-				m->tls_out.creds ? &m->tls_out : NULL, err, sizeof(err));
+				m->tls_out.creds ? &m->tls_out : NULL, session, err, sizeof(err));
 	if (rc)
 		migration__set_error(m, "%s", err);
 	return rc;

@@ -78,9 +78,12 @@ const char *proto__header_problem(const struct proto_hdr *h)
 		break;
 	case PROTO_SYNC:
 	case PROTO_RP_PING:
-	case PROTO_CHANNEL:
 		if (h->length != 8)
 			return "record length must be 8";
+		break;
+	case PROTO_CHANNEL:
+		if (h->length != 8 + PROTO_SESSION_LEN)
+			return "CHANNEL length must be 24";
 		break;
 	case PROTO_END:
 		if (h->length != ((h->flags & PROTO_F_HAS_CHECKSUM) ? PROTO_HASH_LEN : 0))
@@ -327,9 +330,16 @@ ssize_t proto__encode_sync(void *buf, size_t cap, uint64_t round)
 	return proto__encode_u64(buf, cap, PROTO_SYNC, round);
 }
 
-ssize_t proto__encode_channel(void *buf, size_t cap, uint32_t index, uint32_t count)
+ssize_t proto__encode_channel(void *buf, size_t cap, uint32_t index, uint32_t count,
+			      const uint8_t session[PROTO_SESSION_LEN])
 {
-	return proto__encode_u64(buf, cap, PROTO_CHANNEL, (uint64_t)count << 32 | index);
+	uint8_t *p = proto__begin(buf, cap, PROTO_CHANNEL, 0, 8 + PROTO_SESSION_LEN);
+	if (!p)
+		return -ENOSPC;
+	le__put32(p, index);
+	le__put32(p + 4, count);
+	memcpy(p + 8, session, PROTO_SESSION_LEN);
+	return proto__rec_size(8 + PROTO_SESSION_LEN);
 }
 
 ssize_t proto__encode_rp_ping(void *buf, size_t cap, uint64_t cookie)
@@ -509,13 +519,14 @@ int proto__decode_sync(const void *p, size_t len, uint64_t *round, const char **
 }
 
 int proto__decode_channel(const void *p, size_t len, uint32_t *index, uint32_t *count,
-			  const char **why)
+			  uint8_t session[PROTO_SESSION_LEN], const char **why)
 {
-	uint64_t v;
-	if (proto__decode_u64(p, len, &v, why))
-		return -EPROTO;
-	*index = (uint32_t)v;
-	*count = (uint32_t)(v >> 32);
+	const uint8_t *b = p;
+	if (len != 8 + PROTO_SESSION_LEN)
+		return proto__bad(why, "CHANNEL length must be 24");
+	*index = le__get32(b);
+	*count = le__get32(b + 4);
+	memcpy(session, b + 8, PROTO_SESSION_LEN);
 	if (*count < 1 || *count > PROTO_MAX_CHANNELS || *index > *count) {
 		*why = "channel index or count out of range";
 		return -EPROTO;

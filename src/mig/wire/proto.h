@@ -29,7 +29,7 @@
 
 #define PROTO_MAGIC          "KMIGSTRM"     /* 8 bytes, no NUL on the wire */
 #define PROTO_MAGIC_LEN      8
-#define PROTO_VERSION        1u
+#define PROTO_VERSION        2u             /* 2: CHANNEL carries the session */
 #define PROTO_PAGE_SIZE      4096u
 #define PROTO_HDR_SIZE       16u
 #define PROTO_MAX_PAYLOAD    (16u << 20)    /* larger length = protocol error */
@@ -39,6 +39,7 @@
 #define PROTO_MAX_MSG        4096u          /* bytes of an ERROR/RP_FAIL text */
 #define PROTO_HASH_LEN       32u
 #define PROTO_MAX_CHANNELS   16u            /* extra multifd channels */
+#define PROTO_SESSION_LEN    16u            /* CHANNEL: the migration's random session */
 
 /* Record types.  Source -> destination: 1..0xff; return path
  * (destination -> source): 0x100..0x1ff. */
@@ -50,7 +51,7 @@ enum proto_type {
 	PROTO_SYNC    = 5,
 	PROTO_END     = 6,
 	PROTO_ERROR   = 7,
-	PROTO_CHANNEL = 8,      /* multifd: u32 channel index, u32 extra channels */
+	PROTO_CHANNEL = 8,      /* multifd: u32 channel index, u32 extra channels, session */
 	PROTO_DISCARD = 9,      /* post-copy: pages whose copy at the destination is stale */
 	PROTO_POSTCOPY = 10,    /* post-copy: state complete, the destination runs now */
 	PROTO_RESUME  = 11,     /* post-copy recovery: START's payload, on a new connection */
@@ -168,8 +169,11 @@ ssize_t proto__encode_state(void *buf, size_t cap, uint32_t id, uint32_t version
 			    uint32_t instance, const void *data, size_t len) KMIG_MUST_CHECK;
 ssize_t proto__encode_sync(void *buf, size_t cap, uint64_t round) KMIG_MUST_CHECK;
 /* CHANNEL: on the main stream (index 0) it announces `count` extra
- * channels; each extra connection starts with one naming its index. */
-ssize_t proto__encode_channel(void *buf, size_t cap, uint32_t index, uint32_t count) KMIG_MUST_CHECK;
+ * channels and the migration's session (PROTO_SESSION_LEN random bytes);
+ * each extra connection starts with one naming its index and the same
+ * session. */
+ssize_t proto__encode_channel(void *buf, size_t cap, uint32_t index, uint32_t count,
+			      const uint8_t session[PROTO_SESSION_LEN]) KMIG_MUST_CHECK;
 /* hash may be NULL: END without checksum. */
 ssize_t proto__encode_end(void *buf, size_t cap, const uint8_t *hash) KMIG_MUST_CHECK;
 /* msg is truncated to PROTO_MAX_MSG bytes. */
@@ -218,9 +222,10 @@ int proto__decode_state(const void *p, size_t len, struct proto_state *st,
 			const char **why) KMIG_MUST_CHECK;
 int proto__decode_sync(const void *p, size_t len, uint64_t *round,
 		       const char **why) KMIG_MUST_CHECK;
-/* Index 0..PROTO_MAX_CHANNELS, count 1..PROTO_MAX_CHANNELS, index <= count. */
+/* Index 0..PROTO_MAX_CHANNELS, count 1..PROTO_MAX_CHANNELS, index <= count;
+ * session receives PROTO_SESSION_LEN bytes. */
 int proto__decode_channel(const void *p, size_t len, uint32_t *index, uint32_t *count,
-			  const char **why) KMIG_MUST_CHECK;
+			  uint8_t session[PROTO_SESSION_LEN], const char **why) KMIG_MUST_CHECK;
 /* hash receives PROTO_HASH_LEN bytes when flags has HAS_CHECKSUM. */
 int proto__decode_end(const void *p, size_t len, uint32_t flags, uint8_t *hash,
 		      bool *has_hash, const char **why) KMIG_MUST_CHECK;

@@ -374,6 +374,27 @@ int mig_stream__read_full(struct mig_stream *s, void *buf, size_t len)
 	return 0;
 }
 
+int mig_stream__peek(struct mig_stream *s, void *buf, size_t len)
+{
+	int e = mig_stream__error(s);
+	if (e || len > MIG_STREAM_RBUF)
+		return e ? e : -EINVAL;
+	if (s->rpos) {                  /* what is buffered to the front */
+		memmove(s->rbuf, s->rbuf + s->rpos, s->rlen - s->rpos);
+		s->rlen -= s->rpos;
+		s->rpos = 0;
+	}
+	while (s->rlen < len) {
+		size_t got;
+		e = stream__read_some(s, s->rbuf + s->rlen, MIG_STREAM_RBUF - s->rlen, &got);
+		if (e)
+			return e;
+		s->rlen += got;
+	}
+	memcpy(buf, s->rbuf, len);
+	return 0;
+}
+
 int mig_stream__put_record(struct mig_stream *s, uint32_t type, uint32_t flags,
 			   const void *payload, size_t len)
 {

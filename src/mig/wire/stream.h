@@ -94,6 +94,10 @@ int mig_stream__flush(struct mig_stream *s) KMIG_MUST_CHECK;
 /* Reads exactly len bytes; EOF before that is -ECONNRESET. */
 int mig_stream__read_full(struct mig_stream *s, void *buf, size_t len) KMIG_MUST_CHECK;
 
+/* Waits (under the read deadline) until len bytes (<= MIG_STREAM_RBUF)
+ * can be read and copies them into buf without consuming them. */
+int mig_stream__peek(struct mig_stream *s, void *buf, size_t len) KMIG_MUST_CHECK;
+
 /* Buffered write of a whole record (header + payload).  Does not flush. */
 int mig_stream__put_record(struct mig_stream *s, uint32_t type, uint32_t flags,
 			   const void *payload, size_t len) KMIG_MUST_CHECK;
@@ -162,22 +166,38 @@ int mig_uri__parse(const char *uri, struct mig_uri *u, char *err, size_t errlen)
 int mig_stream__connect(struct mig_stream *s, const char *uri, const atomic_bool *cancel,
 			char *err, size_t errlen) KMIG_MUST_CHECK;
 
+/* A listener keeps the connections it has accepted that have sent
+ * nothing yet (at most MIG_LISTENER_PENDING, the oldest dropped for a new
+ * one), so one connector that stays silent holds no one up: accept hands
+ * out the first connection that has bytes to read (or has hung up), and
+ * closes one silent for MIG_LISTENER_SILENT_MS, telling on_drop. */
+#define MIG_LISTENER_PENDING   8
+#define MIG_LISTENER_SILENT_MS 10000
 struct mig_listener {
 	int fd;
 	atomic_bool shut;
 	char path[108];                 /* unix socket to unlink on close, or "" */
 	uint16_t port;                  /* bound TCP port (after port 0) */
+	int pending[MIG_LISTENER_PENDING];      /* accepted, silent so far; oldest first */
+	uint64_t pending_ms[MIG_LISTENER_PENDING]; /* time__now_ms() of each accept */
+	unsigned npending;
+	/* optional, set after open: a connection closed unused, and why */
+	void (*on_drop)(void *ctx, const char *why);
+	void *drop_ctx;
 };
 /* Binds and listens.  A unix path that exists but refuses connections
  * (stale socket) is replaced. */
 int mig_listener__open(struct mig_listener *l, const char *uri, char *err,
 		       size_t errlen) KMIG_MUST_CHECK;
-/* Waits for one connection and initialises s with it; -ECANCELED after
- * mig_listener__shutdown. */
-int mig_listener__accept(struct mig_listener *l, struct mig_stream *s, char *err,
-			 size_t errlen) KMIG_MUST_CHECK;
+/* Waits for a connection that has sent something or hung up and
+ * initialises s with it; -ETIMEDOUT at deadline_ms (time__now_ms(), 0 =
+ * none), -ECANCELED after mig_listener__shutdown.  The caller vets what
+ * the peer sends. */
+int mig_listener__accept(struct mig_listener *l, struct mig_stream *s, uint64_t deadline_ms,
+			 char *err, size_t errlen) KMIG_MUST_CHECK;
 /* Makes a blocked accept return (any thread). */
 void mig_listener__shutdown(struct mig_listener *l);
+/* Closes the listener and the connections it holds. */
 void mig_listener__close(struct mig_listener *l);
 
 #endif

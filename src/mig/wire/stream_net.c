@@ -17,6 +17,15 @@
 #include <unistd.h>
 
 #define NET_UNIX_BUF (4 << 20)          /* socket buffers for unix sockets */
+#define NET_BACKLOG  MIG_LISTENER_PENDING /* strays must not fill the queue */
+
+/* Listeners poll before accept: an accept never blocks (a connection
+ * reset in between is EAGAIN). */
+static int net__nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+	return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
+}
 
 static int uri__parse_port(const char *s, uint16_t *port)
 {
@@ -261,7 +270,8 @@ static int net__listen_unix(struct mig_listener *l, const struct mig_uri *u, cha
 	int e = net__bind_unix(fd, u);
 	/* 0600 before listen(): until then a connect is refused, so nobody but
 	 * the owner ever reaches the socket, whatever the umask */
-	if (!e && (chmod(u->path, 0600) < 0 || listen(fd, 1) < 0)) {
+	if (!e && (chmod(u->path, 0600) < 0 || listen(fd, NET_BACKLOG) < 0 ||
+		   net__nonblock(fd) < 0)) {
 		e = -errno;
 		unlink(u->path);
 	}
@@ -289,7 +299,8 @@ static int net__listen_tcp(struct mig_listener *l, const struct mig_uri *u, char
 			continue;
 		}
 		(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1) == 0)
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, NET_BACKLOG) == 0 &&
+		    net__nonblock(fd) == 0)
 			break;
 		e = -errno;
 		close(fd);
@@ -321,26 +332,83 @@ int mig_listener__open(struct mig_listener *l, const char *uri, char *err, size_
 				     : net__listen_unix(l, &u, err, errlen);
 }
 
-int mig_listener__accept(struct mig_listener *l, struct mig_stream *s, char *err,
-			 size_t errlen)
+/* Closes pending connection i (oldest first); why: tell on_drop. */
+static void listener__drop(struct mig_listener *l, unsigned i, const char *why)
 {
-	int fd;
-	for (;;) {
-		if (atomic_load(&l->shut))
-			return utf8__err(err, errlen, -ECANCELED, "listener shut down");
-		fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
-		if (fd >= 0)
-			break;
-		if (errno == EINTR || errno == ECONNABORTED)
-			continue;
+	int fd = l->pending[i];
+	l->npending--;
+	memmove(&l->pending[i], &l->pending[i + 1], (l->npending - i) * sizeof(l->pending[0]));
+	memmove(&l->pending_ms[i], &l->pending_ms[i + 1], (l->npending - i) * sizeof(l->pending_ms[0]));
+	if (fd >= 0)
+		close(fd);
+	if (why && l->on_drop)
+		l->on_drop(l->drop_ctx, why);
+}
+
+/* The listener is readable: one more pending connection (the oldest
+ * dropped when they are MIG_LISTENER_PENDING). */
+static int listener__take(struct mig_listener *l, char *err, size_t errlen)
+{
+	int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+	if (fd < 0) {
+		if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN)
+			return 0;
 		int e = atomic_load(&l->shut) ? -ECANCELED : -errno;
 		return utf8__err(err, errlen, e, "accept: %s", strerror(-e));
 	}
-	net__tune(fd, l->path[0] != 0);
-	int e = mig_stream__init(s, fd);
-	if (e)
-		return utf8__err(err, errlen, e, "out of memory");
+	if (l->npending == MIG_LISTENER_PENDING)
+		listener__drop(l, 0, "silent after connecting, and newer connections came");
+	l->pending[l->npending] = fd;
+	l->pending_ms[l->npending++] = time__now_ms();
 	return 0;
+}
+
+/* Milliseconds poll may wait: until the oldest pending connection has
+ * been silent too long or the deadline, at most 1 s. */
+static int listener__wait_ms(const struct mig_listener *l, uint64_t now, uint64_t deadline)
+{
+	uint64_t until = now + 1000;
+	if (l->npending && l->pending_ms[0] + MIG_LISTENER_SILENT_MS < until)
+		until = l->pending_ms[0] + MIG_LISTENER_SILENT_MS;
+	if (deadline && deadline < until)
+		until = deadline;
+	return until > now ? (int)(until - now) : 0;
+}
+
+int mig_listener__accept(struct mig_listener *l, struct mig_stream *s, uint64_t deadline_ms,
+			 char *err, size_t errlen)
+{
+	struct pollfd p[1 + MIG_LISTENER_PENDING];
+	for (;;) {
+		if (atomic_load(&l->shut))
+			return utf8__err(err, errlen, -ECANCELED, "listener shut down");
+		uint64_t now = time__now_ms();
+		while (l->npending && now - l->pending_ms[0] >= MIG_LISTENER_SILENT_MS)
+			listener__drop(l, 0, "silent for 10 s after connecting");
+		if (deadline_ms && now >= deadline_ms)
+			return utf8__err(err, errlen, -ETIMEDOUT, "no connection in time");
+		p[0] = (struct pollfd){ .fd = l->fd, .events = POLLIN };
+		for (unsigned i = 0; i < l->npending; i++)
+			p[1 + i] = (struct pollfd){ .fd = l->pending[i], .events = POLLIN };
+		int r = poll(p, 1 + l->npending, listener__wait_ms(l, now, deadline_ms));
+		if (r < 0 && errno != EINTR)
+			return utf8__err(err, errlen, -errno, "poll: %s", strerror(errno));
+		for (unsigned i = 0; r > 0 && i < l->npending; i++) {
+			if (!p[1 + i].revents)
+				continue;
+			int fd = l->pending[i];
+			l->pending[i] = -1;
+			listener__drop(l, i, NULL);
+			net__tune(fd, l->path[0] != 0);
+			int e = mig_stream__init(s, fd);
+			return e ? utf8__err(err, errlen, e, "out of memory") : 0;
+		}
+		if (r > 0 && p[0].revents) {
+			int e = listener__take(l, err, errlen);
+			if (e)
+				return e;
+		}
+	}
 }
 
 void mig_listener__shutdown(struct mig_listener *l)
@@ -352,6 +420,8 @@ void mig_listener__shutdown(struct mig_listener *l)
 
 void mig_listener__close(struct mig_listener *l)
 {
+	while (l->npending)
+		listener__drop(l, 0, NULL);
 	if (l->fd >= 0)
 		close(l->fd);
 	l->fd = -1;

@@ -114,5 +114,11 @@ int tls__client(struct mig_stream *s, const struct tls_config *cfg, char *err,
 		size_t errlen) KMIG_MUST_CHECK;
 int tls__server(struct mig_stream *s, const struct tls_config *cfg, char *err,
 		size_t errlen) KMIG_MUST_CHECK;
+/* Server, after tls__server: the client's identity, its PSK user name or
+ * its certificate's distinguished name, into who (cut to len).  -ENOENT
+ * if it has none (an X.509 server without verify-peer), -EINVAL without
+ * TLS. */
+int tls__peer(struct mig_stream *s, const struct tls_config *cfg, char *who,
+	      size_t len) KMIG_MUST_CHECK;
 
 #endif

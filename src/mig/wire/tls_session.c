@@ -167,15 +167,15 @@ int tls__client(struct mig_stream *s, const struct tls_config *cfg, char *err, s
 	return rc;
 }
 
-/* Whether the client is the one authz-simple names (its PSK user name or
- * certificate DN, compared whole); *who gets it for messages (cut). */
-static bool tls__authorized(gnutls_session_t ses, const struct tls_creds *c,
-			    const char *identity, char *who, size_t len)
+/* The client's identity: its PSK user name or certificate DN (cut to
+ * len); false if it has none. */
+static bool tls__peer_name(gnutls_session_t ses, const struct tls_creds *c, char *who, size_t len)
 {
+	who[0] = 0;
 	if (c->kind == TLS_PSK) {
 		const char *u = gnutls_psk_server_get_username(ses);
 		snprintf(who, len, "%s", u ? u : "");
-		return u && !strcmp(u, identity);
+		return u != NULL;
 	}
 	unsigned n = 0;
 	const gnutls_datum_t *certs = gnutls_certificate_get_peers(ses, &n);
@@ -186,12 +186,26 @@ static bool tls__authorized(gnutls_session_t ses, const struct tls_creds *c,
 	int r = gnutls_x509_crt_import(crt, &certs[0], GNUTLS_X509_FMT_DER);
 	if (r >= 0)
 		r = gnutls_x509_crt_get_dn3(crt, &dn, 0);
-	bool ok = r >= 0 && dn.size == strlen(identity) && !memcmp(dn.data, identity, dn.size);
 	if (r >= 0)
 		snprintf(who, len, "%.*s", (int)dn.size, (const char *)dn.data);
 	gnutls_free(dn.data);
 	gnutls_x509_crt_deinit(crt);
-	return ok;
+	return r >= 0 && strlen(who) == dn.size;
+}
+
+/* Whether the client is the one authz-simple names (its PSK user name or
+ * certificate DN, compared whole); *who gets it for messages (cut). */
+static bool tls__authorized(gnutls_session_t ses, const struct tls_creds *c,
+			    const char *identity, char *who, size_t len)
+{
+	return tls__peer_name(ses, c, who, len) && !strcmp(who, identity);
+}
+
+int tls__peer(struct mig_stream *s, const struct tls_config *cfg, char *who, size_t len)
+{
+	if (!s->tls || !cfg->creds || !len)
+		return -EINVAL;
+	return tls__peer_name(s->tls, cfg->creds, who, len) ? 0 : -ENOENT;
 }
 
 int tls__server(struct mig_stream *s, const struct tls_config *cfg, char *err, size_t errlen)
