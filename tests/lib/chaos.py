@@ -29,10 +29,15 @@ Extra faults, outside the matrix:
            pages are still missing: both sides pause; two migrate-recover
            in one write: the second is refused; the source resumes on the
            new link and the migration completes, every page checked;
+  stray    a connection that sends an HTTP request, or nothing, reaches the
+           destination's port before the source: it is dropped and
+           counted (x-stray-connections), the migration completes with
+           x-verify;
   none     no fault: the migration completes with x-verify.
 """
 import os
 import random
+import socket
 import time
 
 import faultmatrix as fm
@@ -41,8 +46,9 @@ from faultproxy import FaultProxy
 
 QMP_WITHIN = 3.0       # s: a running side answers a QMP call this soon
 QUIT_WITHIN = 5.0      # s: a cancel or yank ends the migration this soon
-EXTRA = ["cancel", "yank", "postcopy-cut", "none"]
-EXTRA_WANT = {"cancel": "runs", "yank": "runs", "postcopy-cut": "recovers", "none": "completes"}
+EXTRA = ["cancel", "yank", "postcopy-cut", "stray", "none"]
+EXTRA_WANT = {"cancel": "runs", "yank": "runs", "postcopy-cut": "recovers", "stray": "completes",
+              "none": "completes"}
 PUSH = 2000000         # B/s after the switch to post-copy: pages stay missing
 
 
@@ -50,7 +56,7 @@ def choices():
     """Every (phase, fault) a run may draw, in a fixed order."""
     cells = [(p, f) for p in fm.PHASES for f in fm.FAULTS]
     return cells + [("bulk", "cancel"), ("bulk", "yank"), ("postcopy", "postcopy-cut"),
-                    ("any", "none")]
+                    ("setup", "stray"), ("any", "none")]
 
 
 def counts(vm):
@@ -162,11 +168,23 @@ class Chaos:
             return src
         if kind == "postcopy-cut":
             return self._postcopy_cut(check, src, dst, port, rng.uniform(0, 1.0))
-        if kind == "none":
-            r = kt.migrate(src, dst, uri, caps={"x-verify": True},
-                           params={"downtime-limit": 10000}, timeout=kt.slow(90))
+        if kind in ("none", "stray"):
+            stray, garbage = None, rng.random() < 0.5
+            if kind == "stray":       # garbage, or silence (dropped after 10 s)
+                stray = socket.create_connection(("127.0.0.1", port), timeout=10)
+                if garbage:
+                    stray.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            try:
+                r = kt.migrate(src, dst, uri, caps={"x-verify": True},
+                               params={"downtime-limit": 10000}, timeout=kt.slow(90))
+            finally:
+                if stray is not None:
+                    stray.close()
             check("completed", r.get("status") == "completed", repr(r))
             check("guest_goes_on", fm.goes_on(dst), fm.dump(dst))
+            if kind == "stray" and garbage:
+                n = dst.qmp().cmd("query-migrate").get("x-stray-connections", {})
+                check("stray_counted", n.get("count", 0) >= 1, repr(n))
             return dst if r.get("status") == "completed" else src
         q = src.qmp()
         before = counts(src)
