@@ -107,6 +107,10 @@ def _why(rep):
         return rep.longrepr[2]
     text = str(rep.longrepr or "")
     lines = [ln for ln in text.splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        if "check(s) failed" in ln:     # the check fixture: name the first one
+            return (ln.strip() + " " + (lines[i + 1].strip() if i + 1 < len(lines)
+                                        else ""))[:300]
     for ln in lines:
         if ln.startswith("E "):
             return ln[2:].strip()

@@ -333,7 +333,7 @@ echo "# tests/run.sh --part $part: $((SECONDS - t_start)) s"
 # to 300 characters, at most 20)
 if [ -s "$fails" ]; then
 	echo "# what failed:"
-	head -n 20 "$fails" | cut -c1-300
+	awk '!seen[$0]++' "$fails" | head -n 20 | cut -c1-300
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

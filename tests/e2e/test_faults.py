@@ -24,6 +24,11 @@ Outcomes:
              link broke
   dst-runs   the destination got END and runs the guest; the source fails
              (or, a stall, is cancelled) and stays paused
+  dst-waits  the source was killed before START reached the destination:
+             to it that connection was a stray (dropped, counted in
+             x-stray-connections); it listens on, never ran the guest
+             (a stall, cut or corrupt record at setup: the same at the
+             destination, and the source runs)
   dst-fails  the source was killed before END: the destination exits
              non-zero without running the guest
   dst-completes  the source was killed after END: the destination runs it

@@ -32,6 +32,12 @@ for _p in ("setup", "bulk", "dirty"):
                    (_p, "kill-src"): "dst-fails", (_p, "kill-dst"): "runs",
                    (_p, "stop-src"): "completes", (_p, "stop-dst"): "completes"})
 EXPECT[("setup", "duplicate")] = "runs"       # a second START is refused
+# before START reaches it the destination holds no migration: a connection
+# that sends nothing and closes, or whose first record is not START (a
+# corrupt type), is a stray to it (dropped, counted in
+# x-stray-connections, not answered), and it listens on for the real source
+DST_WAITS = {("setup", "stall"), ("setup", "cut"), ("setup", "kill-src"), ("setup", "corrupt")}
+EXPECT[("setup", "kill-src")] = "dst-waits"
 EXPECT.update({("switchover", "stall"): "paused", ("switchover", "cut"): "either",
                ("switchover", "truncate"): "either", ("switchover", "duplicate"): "runs",
                ("switchover", "corrupt"): "runs", ("switchover", "kill-src"): "dst-fails",
@@ -197,6 +203,22 @@ class Cell:
         return kt.wait_migration(q, kt.slow(90))
 
 
+def dst_waits(check, dst):
+    """The destination took the broken connection for a stray: it dropped
+    and counted it and listens on, the guest never ran there."""
+    deadline = time.time() + kt.slow(15)
+    n = {}
+    while time.time() < deadline and dst.proc.poll() is None:
+        n = dst.qmp().cmd("query-migrate").get("x-stray-connections", {})
+        if n.get("count", 0) >= 1:
+            break
+        time.sleep(0.1)
+    check("dst_drops_stray", n.get("count", 0) >= 1, "%r; %s" % (n, dump(dst)))
+    check("dst_listens_on", dst.proc.poll() is None and status(dst) == "inmigrate",
+          dump(dst))
+    check("dst_never_ran", not ran(dst), dump(dst))
+
+
 def run_cell(guest, vms, check, phase, fault, src=None, tag="", on_src_back=None):
     """One cell of the matrix with guest (VerifyGuest or a Linux one),
     from src (a VM running the guest) or a new one.  Returns the VM that
@@ -217,6 +239,9 @@ def run_cell(guest, vms, check, phase, fault, src=None, tag="", on_src_back=None
     print("# fault %s-%s: want %s; source %r (%s), error-desc %r; vm %s"
           % (phase, fault, want, st, r and r.get("x-iterations"),
              r and r.get("error-desc"), status(src) if fault != "kill-src" else "killed"))
+    if want == "dst-waits":
+        dst_waits(check, dst)
+        return None
     if want == "dst-fails" or want == "dst-completes":
         rc = None
         if want == "dst-fails":
@@ -241,11 +266,13 @@ def run_cell(guest, vms, check, phase, fault, src=None, tag="", on_src_back=None
         return dst
     # runs, paused, either: the destination must not have run the guest
     check("src_failed", st in ("failed", "cancelled"), repr(r))
-    if fault != "kill-dst":
+    if (phase, fault) in DST_WAITS:
+        dst_waits(check, dst)
+    elif fault != "kill-dst":
         rc = dst.wait_exit(kt.slow(30))
         check("dst_exits_nonzero", rc not in (None, 0), "exit %r; %s" % (rc, dump(dst)))
     check("dst_never_ran", not ran(dst), dump(dst))
-    if fault in ("corrupt", "duplicate") and want == "runs":
+    if fault in ("corrupt", "duplicate") and want == "runs" and (phase, fault) not in DST_WAITS:
         # the destination's reason reaches the source, also after a record
         # it could not even frame
         check("reason", re.search(r"destination (refused the stream|failed): .*"

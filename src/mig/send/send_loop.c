@@ -132,6 +132,10 @@ static int sender__setup(struct sender *s, const char *uri)
 	proto_start__from_ram(&st, pr);
 	ssize_t n = proto__encode_start(s->rec, s->rec_cap, &st);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
+	/* at once: until START arrives the destination takes this connection
+	 * for a stray, and what follows (dirty tracking's start, the hints)
+	 * may take seconds on a big or slow host */
+	rc = rc ? rc : mig_stream__flush(s->stream);
 	if (rc)
 		return rc;
 	if (!rc && m->params.cap_multifd)
