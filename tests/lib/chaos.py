@@ -102,16 +102,6 @@ class Chaos:
         self.vms = []
         self.runs = []
 
-    def _wait_status(self, q, want, timeout):
-        deadline = time.time() + timeout
-        r = {}
-        while time.time() < deadline:
-            r = q.cmd("query-migrate")
-            if r.get("status") == want:
-                break
-            time.sleep(0.05)
-        return r
-
     def _postcopy_cut(self, check, src, dst, port, delay):
         """The post-copy fault (see the module's text); the VM running the
         guest afterwards."""
@@ -126,14 +116,15 @@ class Chaos:
             if not check("dirty_round", r is not None and r.get("status") == "active", repr(r)):
                 return src
             q.cmd("migrate-start-postcopy")
-            r = self._wait_status(q, "postcopy-active", kt.slow(20))
+            r = kt.wait_migration(q, kt.slow(20), statuses=("postcopy-active",), interval=0.05)
             if not check("postcopy_active", r.get("status") == "postcopy-active", repr(r)):
                 return src
             time.sleep(delay)
             proxy.fire()
             check("cut", proxy.triggered.wait(kt.slow(10)), "proxy never triggered")
             for side, name in ((q, "src"), (dq, "dst")):
-                r = self._wait_status(side, "postcopy-paused", kt.slow(20))
+                r = kt.wait_migration(side, kt.slow(20), statuses=("postcopy-paused",),
+                                      interval=0.05)
                 check(name + "_paused", r.get("status") == "postcopy-paused", repr(r))
             uri2 = "tcp:127.0.0.1:%d" % kt.free_port()
             dq.send_raw(('{"execute": "migrate-recover", "arguments": {"uri": "%s"}}\n' % uri2)
@@ -141,7 +132,7 @@ class Chaos:
             first, second = dq.read_reply(), dq.read_reply()
             check("recover_once", "return" in first and "error" in second,
                   "%r / %r" % (first, second))
-            r = self._wait_status(dq, "postcopy-recover", kt.slow(10))
+            r = kt.wait_migration(dq, kt.slow(10), statuses=("postcopy-recover",), interval=0.05)
             check("dst_listens", r.get("status") == "postcopy-recover", repr(r))
             kt.set_params(q, max_postcopy_bandwidth=0)
             q.cmd("migrate", uri=uri2, resume=True)
