@@ -11,6 +11,7 @@
 #include "base/units.h"
 #include "ctl/client.h"
 #include "ctl/control.h"
+#include "ctl/net_opts.h"
 #include "kvm/vm.h"
 #include "mig/migration.h"
 
@@ -22,6 +23,7 @@ struct run_opts {
 	const char *objects[2 * TLS_MAX_OBJECTS];  /* --object SPEC */
 	unsigned nobjects;
 	const char *tls_creds, *tls_authz, *tls_hostname;
+	struct net_opts net;
 };
 
 static void usage(FILE *f)
@@ -32,6 +34,8 @@ static void usage(FILE *f)
 		"                [--dirty-ring ENTRIES|auto] [--reaper fixed|adaptive] [--kvmclock on|off]\n"
 		"                [--balloon[=free-page-hint=on|off,free-page-reporting=on|off,\n"
 	"                            ioeventfd=on|off]]\n"
+		"                [--netdev tap,id=ID,ifname=TAP[,script=no]]\n"
+		"                [--device virtio-net-pci,netdev=ID[,id=ID][,mac=MAC][,mtu=N][,csum=on|off]]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
 		"                [--object tls-creds-psk,id=ID,dir=DIR[,username=NAME]]\n"
 		"                [--object tls-creds-x509,id=ID,dir=DIR[,verify-peer=on|off]]\n"
@@ -102,11 +106,14 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		{ "tls-authz", required_argument, 0, 'A' },
 		{ "tls-hostname", required_argument, 0, 'H' },
 		{ "kvmclock", required_argument, 0, 'K' },
+		{ "netdev", required_argument, 0, 'N' }, { "device", required_argument, 0, 'D' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	uint64_t v;
 	int c;
+	char err[256];
 	memset(o, 0, sizeof(*o));
+	net_opts__init(&o->net);
 	o->vm.mem_size = 1ull << 30;
 	o->vm.cpus = 1;
 	o->vm.dirty_ring = VM_DIRTY_RING_AUTO;
@@ -166,6 +173,14 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 				die("--kvmclock %s: expected on or off", optarg);
 			o->vm.kvmclock = !strcmp(optarg, "on");
 			break;
+		case 'N':
+			if (net_opts__netdev(&o->net, optarg, err, sizeof(err)))
+				die("%s", err);
+			break;
+		case 'D':
+			if (net_opts__device(&o->net, optarg, err, sizeof(err)))
+				die("%s", err);
+			break;
 		case 'T': o->tls_creds = optarg; break;
 		case 'A': o->tls_authz = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;
@@ -184,6 +199,8 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		die("--kernel %s: %s", o->vm.kernel, strerror(errno));
 	if (o->vm.initrd && access(o->vm.initrd, R_OK))
 		die("--initrd %s: %s", o->vm.initrd, strerror(errno));
+	if (net_opts__finish(&o->net, &o->vm.netc, &o->vm.net, err, sizeof(err)))
+		die("%s", err);
 	o->vm.incoming = o->incoming != NULL;
 	open_console(o->console, &o->vm.console_fd);
 }

@@ -11,6 +11,7 @@
 
 #include "base/timeutil.h"
 #include "ctl/balloon_cmds.h"
+#include "ctl/net_cmds.h"
 
 
 #define KMIG_VERSION_MAJOR 0
@@ -110,6 +111,8 @@ int control__init(struct control *c, struct vm *vm, const char *qmp_path,
 		rc = control__register_commands(c);
 	if (!rc)
 		rc = control__register_balloon(c);
+	if (!rc)
+		rc = control__register_net(c);
 	if (!rc)
 		rc = control__register_introspection(c);
 	if (rc)

@@ -193,7 +193,7 @@ static void balloon__reset(void *ctx)
 }
 
 static const struct virtio_ops balloon__ops = {
-	balloon__cfg_read, balloon__cfg_write, balloon__notify, balloon__reset,
+	balloon__cfg_read, balloon__cfg_write, balloon__notify, balloon__reset, NULL,
 };
 
 int balloon__create(struct balloon **out, const struct balloon_conf *conf)

@@ -143,6 +143,8 @@ static void vp__write_status(struct virtio_pci *vp, uint8_t v)
 			v &= (uint8_t)~VIRTIO_STATUS_FEATURES_OK;
 	}
 	vp->status = (uint8_t)((v & ~VIRTIO_STATUS_NEEDS_RESET) | (old & VIRTIO_STATUS_NEEDS_RESET));
+	if ((v & VIRTIO_STATUS_DRIVER_OK) && !(old & VIRTIO_STATUS_DRIVER_OK) && vp->ops->driver_ok)
+		vp->ops->driver_ok(vp->ctx);
 	if ((v & VIRTIO_STATUS_DRIVER_OK) && !(old & VIRTIO_STATUS_DRIVER_OK) && !vp->broken)
 		for (unsigned i = 0; i < vp->conf.nqueues && !vp->broken; i++)
 			if (vp->vqs[i].ready)

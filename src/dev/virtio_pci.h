@@ -90,6 +90,10 @@ struct virtio_ops {
 	void (*queue_notify)(void *ctx, unsigned q);
 	/* The driver reset the device (transport state is already reset). */
 	void (*reset)(void *ctx);
+	/* May be NULL.  The driver set DRIVER_OK (features are final), before
+	 * the queues are first notified; also after a state load with
+	 * DRIVER_OK set. */
+	void (*driver_ok)(void *ctx);
 };
 
 struct virtio_pci_conf {

@@ -135,5 +135,7 @@ long virtio_pci__load(struct virtio_pci *vp, const uint8_t *buf, size_t len, con
 		vp->irq(vp->irq_ctx, true);
 	}
 	pthread_mutex_unlock(&vp->irq_lock);
+	if ((vp->status & VIRTIO_STATUS_DRIVER_OK) && vp->ops->driver_ok)
+		vp->ops->driver_ok(vp->ctx);
 	return (long)b.pos;
 }

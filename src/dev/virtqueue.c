@@ -116,6 +116,19 @@ int virtq__pop(struct virtq *q, const struct virtio_mem *mem, struct virtq_chain
 	return 1;
 }
 
+bool virtq__has_avail(const struct virtq *q)
+{
+	return q->ready && virtq__load16(q->avail_h + 2) != q->last_avail;
+}
+
+void virtq__unpop(struct virtq *q, uint16_t k)
+{
+	if (k > q->inflight)
+		k = q->inflight;
+	q->last_avail = (uint16_t)(q->last_avail - k);
+	q->inflight = (uint16_t)(q->inflight - k);
+}
+
 int virtq__push(struct virtq *q, const struct virtio_mem *mem, uint16_t head, uint32_t len)
 {
 	if (!q->ready || !q->inflight || head >= q->size)

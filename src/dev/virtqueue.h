@@ -79,6 +79,12 @@ int virtq__enable(struct virtq *q, const struct virtio_mem *mem, const char **wh
  * malformed. */
 int virtq__pop(struct virtq *q, const struct virtio_mem *mem, struct virtq_chain *c,
 	       const char **why) KMIG_MUST_CHECK;
+/* Whether the driver has made buffers available that are not taken yet
+ * (false when not ready). */
+bool virtq__has_avail(const struct virtq *q);
+/* Gives back the last k chains taken (none of them returned yet): the
+ * next pops take them again. */
+void virtq__unpop(struct virtq *q, uint16_t k);
 /* Returns chain head to the driver with len bytes written.  -EINVAL if
  * nothing is in flight or head is out of range. */
 int virtq__push(struct virtq *q, const struct virtio_mem *mem, uint16_t head, uint32_t len) KMIG_MUST_CHECK;

@@ -15,7 +15,7 @@ int ioevent__init(struct ioevent *io, int vm_fd, unsigned n, uint32_t len,
 		  ioevent_fn fn, void *ctx)
 {
 	memset(io, 0, sizeof(*io));
-	io->vm_fd = io->wake = -1;
+	io->vm_fd = io->wake = io->watch_fd = -1;
 	for (unsigned i = 0; i < IOEVENT_MAX; i++)
 		io->fds[i] = -1;
 	pthread_mutex_init(&io->lock, NULL);
@@ -103,7 +103,7 @@ static void ioevent__park(struct ioevent *io)
 static void *ioevent__thread(void *arg)
 {
 	struct ioevent *io = arg;
-	struct pollfd p[IOEVENT_MAX + 1];
+	struct pollfd p[IOEVENT_MAX + 2];
 	pthread_setname_np(pthread_self(), "ioevent");
 	pthread_mutex_lock(&io->lock);
 	while (!io->stopping) {
@@ -111,22 +111,44 @@ static void *ioevent__thread(void *arg)
 			ioevent__park(io);
 			continue;
 		}
+		bool watch = io->watch_on && io->watch_fd >= 0;
 		pthread_mutex_unlock(&io->lock);
 		for (unsigned i = 0; i < io->n; i++)
 			p[i] = (struct pollfd){ .fd = io->fds[i], .events = POLLIN };
 		p[io->n] = (struct pollfd){ .fd = io->wake, .events = POLLIN };
-		if (poll(p, io->n + 1, -1) > 0) {
+		p[io->n + 1] = (struct pollfd){ .fd = io->watch_fd, .events = POLLIN };
+		if (poll(p, io->n + 1 + watch, -1) > 0) {
 			uint64_t count;
 			for (unsigned i = 0; i < io->n; i++)
 				if (p[i].revents & POLLIN)
 					ioevent__take(io, i);
 			if (p[io->n].revents & POLLIN && read(io->wake, &count, sizeof(count)) < 0)
 				log_debug("ioevent: reading the wake eventfd: %s", strerror(errno));
+			if (watch && (p[io->n + 1].revents & (POLLIN | POLLERR | POLLHUP)))
+				io->watch_fn(io->ctx);
 		}
 		pthread_mutex_lock(&io->lock);
 	}
 	pthread_mutex_unlock(&io->lock);
 	return NULL;
+}
+
+void ioevent__watch(struct ioevent *io, int fd, void (*fn)(void *ctx))
+{
+	io->watch_fd = fn ? fd : -1;
+	io->watch_fn = fn;
+}
+
+static void ioevent__wake(struct ioevent *io);
+
+void ioevent__watch_on(struct ioevent *io, bool on)
+{
+	pthread_mutex_lock(&io->lock);
+	bool changed = io->watch_on != on;
+	io->watch_on = on;
+	if (changed)
+		ioevent__wake(io);
+	pthread_mutex_unlock(&io->lock);
 }
 
 int ioevent__start(struct ioevent *io)

@@ -14,6 +14,10 @@
  * saved.  A hold before ioevent__start just counts: the thread starts
  * held and handles nothing until the release.
  *
+ * A set may also watch one more fd (a device's backend, e.g. a tap):
+ * while the watch is on, the thread calls watch_fn(ctx) whenever that fd
+ * is readable.  A held thread does not watch it (frames wait there).
+ *
  * With vm_fd < 0 nothing is registered with KVM: the eventfds are only
  * signalled by writes to them (the unit test of the thread). */
 #ifndef KMIG_KVM_IOEVENT_H
@@ -44,6 +48,9 @@ struct ioevent {
 	bool held;                   /* the thread has drained and waits for release */
 	bool stopping, running;
 	uint64_t events;             /* signals handled (under lock) */
+	int watch_fd;                /* -1: none */
+	void (*watch_fn)(void *ctx);
+	bool watch_on;               /* under lock */
 	pthread_t thread;
 };
 
@@ -54,6 +61,10 @@ int ioevent__init(struct ioevent *io, int vm_fd, unsigned n, uint32_t len,
  * the previous registration.  -errno if KVM refused; then nothing is
  * registered. */
 int ioevent__map(struct ioevent *io, uint64_t base, uint64_t stride) KMIG_MUST_CHECK;
+/* Before ioevent__start: the fd to watch (off until ioevent__watch_on). */
+void ioevent__watch(struct ioevent *io, int fd, void (*fn)(void *ctx));
+/* From any thread, the set's own included. */
+void ioevent__watch_on(struct ioevent *io, bool on);
 int ioevent__start(struct ioevent *io) KMIG_MUST_CHECK;
 /* Holds for ever (timeout_ns 0) or until the deadline: false if the thread
  * was still busy then (a device blocked on a page a post-copy destination

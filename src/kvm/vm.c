@@ -10,8 +10,10 @@
 
 #include "base/timeutil.h"
 #include "dev/balloon.h"
+#include "dev/pci.h"
 #include "kvm/ioevent.h"
 #include "kvm/vm_balloon.h"
+#include "kvm/vm_net.h"
 #include "kvm/vcpu.h"
 #include "mem/dirty.h"
 #include "x86/boot.h"
@@ -164,11 +166,15 @@ static int vm__create_tracker(struct vm *vm, char *err, size_t errlen)
  * and the balloon's INTA when there is a PCI bus. */
 static int vm__write_mptable(struct vm *vm, char *err, size_t errlen)
 {
-	const struct mptable_pci_irq balloon = { BALLOON_PCI_SLOT, 1, BALLOON_IRQ };
-	unsigned npci = vm->cfg.balloon ? 1 : 0;
+	struct mptable_pci_irq pci[2];
+	unsigned npci = 0;
+	if (vm->cfg.balloon)
+		pci[npci++] = (struct mptable_pci_irq){ BALLOON_PCI_SLOT, 1, BALLOON_IRQ };
+	if (vm->cfg.net)
+		pci[npci++] = (struct mptable_pci_irq){ NET_PCI_SLOT, 1, NET_IRQ };
 	size_t size = mptable__size(vm->nr_vcpus, npci);
 	uint8_t *host = ram__gpa_to_host(&vm->ram, MPTABLE_GPA, size);
-	long n = host ? mptable__build(host, size, MPTABLE_GPA, vm->nr_vcpus, &balloon, npci)
+	long n = host ? mptable__build(host, size, MPTABLE_GPA, vm->nr_vcpus, pci, npci)
 		      : -ERANGE;
 	if (n < 0)
 		snprintf(err, errlen, "cannot write the MP table: %s", strerror((int)-n));
@@ -231,9 +237,26 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 		rc = vm__create_tracker(vm, err, errlen);
 	if (!rc && kvm_stats__open(&vm->kstats, vm->kvm_fd, vm->vm_fd))
 		log_debug("KVM binary statistics unavailable");
+	if (!rc && (cfg->balloon || cfg->net) && !(vm->pci = calloc(1, sizeof(*vm->pci))))
+		rc = -ENOMEM;
+	if (vm->pci)
+		pci__init(vm->pci);
 	if (!rc && cfg->balloon)
 		rc = vm_balloon__attach(vm, err, errlen);
+	if (!rc && cfg->net)
+		rc = vm_net__attach(vm, err, errlen);
 	return rc;
+}
+
+/* The devices' ioevent threads (at most 2); their number. */
+static unsigned vm__ioevents(struct vm *vm, struct ioevent *io[2])
+{
+	unsigned n = 0;
+	if (vm->notify)
+		io[n++] = vm->notify;
+	if (vm->net_notify)
+		io[n++] = vm->net_notify;
+	return n;
 }
 
 int vm__start(struct vm *vm, bool start_paused)
@@ -242,10 +265,12 @@ int vm__start(struct vm *vm, bool start_paused)
 	vm->pause_depth = start_paused ? 1 : 0;
 	vm->status = start_paused ? VM_STATUS_PAUSED : VM_STATUS_RUNNING;
 	pthread_mutex_unlock(&vm->lock);
-	if (vm->notify) {
+	struct ioevent *io[2];
+	unsigned nio = vm__ioevents(vm, io);
+	for (unsigned i = 0; i < nio; i++) {
 		if (start_paused)
-			(void)ioevent__hold(vm->notify, 0);   /* not running yet: at once */
-		int rc = ioevent__start(vm->notify);
+			(void)ioevent__hold(io[i], 0);   /* not running yet: at once */
+		int rc = ioevent__start(io[i]);
 		if (rc)
 			return rc;
 	}
@@ -277,7 +302,13 @@ void vm__destroy(struct vm *vm)
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)
 		if (vm->vcpus[i].thread_started)
 			pthread_join(vm->vcpus[i].thread, NULL);
+	vm_net__detach(vm);
 	vm_balloon__detach(vm);
+	if (vm->pci) {
+		pci__destroy(vm->pci);
+		free(vm->pci);
+		vm->pci = NULL;
+	}
 	if (vm->dirty)
 		dirty__destroy(vm->dirty);
 	kvm_stats__close(&vm->kstats);
@@ -349,13 +380,19 @@ static bool vm__add_pause(struct vm *vm, uint64_t wait_ns)
 	return parked;
 }
 
-/* Lock not held, after vm__add_pause: the level holds the ioevent thread.
+/* Lock not held, after vm__add_pause: the level holds the ioevent threads.
  * One whose vCPUs did not all park, or whose thread stayed busy, holds
  * nothing and is counted in vm->unheld instead. */
 static void vm__hold_devices(struct vm *vm, bool parked, uint64_t wait_ns)
 {
-	if (!vm->notify || (parked && ioevent__hold(vm->notify, wait_ns)))
+	struct ioevent *io[2];
+	unsigned n = vm__ioevents(vm, io), held = 0;
+	while (parked && held < n && ioevent__hold(io[held], wait_ns))
+		held++;
+	if (held == n)
 		return;
+	while (held)
+		ioevent__release(io[--held]);
 	pthread_mutex_lock(&vm->lock);
 	vm->unheld++;
 	pthread_mutex_unlock(&vm->lock);
@@ -367,15 +404,17 @@ static void vm__hold_devices(struct vm *vm, bool parked, uint64_t wait_ns)
 /* Lock not held, after a pause level went: its hold goes too. */
 static void vm__release_devices(struct vm *vm)
 {
-	if (!vm->notify)
+	struct ioevent *io[2];
+	unsigned n = vm__ioevents(vm, io);
+	if (!n)
 		return;
 	pthread_mutex_lock(&vm->lock);
 	bool unheld = vm->unheld > 0;
 	if (unheld)
 		vm->unheld--;
 	pthread_mutex_unlock(&vm->lock);
-	if (!unheld)
-		ioevent__release(vm->notify);
+	for (unsigned i = 0; !unheld && i < n; i++)
+		ioevent__release(io[i]);
 }
 
 void vm__pause_vcpus(struct vm *vm)

@@ -64,6 +64,15 @@ struct vm_config {
 	bool balloon_no_ioeventfd; /* its queue notifications exit to kmig */
 	uint64_t clear_chunk_pages; /* dirty tracker's deferred-clear chunk; 0 = default */
 	bool kvmclock;           /* CPUID says "hypervisor": Linux finds KVM's leaves, uses kvm-clock */
+	bool net;                /* a virtio-net-pci on a tap (kvm/vm_net.h) */
+	struct vm_net_config {
+		char netdev_id[32];  /* --netdev ...,id= */
+		char device_id[32];  /* --device ...,id= (may be empty) */
+		char ifname[16];     /* the tap */
+		uint8_t mac[6];
+		uint16_t mtu;        /* 0: MTU not offered */
+		bool no_offloads;    /* csum=off: no checksum or TSO offloads */
+	} netc;
 };
 
 #define VM_DIRTY_RING_AUTO    UINT32_MAX
@@ -72,6 +81,9 @@ struct vm_config {
 struct dirty;                    /* mem/dirty.h */
 struct pci_bus;                  /* dev/pci.h */
 struct balloon;                  /* dev/balloon.h */
+struct net;                      /* dev/net.h */
+struct tap;                      /* dev/tap.h */
+struct announcer;                /* dev/announce.h */
 struct vcpu;
 
 /* Events the VM reports to whoever drives it (the control loop). */
@@ -89,9 +101,13 @@ struct vm {
 	struct rtc rtc;
 	struct dirty *dirty;         /* NULL until the tracker is created */
 	struct kvm_stats kstats;     /* fd -1 where KVM has no binary statistics */
-	struct pci_bus *pci;         /* NULL without --balloon */
+	struct pci_bus *pci;         /* NULL without a PCI device */
 	struct balloon *balloon;     /* NULL without --balloon */
 	struct ioevent *notify;      /* the balloon's ioeventfds; NULL without */
+	struct net *net;             /* NULL without a virtio-net-pci */
+	struct tap *tap;             /* its backend */
+	struct ioevent *net_notify;  /* its ioeventfds and tap reader; NULL without */
+	struct announcer *announce;  /* its self-announcements; NULL without */
 	unsigned nr_vcpus;
 	struct vcpu *vcpus;
 

@@ -61,10 +61,6 @@ static int vm_balloon__ioeventfds(struct vm *vm)
 
 int vm_balloon__attach(struct vm *vm, char *err, size_t errlen)
 {
-	vm->pci = calloc(1, sizeof(*vm->pci));
-	if (!vm->pci)
-		return -ENOMEM;
-	pci__init(vm->pci);
 	struct balloon_conf c = {
 		.ram = &vm->ram, .mark = vm_balloon__mark, .mark_ctx = vm,
 		.irq = vm_balloon__irq, .irq_ctx = vm, .irq_line = BALLOON_IRQ,
@@ -90,9 +86,4 @@ void vm_balloon__detach(struct vm *vm)
 	}
 	balloon__destroy(vm->balloon);
 	vm->balloon = NULL;
-	if (vm->pci) {
-		pci__destroy(vm->pci);
-		free(vm->pci);
-		vm->pci = NULL;
-	}
 }

@@ -17,6 +17,7 @@
 
 #include "base/bitmap.h"
 #include "base/log.h"
+#include "dev/announce.h"
 #include "kvm/dirtylimit.h"
 #include "mig/policy/calcrate.h"
 #include "mig/multifd.h"
@@ -79,6 +80,9 @@ struct mig_params {
 	/* x-postcopy-early: with x-postcopy-auto, the hybrid also asks during
 	 * the bulk pass (policy__postcopy_early); off = only after it */
 	bool postcopy_early;
+	/* announce-initial, -max, -rounds, -step: the destination's
+	 * self-announcements once the guest is here (dev/announce.h) */
+	struct announce_params announce;
 };
 #define MIG_HINT_WAIT_MAX_MS 10000
 

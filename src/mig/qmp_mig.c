@@ -146,7 +146,7 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
 	static const char *const comp_names[] = { "none", "zstd", "lz4" };
-	return json_pack("{s:I, s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:I, s:b, s:b}",
+	json_t *r = json_pack("{s:I, s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:I, s:b, s:b}",
 			 "max-bandwidth", (json_int_t)p.max_bandwidth,
 			 "max-postcopy-bandwidth", (json_int_t)p.max_postcopy_bandwidth,
 			 "downtime-limit", (json_int_t)p.policy.downtime_limit_ms,
@@ -165,6 +165,15 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 			 "x-free-page-hint-wait", (json_int_t)p.hint_wait_ms,
 			 "x-final-round", p.final_round,
 			 "x-postcopy-early", p.postcopy_early);
+	json_t *an = json_pack("{s:I, s:I, s:I, s:I}",
+			       "announce-initial", (json_int_t)p.announce.initial_ms,
+			       "announce-max", (json_int_t)p.announce.max_ms,
+			       "announce-rounds", (json_int_t)p.announce.rounds,
+			       "announce-step", (json_int_t)p.announce.step_ms);
+	if (r && an)
+		(void)json_object_update(r, an);
+	json_decref(an);
+	return r;
 }
 
 static int params_uint(json_t *args, const char *name, uint64_t max, unsigned *out,
@@ -249,7 +258,8 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 		"max-cpu-throttle", "x-cpu-throttle-policy", "x-vcpu-dirty-limit-period",
 		"vcpu-dirty-limit", "x-compression", "multifd-channels", "tls-creds",
 		"tls-hostname", "tls-authz", "x-free-page-hint-wait", "x-final-round",
-		"x-postcopy-early", NULL };
+		"x-postcopy-early", "announce-initial", "announce-max", "announce-rounds",
+		"announce-step", NULL };
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
@@ -270,8 +280,18 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 	    qmp_arg__uint(args, "vcpu-dirty-limit", &p.vcpu_dirty_limit, false, err) < 0 ||
 	    qmp_arg__uint(args, "x-free-page-hint-wait", &p.hint_wait_ms, false, err) < 0 ||
 	    qmp_arg__bool(args, "x-final-round", &p.final_round, false, err) < 0 ||
-	    qmp_arg__bool(args, "x-postcopy-early", &p.postcopy_early, false, err) < 0)
+	    qmp_arg__bool(args, "x-postcopy-early", &p.postcopy_early, false, err) < 0 ||
+	    qmp_arg__uint(args, "announce-initial", &p.announce.initial_ms, false, err) < 0 ||
+	    qmp_arg__uint(args, "announce-max", &p.announce.max_ms, false, err) < 0 ||
+	    qmp_arg__uint(args, "announce-rounds", &p.announce.rounds, false, err) < 0 ||
+	    qmp_arg__uint(args, "announce-step", &p.announce.step_ms, false, err) < 0)
 		return NULL;
+	if (announce__check(&p.announce)) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "announce-initial, -max and -step must be "
+			       "1..%u ms with initial <= max, announce-rounds 1..%u", ANNOUNCE_MAX_MS,
+			       ANNOUNCE_MAX_ROUNDS);
+		return NULL;
+	}
 	if (p.hint_wait_ms > MIG_HINT_WAIT_MAX_MS) {
 		qmp_error__set(err, QMP_ERROR_GENERIC,
 			       "Parameter 'x-free-page-hint-wait' expects a value from 0 to %d",

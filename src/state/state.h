@@ -38,6 +38,7 @@ enum state_section {
 	STATE_DEV_SERIAL = 30,
 	STATE_DEV_VIRTIO = 31,
 	STATE_DEV_RTC = 32,
+	STATE_DEV_NET = 33,
 };
 #define STATE_VERSION 1
 

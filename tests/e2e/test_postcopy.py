@@ -542,8 +542,8 @@ def test_recover(d, vms, check, action, tls, balloon, multifd):
     took = time.time() - t0
     check("dst_stop_answers", "return" in reply and took < kt.slow(5),
           "%r after %.1f s" % (reply, took))
-    check("dst_stopped", dq.cmd("query-status").get("status") == "paused",
-          repr(dq.cmd("query-status")))
+    st = dq.cmd("query-status")
+    check("dst_stopped", st.get("status") == "paused", "%r; dst %s" % (st, dump(dst, 40)))
     # a second link, straight to the destination, at link speed
     uri2 = tcp_uri()
     dq.cmd("migrate-recover", uri=uri2)

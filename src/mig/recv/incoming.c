@@ -11,6 +11,7 @@
 #include "base/utf8.h"
 #include "ctl/control.h"
 #include "kvm/vm.h"
+#include "kvm/vm_net.h"
 #include "mig/migration.h"
 #include "mig/multifd.h"
 #include "mig/postcopy.h"
@@ -194,6 +195,13 @@ static bool incoming__resume(struct incoming *in)
 {
 	struct migration *m = in->m;
 	struct vm *vm = m->vm;
+	if (vm->net) {    /* the guest is here now: tell the network */
+		pthread_mutex_lock(&m->lock);
+		struct announce_params ap = m->params.announce;
+		pthread_mutex_unlock(&m->lock);
+		if (vm_net__announce(vm, &ap))
+			log_warn("virtio-net: the self-announcements did not start");
+	}
 	if (!vm->run_after_migration) {
 		vm__set_status(vm, VM_STATUS_PAUSED);
 		return true;
