@@ -120,6 +120,7 @@ struct vm {
 	bool quit;                   /* under lock: vCPU threads exit */
 	bool sleep_watch;            /* under lock: vCPUs note a throttle sleep's start */
 	atomic_int exit_code;        /* process exit status once shut down */
+	atomic_bool device_marks_off; /* test builds' KMIG_FAULT=no-device-marks (mig/send/fault.h) */
 	bool run_after_migration;    /* source: was running at switchover; destination: resume */
 	struct vm_tsc_in {           /* destination: the source's TSC sample (state_tsc.c) */
 		bool valid;          /* a STATE_VM_TSC section arrived */

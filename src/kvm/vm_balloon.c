@@ -18,7 +18,7 @@
 static void vm_balloon__mark(void *ctx, uint64_t gpa, uint64_t len)
 {
 	struct vm *vm = ctx;
-	if (vm->dirty)
+	if (vm->dirty && !atomic_load(&vm->device_marks_off))
 		dirty__mark(vm->dirty, gpa, len);
 }
 

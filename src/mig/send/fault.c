@@ -81,6 +81,11 @@ int mig_fault__init(struct mig_fault *f, const char *spec, const struct ram *ram
 	f->ram = ram;
 	if (!spec || !*spec)
 		return 0;
+	if (!strcmp(spec, "no-device-marks")) {
+		f->kind = MIG_FAULT_NO_DEVICE_MARKS;
+		f->fired = true;         /* acts from the start (the sender's doing) */
+		return 0;
+	}
 	if (!strncmp(spec, "drop-state=", 11)) {
 		size_t n = strlen(spec + 11);
 		if (!n || n >= sizeof(f->state)) {
@@ -106,7 +111,7 @@ int mig_fault__init(struct mig_fault *f, const char *spec, const struct ram *ram
 		return rc;
 	}
 	snprintf(err, errlen, "KMIG_FAULT: unknown fault \"%s\" (skip-page, stale-page, "
-		 "flip-byte, drop-state=NAME)", spec);
+		 "flip-byte, drop-state=NAME, no-device-marks)", spec);
 	return -EINVAL;
 }
 
@@ -194,7 +199,8 @@ bool mig_fault__extra(const struct mig_fault *f, uint64_t *page, const uint8_t *
 
 void mig_fault__report(const struct mig_fault *f)
 {
-	static const char *names[] = { "", "skip-page", "stale-page", "flip-byte", "drop-state" };
+	static const char *names[] = { "", "skip-page", "stale-page", "flip-byte", "drop-state",
+				       "no-device-marks" };
 	if (f->kind != MIG_FAULT_NONE && !f->fired)
 		log_warn("fault not injected: %s found nothing to act on", names[f->kind]);
 }

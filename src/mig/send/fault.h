@@ -20,6 +20,10 @@
  *                       flipped
  *   drop-state=NAME     the first STATE section named NAME (state__name,
  *                       e.g. lapic) is not sent
+ *   no-device-marks     for the whole migration, the devices' own writes
+ *                       into guest RAM (virtio-net's received frames and
+ *                       used rings, the balloon's) are not reported to the
+ *                       dirty tracker (vm->device_marks_off)
  * LO and HI are hexadecimal (0x...) or decimal; no range means all RAM.
  * Each fault fires once per migration and says so on stderr
  * ("kmig: fault injected: ...").  The stale and flipped copies travel as
@@ -42,6 +46,7 @@ enum mig_fault_kind {
 	MIG_FAULT_STALE_PAGE,
 	MIG_FAULT_FLIP_BYTE,
 	MIG_FAULT_DROP_STATE,
+	MIG_FAULT_NO_DEVICE_MARKS,
 };
 
 #define MIG_FAULT_SAVED 1024       /* stale-page: pages remembered (direct mapped) */

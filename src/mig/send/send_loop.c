@@ -8,6 +8,7 @@
 #include "base/timeutil.h"
 #include "ctl/control.h"
 #include "dev/balloon.h"
+#include "dev/net.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
 #include "mig/send/send_impl.h"
@@ -367,6 +368,7 @@ static void sender__cleanup(struct sender *s, int rc)
 	if (vm->balloon)
 		balloon__hint_done(vm->balloon);
 	throttle__set(&vm->throttle, 0);
+	atomic_store(&vm->device_marks_off, false);
 	if (m->limit_set && dirtylimit__restore(&vm->dirtylimit, m->user_limits))
 		log_warn("migration: dirty limits not restored");
 	m->limit_set = false;
@@ -377,6 +379,9 @@ static void sender__cleanup(struct sender *s, int rc)
 		sender__update_stats(s);
 	if (!rc) {
 		vm__set_status(vm, VM_STATUS_POSTMIGRATE);
+		if (vm->net)    /* frames that came for the guest after it stopped here */
+			log_info("virtio-net: %llu frames waiting in the tap at the switchover "
+				 "were dropped", (unsigned long long)net__drop_backlog(vm->net));
 		/* one pause level is enough for `cont` to undo: a VM the user had
 		 * stopped keeps the user's, ours goes */
 		if (s->paused && s->prev_status != VM_STATUS_RUNNING)
@@ -433,6 +438,11 @@ static int sender__init_fault(struct sender *s)
 	int rc = mig_fault__init(&s->fault, getenv("KMIG_FAULT"), s->ram, err, sizeof(err));
 	if (rc)
 		migration__set_error(s->m, "%s", err);
+	if (!rc && s->fault.kind == MIG_FAULT_NO_DEVICE_MARKS) {
+		log_warn("fault injected: no-device-marks: device writes into guest RAM go "
+			 "unreported for this migration");
+		atomic_store(&s->m->vm->device_marks_off, true);
+	}
 	return rc;
 }
 
