@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include "dev/net_impl.h"
-#include "dev/tap.h"
 
 #define NET_MAX_MERGE 64        /* chains one received frame may take */
 #define NET_RX_BUDGET 256       /* frames per call before others get the lock */

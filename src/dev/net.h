@@ -65,6 +65,7 @@
 #define NET_S_LINK_UP 1
 #define NET_S_ANNOUNCE 2
 
+#define NET_HDR_LEN 12               /* virtio_net_hdr_v1, before every frame */
 #define NET_CFG_SIZE 12
 #define NET_QUEUE_SIZE 256
 #define NET_NR_VQS 3

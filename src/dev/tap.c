@@ -1,5 +1,7 @@
 #include "dev/tap.h"
 
+#include "dev/net.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  *
  * tap__open attaches to the tap interface `ifname` (creating it when it
  * does not exist and the process may) with IFF_TAP | IFF_NO_PI |
- * IFF_VNET_HDR, a virtio-net header of NET_HDR_LEN (12) bytes before every
+ * IFF_VNET_HDR, a virtio-net header of NET_HDR_LEN (12, dev/net.h) bytes before every
  * frame in both directions (TUNSETVNETHDRSZ), the fd non-blocking.  An
  * interface that exists but cannot take the header, or is attached to
  * another process already (a busy tap: EBUSY), is refused with a reason.
@@ -23,7 +23,6 @@
 
 #include "base/log.h"
 
-#define NET_HDR_LEN 12
 #define TAP_NAME_MAX 16
 
 struct tap {

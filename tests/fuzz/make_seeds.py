@@ -166,6 +166,31 @@ def virtio_seeds():
     }
 
 
+def net_seeds():
+    """fuzz_net: START, receive buffers, frames from the network,
+    a transmitted frame, control commands, link and save."""
+    feats = 1 << 32 | 1 << 5 | 1 << 15 | 1 << 16 | 1 << 17 | 1 << 18 | 1 << 21 | 1 << 23
+    start = b"\x03" + struct.pack("<Q", feats)
+    hdr = bytes(12)
+    frame = hdr + bytes.fromhex("525400123456" "020000000009" "0800") + bytes(50)
+    rx = b"".join(b"\x04" + struct.pack("<BIIHH", 0, 0x200000 + i * 0x1000, 1526, 2, 0)
+                  for i in range(4))
+    got = b"\x05" + struct.pack("<H", len(frame)) + frame
+    win = 0x100000 + 0x10000 - 0x100
+    tx = (b"\x00" + struct.pack("<HB", 0x10000 - 0x100, len(frame)) + frame +
+          b"\x04" + struct.pack("<BIIHH", 1, win, len(frame), 0, 0))
+    promisc_off = (b"\x00" + struct.pack("<HB", 0x10000 - 0x100, 3) + b"\x00\x00\x00" +
+                   b"\x04" + struct.pack("<BIIHH", 2, win, 3, 1, 1) +
+                   b"\x04" + struct.pack("<BIIHH", 2, 0x300000, 1, 2, 0))
+    save = b"\x06" + struct.pack("<BI", 3, 0)
+    return {
+        "rx_tx": start + rx + got + got + tx + save,
+        "ctrl": start + promisc_off + rx + got + save,
+        "link": start + rx + b"\x06" + struct.pack("<BI", 0, 0) + got + b"\x06" +
+        struct.pack("<BI", 1, 0) + got + b"\x06" + struct.pack("<BI", 2, 0),
+    }
+
+
 def rp_seeds():
     req = lambda block, off: rec(0x104, struct.pack("<IIQ", block, 0, off))
     fail = rec(0x102, struct.pack("<I", 22) + b"no room")
@@ -198,3 +223,4 @@ if __name__ == "__main__":
     write("state", state_seeds())
     write("virtio", virtio_seeds())
     write("rp", rp_seeds())
+    write("net", net_seeds())

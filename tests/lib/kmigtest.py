@@ -269,16 +269,22 @@ class VM:
         self.out.close()
 
 
-def kmig_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), kmig=None, env=None):
+def in_netns(netns, args):
+    """args run inside network namespace netns (None: here)."""
+    return (["ip", "netns", "exec", netns] if netns else []) + list(args)
+
+
+def kmig_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), kmig=None, env=None, netns=None):
     """Starts `kmig run` on the test guest; console in d/name.log, QMP in
     d/name.qmp.  kmig: another binary (e.g. KMIG_FAULTS); env: variables
-    added to the environment."""
+    added to the environment; netns: the network namespace to run in (a
+    "host" of scripts/two-hosts)."""
     console = os.path.join(d, name + ".log")
     qmp = os.path.join(d, name + ".qmp")
     args = [kmig or KMIG, "run", "--kernel", GUEST, "--cmdline", cmdline,
             "--memory", memory, "--cpus", str(cpus),
             "--console", "file:" + console, "--qmp", "unix:" + qmp] + list(extra)
-    return VM(args, console, qmp, env=env)
+    return VM(in_netns(netns, args), console, qmp, env=env)
 
 
 QBOOT = "/usr/share/qemu/qboot.rom"
@@ -287,7 +293,7 @@ QBOOT = "/usr/share/qemu/qboot.rom"
 QEMU_CPU = "host,-arch-capabilities"
 
 
-def qemu_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), firmware="qboot"):
+def qemu_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), firmware="qboot", netns=None):
     """Starts QEMU 7.2 on the same test guest; console in d/name.log.
 
     firmware: "qboot" (QEMU's minimal firmware, used when installed: the
@@ -304,7 +310,7 @@ def qemu_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), firmware="qboot"):
             "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04",
             "-chardev", "file,id=con,path=" + console, "-serial", "chardev:con",
             "-monitor", "none", "-qmp", "unix:%s,server=on,wait=off" % qmp] + list(extra)
-    return VM(args, console, qmp)
+    return VM(in_netns(netns, args), console, qmp)
 
 
 # ---------------------------------------------------------------- migration

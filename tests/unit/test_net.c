@@ -14,7 +14,6 @@
 #include "dev/announce.h"
 #include "dev/net.h"
 #include "dev/pci.h"
-#include "dev/tap.h"
 #include "harness.h"
 
 #define RAM_SIZE (128ull << 20)

@@ -1,0 +1,226 @@
+/* libFuzzer harness: the virtio-net device model behind the virtio-pci
+ * transport, driven by a fuzzed driver over fake guest RAM and a fuzzed
+ * network on a socket pair standing for the tap (no KVM).  Every input
+ * starts from a device reset with the queues laid out at QBASE; then a
+ * list of operations (first byte of each: the opcode):
+ *   0 MEM   u16 window offset, u8 n, n bytes: guest RAM near the queues
+ *   1 MMIO  u16 BAR offset, u8 size, u64 value: a BAR write
+ *   2 READ  u16 BAR offset, u8 size: a BAR read
+ *   3 START u64 features: negotiate and enable every queue
+ *   4 BUF   u8 queue, u32 gpa, u32 len, u16 flags, u16 next: one
+ *           descriptor made available, then the queue notified
+ *   5 FRAME u16 n, n bytes: a frame (with its 12-byte header) arrives
+ *           from the network and the device is told the tap is readable
+ *   6 HOST  u8 action, u32 value: link down/up, an announcement, a
+ *           save and load back, drop the tap's backlog
+ * Checks: every write the device reports lies inside guest RAM, and a
+ * state the device saves loads back. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dev/net.h"
+#include "dev/pci.h"
+#include "dev/virtio_pci.h"
+#include "mem/ram.h"
+#include "state/state.h"
+
+#define QBASE 0x100000ull
+#define QSTRIDE 0x4000ull
+#define QSIZE 64
+#define WINDOW (NET_NR_VQS * QSTRIDE + 0x10000)
+#define BAR 0xe0004000ull
+
+struct drv {
+	struct ram ram;
+	struct pci_bus bus;
+	struct net *n;
+	int sv[2];
+	uint16_t avail[NET_NR_VQS], desc[NET_NR_VQS];
+};
+
+static void mark(void *ctx, uint64_t gpa, uint64_t len)
+{
+	(void)ctx;
+	if (!len || gpa >= RAM_MIN_SIZE || len > RAM_MIN_SIZE - gpa)
+		abort();
+}
+
+static void mw(struct drv *d, uint64_t off, uint64_t v, unsigned len)
+{
+	pci__mmio(&d->bus, BAR + off, true, &v, len);
+}
+
+static void start(struct drv *d, uint64_t features)
+{
+	const uint8_t s = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER;
+	mw(d, VIRTIO_PCI_STATUS, s, 1);
+	mw(d, VIRTIO_PCI_GFSELECT, 0, 4);
+	mw(d, VIRTIO_PCI_GF, features & 0xffffffff, 4);
+	mw(d, VIRTIO_PCI_GFSELECT, 1, 4);
+	mw(d, VIRTIO_PCI_GF, features >> 32, 4);
+	mw(d, VIRTIO_PCI_STATUS, s | VIRTIO_STATUS_FEATURES_OK, 1);
+	for (unsigned q = 0; q < NET_NR_VQS; q++) {
+		uint64_t base = QBASE + q * QSTRIDE;
+		mw(d, VIRTIO_PCI_Q_SELECT, q, 2);
+		mw(d, VIRTIO_PCI_Q_SIZE, QSIZE, 2);
+		mw(d, VIRTIO_PCI_Q_DESC, base, 8);
+		mw(d, VIRTIO_PCI_Q_AVAIL, base + 0x1000, 8);
+		mw(d, VIRTIO_PCI_Q_USED, base + 0x2000, 8);
+		mw(d, VIRTIO_PCI_Q_ENABLE, 1, 2);
+	}
+	mw(d, VIRTIO_PCI_STATUS, s | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK, 1);
+}
+
+static void buffer(struct drv *d, unsigned q, uint32_t gpa, uint32_t len, uint16_t flags,
+		   uint16_t next)
+{
+	uint8_t *base = ram__gpa_to_host(&d->ram, QBASE + q * QSTRIDE, 0x3000);
+	uint16_t i = d->desc[q]++ % QSIZE, slot = d->avail[q] % QSIZE;
+	uint64_t addr = gpa;
+	memcpy(base + i * 16, &addr, 8);
+	memcpy(base + i * 16 + 8, &len, 4);
+	memcpy(base + i * 16 + 12, &flags, 2);
+	memcpy(base + i * 16 + 14, &next, 2);
+	memcpy(base + 0x1000 + 4 + slot * 2, &i, 2);
+	d->avail[q]++;
+	memcpy(base + 0x1000 + 2, &d->avail[q], 2);
+	mw(d, VIRTIO_PCI_NOTIFY + q * VIRTIO_PCI_NOTIFY_MULT, q, 2);
+}
+
+static int put(void *ctx, uint32_t id, uint32_t ver, uint32_t inst, const void *data, size_t len)
+{
+	struct drv *d = ctx;
+	char why[256];
+	(void)id, (void)ver, (void)inst;
+	void *copy = malloc(len);
+	memcpy(copy, data, len);
+	if (net__load(d->n, copy, len, why, sizeof(why))) {
+		fprintf(stderr, "saved state does not load back: %s\n", why);
+		abort();        /* what the device saved must load back */
+	}
+	free(copy);
+	return 0;
+}
+
+static void drain_network(struct drv *d)
+{
+	uint8_t buf[NET_HDR_LEN + NET_FRAME_MAX];
+	while (recv(d->sv[1], buf, sizeof(buf), MSG_DONTWAIT) > 0)
+		;
+}
+
+static void host(struct drv *d, uint8_t action)
+{
+	switch (action % 5) {
+	case 0: net__set_link(d->n, false); break;
+	case 1: net__set_link(d->n, true); break;
+	case 2: net__announce_once(d->n); break;
+	case 3: if (net__save(d->n, put, d)) abort(); break;
+	default: (void)net__drop_backlog(d->n); break;
+	}
+	drain_network(d);
+}
+
+static struct drv *setup(void)
+{
+	static struct drv dv;
+	static bool made;
+	struct drv *d = &dv;
+	if (!made) {
+		log__set_level(LOG_ERROR);  /* a broken driver is warned about per buffer */
+		if (ram__create(&d->ram, -1, RAM_MIN_SIZE) ||
+		    socketpair(AF_UNIX, SOCK_SEQPACKET, 0, d->sv))
+			abort();
+		fcntl(d->sv[0], F_SETFL, O_NONBLOCK);
+		fcntl(d->sv[1], F_SETFL, O_NONBLOCK);
+		pci__init(&d->bus);
+		struct net_conf c = { .ram = &d->ram, .mark = mark, .irq_line = 11, .bar_gpa = BAR,
+				      .mac = { 0x52, 0x54, 0, 0x12, 0x34, 0x56 }, .mtu = 1500,
+				      .offloads = NET_OFFLOAD_CSUM | NET_OFFLOAD_TSO4 | NET_OFFLOAD_TSO6,
+				      .backend = { d->sv[0], NULL, NULL, NULL } };
+		if (net__create(&d->n, &c) || pci__add(&d->bus, 4, net__pci(d->n)))
+			abort();
+		uint32_t a = 0x80000000u | 4u << 11 | 0x04, cmd = 0x6;
+		pci__pio(&d->bus, PCI_CONF_ADDR, true, &a, 4);
+		pci__pio(&d->bus, PCI_CONF_DATA, true, &cmd, 2);
+		made = true;
+	}
+	mw(d, VIRTIO_PCI_STATUS, 0, 1);                 /* reset */
+	(void)net__drop_backlog(d->n);
+	drain_network(d);
+	memset(ram__gpa_to_host(&d->ram, QBASE, WINDOW), 0, WINDOW);
+	memset(d->avail, 0, sizeof(d->avail));
+	memset(d->desc, 0, sizeof(d->desc));
+	net__set_link(d->n, true);
+	return d;
+}
+
+static uint64_t get(const uint8_t *p, size_t *off, size_t size, unsigned n)
+{
+	uint64_t v = 0;
+	if (*off + n <= size)
+		memcpy(&v, p + *off, n);
+	*off += n;
+	return v;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct drv *d = setup();
+	size_t off = 0;
+	while (off < size) {
+		uint8_t op = data[off++] % 7;
+		uint64_t a = 0, b = 0;
+		size_t n;
+		switch (op) {
+		case 0:
+			a = get(data, &off, size, 2) % (WINDOW - 256);
+			n = (uint8_t)get(data, &off, size, 1);
+			if (off + n > size)
+				n = size - off < 256 ? size - off : 0;
+			memcpy(ram__gpa_to_host(&d->ram, QBASE + a, 256), data + off, n);
+			off += n;
+			break;
+		case 1:
+			a = get(data, &off, size, 2) % VIRTIO_PCI_BAR_SIZE;
+			n = 1u << (get(data, &off, size, 1) & 3);
+			mw(d, a, get(data, &off, size, 8), (unsigned)n);
+			break;
+		case 2:
+			a = get(data, &off, size, 2) % VIRTIO_PCI_BAR_SIZE;
+			n = 1u << (get(data, &off, size, 1) & 3);
+			pci__mmio(&d->bus, BAR + a, false, &b, (unsigned)n);
+			break;
+		case 3:
+			start(d, get(data, &off, size, 8));
+			break;
+		case 4: {
+			unsigned q = (unsigned)get(data, &off, size, 1) % NET_NR_VQS;
+			uint32_t gpa = (uint32_t)get(data, &off, size, 4);
+			uint32_t len = (uint32_t)get(data, &off, size, 4);
+			uint16_t fl = (uint16_t)get(data, &off, size, 2), nx = (uint16_t)get(data, &off, size, 2);
+			buffer(d, q, gpa, len, fl, nx);
+			drain_network(d);
+			break;
+		}
+		case 5:
+			n = (size_t)get(data, &off, size, 2);
+			if (off + n > size)
+				n = off < size ? size - off : 0;
+			if (n && send(d->sv[1], data + off, n, MSG_DONTWAIT) < 0)
+				break;
+			off += n;
+			net__backend_readable(d->n);
+			break;
+		default:
+			host(d, (uint8_t)get(data, &off, size, 1));
+			(void)get(data, &off, size, 4);
+			break;
+		}
+	}
+	return 0;
+}
