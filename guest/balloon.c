@@ -1,9 +1,10 @@
 /*
  * virtio-balloon driver of the test guest (cmdline balloon=1), all in ring
- * 3: PCI configuration space through conf1 (ports 0xcf8/0xcfc) and the
- * device's memory BAR through traps (docs/guest.md, "Trap ABI").  No
- * interrupts: cpu 0 calls balloon_poll() from its workload loop, which
- * polls the used rings and the device configuration.
+ * 3, on virtio.c's modern virtio-pci transport: PCI configuration space
+ * through conf1 (ports 0xcf8/0xcfc) and the device's memory BAR through
+ * traps (docs/guest.md, "Trap ABI").  No interrupts: cpu 0 calls
+ * balloon_poll() from its workload loop, which polls the used rings and
+ * the device configuration.
  *
  * Modern virtio-pci only (virtio 1.x, split rings).  Queues, in the order
  * the spec gives them (each present only when its feature is negotiated):
@@ -20,51 +21,16 @@
  * from the boot-time bump allocator; inflated, hinted and reported pages
  * come from (and go back to) the page allocator (palloc.c).
  */
-#include "guest.h"
+#include "virtio.h"
 
 /* ---------------- constants ---------------- */
 
-#define VIRTIO_VENDOR 0x1af4
 #define VIRTIO_BALLOON_DEVICE 0x1045
-
-#define PCI_CMD_MEM 0x2
-#define PCI_CMD_MASTER 0x4
-#define PCI_STATUS_CAPS 0x10
-#define PCI_CAP_VENDOR 0x09
-
-#define VCAP_COMMON 1
-#define VCAP_NOTIFY 2
-#define VCAP_ISR 3
-#define VCAP_DEVICE 4
-
-/* common configuration */
-#define C_DFSELECT 0x00
-#define C_DF 0x04
-#define C_GFSELECT 0x08
-#define C_GF 0x0c
-#define C_NUM_QUEUES 0x12
-#define C_STATUS 0x14
-#define C_GEN 0x15
-#define C_Q_SELECT 0x16
-#define C_Q_SIZE 0x18
-#define C_Q_ENABLE 0x1c
-#define C_Q_NOFF 0x1e
-#define C_Q_DESC 0x20
-#define C_Q_AVAIL 0x28
-#define C_Q_USED 0x30
-
-#define S_ACK 0x01
-#define S_DRIVER 0x02
-#define S_DRIVER_OK 0x04
-#define S_FEATURES_OK 0x08
-#define S_NEEDS_RESET 0x40
-#define S_FAILED 0x80
 
 #define F_MUST_TELL_HOST 0
 #define F_STATS_VQ 1
 #define F_FREE_PAGE_HINT 3
 #define F_PAGE_REPORTING 5
-#define F_VERSION_1 32
 
 /* device configuration */
 #define D_NUM_PAGES 0
@@ -73,14 +39,10 @@
 #define CMD_ID_STOP 0
 #define CMD_ID_DONE 1
 
-#define DESC_F_WRITE 2
-#define USED_F_NO_NOTIFY 1
-
 #define PFNS_PER_BUF 256		/* PFNs per inflate/deflate buffer */
 #define HINT_BLOCK (4ULL << 20)		/* largest free page hint */
 #define REPORT_CHUNK (2ULL << 20)
 #define REPORT_BATCH 32
-#define QMAX 1024
 
 #define MS(x) ((u64)(x) * tsc_khz)
 #define OP_TIMEOUT_MS 3000		/* a queue buffer must be used within this */
@@ -91,61 +53,13 @@
 #define KICK_AGAIN_MS 20		/* re-notify a queue whose buffers sit unused */
 #define HINT_KICK_AGAIN_MS 100
 
-/* ---------------- MMIO and PCI configuration space ---------------- */
-
-static inline u32 mr8(u64 a) { return (u32)trap(TRAP_MMIO_R8, a, 0); }
-static inline u32 mr16(u64 a) { return (u32)trap(TRAP_MMIO_R16, a, 0); }
-static inline u32 mr32(u64 a) { return (u32)trap(TRAP_MMIO_R32, a, 0); }
-static inline void mw8(u64 a, u32 v) { trap(TRAP_MMIO_W8, a, v & 0xff); }
-static inline void mw16(u64 a, u32 v) { trap(TRAP_MMIO_W16, a, v & 0xffff); }
-static inline void mw32(u64 a, u32 v) { trap(TRAP_MMIO_W32, a, v); }
-static inline void mw64_split(u64 a, u64 v)	/* spec: 64-bit fields as two 32-bit halves */
-{
-	mw32(a, (u32)v);
-	mw32(a + 4, (u32)(v >> 32));
-}
-
-static u32 pci_rd(u32 devfn, u32 reg)
-{
-	trap(TRAP_OUT32, 0xcf8, 0x80000000u | (devfn << 8) | (reg & 0xfc));
-	return (u32)trap(TRAP_IN32, 0xcfc, 0);
-}
-
-static void pci_wr(u32 devfn, u32 reg, u32 v)
-{
-	trap(TRAP_OUT32, 0xcf8, 0x80000000u | (devfn << 8) | (reg & 0xfc));
-	trap(TRAP_OUT32, 0xcfc, v);
-}
-
-static u32 pci_rd8(u32 devfn, u32 reg)
-{
-	return (pci_rd(devfn, reg) >> (8 * (reg & 3))) & 0xff;
-}
-
 /* ---------------- driver state ---------------- */
 
 int balloon_on;
 
-struct vq {
-	int idx;			/* queue index, -1: not in use */
-	u32 size;
-	volatile u64 *desc;		/* 16-byte descriptors: addr, len | flags << 32 | next << 48 */
-	volatile u16 *avail;		/* flags, idx, ring[size] */
-	volatile u32 *used;		/* flags | idx << 16, then (id, len) pairs */
-	u64 notify;			/* notify address */
-	u16 avail_idx, last_used;
-	u32 nfree, free_head;
-	u16 next_free[QMAX];
-	u8 busy[QMAX];
-	u64 tok_addr[QMAX], tok_len[QMAX];
-	u64 last_progress;		/* TSC of the last used buffer or first post */
-};
-
 static struct vq vq_inflate, vq_deflate, vq_hint, vq_report;
 
-static u32 devfn;
-static u64 common, devcfg, notify_base, isr;
-static u32 notify_mult;
+static struct vdev bdev = { .name = "balloon", .what = "virtio-balloon" };
 static u64 features;			/* negotiated */
 
 /* balloon */
@@ -180,390 +94,44 @@ static void fail(const char *what)
 {
 	kprintf("balloon error %s; driver disabled\n", what);
 	balloon_on = 0;
-	if (common)
-		mw8(common + C_STATUS, mr8(common + C_STATUS) | S_FAILED);
+	vdev_set_failed(&bdev);
 	/* Everything handed to the device stays out of the allocator: a broken
 	 * device might still write into it. */
 }
 
-/* ---------------- split virtqueues ---------------- */
-
-static u32 pow2_floor(u32 n)
+/* One used buffer (vq_get); a corrupt used ring disables the driver. */
+static int bget(struct vq *q, u64 *addr, u64 *len)
 {
-	u32 p = 1;
-	while (p * 2 <= n)
-		p *= 2;
-	return p;
-}
-
-static int vq_setup(struct vq *q, int idx, u32 want)
-{
-	q->idx = -1;
-	mw16(common + C_Q_SELECT, (u32)idx);
-	u32 max = mr16(common + C_Q_SIZE);
-	if (!max) {
-		kprintf("balloon error queue %d not available; driver disabled\n", idx);
+	int r = vq_get(q, addr, len, 0);
+	if (r < 0) {
+		fail(vq_strerror(r));
 		return -1;
 	}
-	u32 n = pow2_floor(max < want ? max : want);
-	u64 desc_b = 16ULL * n, avail_b = 6 + 2ULL * n, used_b = 6 + 8ULL * n;
-	u64 used_off = (desc_b + avail_b + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1);
-	u64 pages = (used_off + used_b + PAGE_SIZE - 1) / PAGE_SIZE;
-	u8 *mem = take_contig(pages);
-	if (!mem) {
-		kprintf("balloon error no memory for queue %d; driver disabled\n", idx);
-		return -1;
-	}
-	memset(mem, 0, pages * PAGE_SIZE);
-	q->size = n;
-	((volatile u16 *)(mem + desc_b))[0] = 1;	/* VRING_AVAIL_F_NO_INTERRUPT: we poll */
-	q->desc = (volatile u64 *)mem;
-	q->avail = (volatile u16 *)(mem + desc_b);
-	q->used = (volatile u32 *)(mem + used_off);
-	q->avail_idx = q->last_used = 0;
-	q->nfree = n;
-	q->free_head = 0;
-	for (u32 i = 0; i < n; i++) {
-		q->next_free[i] = (u16)(i + 1);
-		q->busy[i] = 0;
-	}
-	mw16(common + C_Q_SIZE, n);
-	mw64_split(common + C_Q_DESC, (u64)q->desc);
-	mw64_split(common + C_Q_AVAIL, (u64)q->avail);
-	mw64_split(common + C_Q_USED, (u64)q->used);
-	q->notify = notify_base + (u64)mr16(common + C_Q_NOFF) * notify_mult;
-	mw16(common + C_Q_ENABLE, 1);
-	q->idx = idx;
-	return 0;
-}
-
-static int vq_add(struct vq *q, u64 addr, u64 len, int device_writes)
-{
-	if (!q->nfree)
-		return -1;
-	u32 d = q->free_head;
-	q->free_head = q->next_free[d];
-	q->nfree--;
-	q->busy[d] = 1;
-	q->tok_addr[d] = addr;
-	q->tok_len[d] = len;
-	q->desc[2 * d] = addr;
-	q->desc[2 * d + 1] = (u32)len | ((u64)(device_writes ? DESC_F_WRITE : 0) << 32);
-	q->avail[2 + q->avail_idx % q->size] = (u16)d;
-	__atomic_thread_fence(__ATOMIC_RELEASE);
-	q->avail_idx++;
-	q->avail[1] = q->avail_idx;
-	if (q->nfree + 1 == q->size)
-		q->last_progress = rdtsc();
-	return 0;
-}
-
-static void vq_kick(struct vq *q, int force)
-{
-	if (cfg.balloon_test == BT_NOKICK)
-		return;		/* test: the device never hears of any buffer */
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	if (force || !(q->used[0] & USED_F_NO_NOTIFY))
-		mw16(q->notify, (u32)q->idx);
-}
-
-/* One used buffer: 1 (its address/length in *addr, *len), 0 none, -1 the
- * device broke the ring (driver disabled). */
-static int vq_get(struct vq *q, u64 *addr, u64 *len)
-{
-	u16 uidx = (u16)(q->used[0] >> 16);
-	if (uidx == q->last_used)
-		return 0;
-	__atomic_thread_fence(__ATOMIC_ACQUIRE);
-	if ((u16)(uidx - q->last_used) > q->size - q->nfree) {
-		fail("device used more buffers than were posted");
-		return -1;
-	}
-	u32 id = q->used[1 + 2 * (q->last_used % q->size)];	/* after flags, idx: (id, len) */
-	if (id >= q->size || !q->busy[id]) {
-		fail("device returned a descriptor that was not posted");
-		return -1;
-	}
-	q->last_used++;
-	q->busy[id] = 0;
-	q->next_free[id] = (u16)q->free_head;
-	q->free_head = id;
-	q->nfree++;
-	q->last_progress = rdtsc();
-	*addr = q->tok_addr[id];
-	*len = q->tok_len[id];
-	return 1;
-}
-
-static int vq_outstanding(const struct vq *q)
-{
-	return q->idx >= 0 && q->nfree < q->size;
-}
-
-/* ---------------- PCI: find the device, its BARs and capabilities ---------------- */
-
-struct bar {
-	u64 addr, size;
-	int is64, valid, assigned;
-};
-static struct bar bars[6];
-
-/* Sizes BAR i of devfn fn (memory decoding must be off); 0 for I/O or none. */
-static u64 bar_size(u32 fn, int i, int *is64)
-{
-	u32 reg = 0x10 + 4 * i, lo = pci_rd(fn, reg), hi = 0;
-	*is64 = 0;
-	if (lo & 1)
-		return 0;
-	if (((lo >> 1) & 3) == 2 && i < 5) {
-		*is64 = 1;
-		hi = pci_rd(fn, reg + 4);
-	}
-	pci_wr(fn, reg, 0xffffffffu);
-	u64 m = pci_rd(fn, reg) & ~0xfu;
-	pci_wr(fn, reg, lo);
-	if (*is64) {
-		pci_wr(fn, reg + 4, 0xffffffffu);
-		m |= (u64)pci_rd(fn, reg + 4) << 32;
-		pci_wr(fn, reg + 4, hi);
-	} else {
-		m |= 0xffffffff00000000ULL;
-	}
-	return m ? ~m + 1 : 0;
-}
-
-#define WIN_LO 0xe0000000ULL
-#define WIN_HI 0xfec00000ULL		/* the IOAPIC */
-
-/* Is [a, a + sz) free of every assigned memory BAR on bus 0 (ours excluded)? */
-static int window_free(u64 a, u64 sz)
-{
-	for (u32 dev = 0; dev < 32; dev++) {
-		u32 fn = dev << 3;
-		if (fn == devfn || (pci_rd(fn, 0) & 0xffff) == 0xffff)
-			continue;
-		u32 cmd = pci_rd(fn, 4) & 0xffff;
-		for (int i = 0; i < 6; i++) {
-			u32 lo = pci_rd(fn, 0x10 + 4 * i);
-			int is64 = ((lo >> 1) & 3) == 2;
-			u64 base = lo & ~0xfULL;
-			if (!(lo & 1) && is64 && i < 5)
-				base |= (u64)pci_rd(fn, 0x14 + 4 * i) << 32;
-			if (!(lo & 1) && base) {
-				pci_wr(fn, 4, cmd & ~PCI_CMD_MEM);
-				int x;
-				u64 s = bar_size(fn, i, &x);
-				pci_wr(fn, 4, cmd);
-				if (s && base < a + sz && a < base + s)
-					return 0;
-			}
-			if (is64 && !(lo & 1))
-				i++;
-		}
-	}
-	return 1;
-}
-
-/* Gives BAR i an address in [WIN_LO, WIN_HI), as firmware would. */
-static int assign_bar(int i, u64 used_lo, u64 used_hi)
-{
-	u64 sz = bars[i].size;
-	for (u64 a = (WIN_LO + sz - 1) & ~(sz - 1); a + sz <= WIN_HI; a += sz) {
-		if (a < used_hi && used_lo < a + sz)
-			continue;		/* another BAR of ours */
-		if (!window_free(a, sz))
-			continue;
-		pci_wr(devfn, 0x10 + 4 * i, (u32)a);
-		if (bars[i].is64)
-			pci_wr(devfn, 0x14 + 4 * i, 0);
-		bars[i].addr = a;
-		bars[i].assigned = 1;
-		return 0;
-	}
-	return -1;
-}
-
-static int find_device(void)
-{
-	for (u32 dev = 0; dev < 32; dev++) {
-		u32 id = pci_rd(dev << 3, 0);
-		if ((id & 0xffff) == VIRTIO_VENDOR && (id >> 16) == VIRTIO_BALLOON_DEVICE) {
-			devfn = dev << 3;
-			return 0;
-		}
-	}
-	return -1;
-}
-
-/* Reads the BARs the capabilities use, assigning unassigned ones. */
-static int setup_bars(u32 need)
-{
-	u32 cmd = pci_rd(devfn, 4) & 0xffff;
-	pci_wr(devfn, 4, cmd & ~(PCI_CMD_MEM | PCI_CMD_MASTER));
-	u64 used_lo = ~0ULL, used_hi = 0;
-	for (int i = 0; i < 6; i++) {
-		if (!(need & (1u << i)))
-			continue;
-		u32 lo = pci_rd(devfn, 0x10 + 4 * i);
-		if (lo & 1) {
-			pci_wr(devfn, 4, cmd);
-			return -1;		/* an I/O BAR: not for the modern interface */
-		}
-		bars[i].size = bar_size(devfn, i, &bars[i].is64);
-		bars[i].addr = lo & ~0xfULL;
-		if (bars[i].is64)
-			bars[i].addr |= (u64)pci_rd(devfn, 0x14 + 4 * i) << 32;
-		if (!bars[i].size || (bars[i].size & (bars[i].size - 1))) {
-			pci_wr(devfn, 4, cmd);
-			return -1;
-		}
-		/* outside the identity map, or overlapping RAM: move it */
-		int bad = !bars[i].addr || bars[i].addr + bars[i].size > (64ULL << 30) ||
-			  cfg.balloon_test == BT_REBAR;
-		for (int r = 0; r < nram && !bad; r++)
-			if (bars[i].addr < ram[r].end && ram[r].base < bars[i].addr + bars[i].size)
-				bad = 1;
-		if (bad)
-			bars[i].addr = 0;
-		bars[i].valid = 1;
-		if (bars[i].addr) {
-			if (bars[i].addr < used_lo)
-				used_lo = bars[i].addr;
-			if (bars[i].addr + bars[i].size > used_hi)
-				used_hi = bars[i].addr + bars[i].size;
-		}
-	}
-	for (int i = 0; i < 6; i++) {
-		if (!(need & (1u << i)) || bars[i].addr)
-			continue;
-		if (assign_bar(i, used_lo, used_hi)) {
-			pci_wr(devfn, 4, cmd);
-			return -1;
-		}
-		if (bars[i].addr < used_lo)
-			used_lo = bars[i].addr;
-		if (bars[i].addr + bars[i].size > used_hi)
-			used_hi = bars[i].addr + bars[i].size;
-	}
-	pci_wr(devfn, 4, cmd | PCI_CMD_MEM | PCI_CMD_MASTER);
-	for (int i = 0; i < 6; i++)
-		if (need & (1u << i))
-			kprintf("balloon bar=%d addr=0x%lx size=0x%lx assigned_by=%s\n", i, bars[i].addr,
-				bars[i].size, bars[i].assigned ? "driver" : "firmware");
-	return 0;
-}
-
-struct vcap {
-	int found, bar;
-	u32 off, len, mult;
-};
-
-static int find_caps(struct vcap caps[5])
-{
-	if (!((pci_rd(devfn, 4) >> 16) & PCI_STATUS_CAPS))
-		return -1;
-	u32 p = pci_rd8(devfn, 0x34) & 0xfc;
-	for (int n = 0; p >= 0x40 && n < 48; n++) {
-		u32 w0 = pci_rd(devfn, p);
-		if ((w0 & 0xff) == PCI_CAP_VENDOR) {
-			u32 type = (w0 >> 24) & 0xff, bar = pci_rd8(devfn, p + 4);
-			if (type >= 1 && type <= 4 && bar < 6 && !caps[type].found) {
-				caps[type].found = 1;
-				caps[type].bar = (int)bar;
-				caps[type].off = pci_rd(devfn, p + 8);
-				caps[type].len = pci_rd(devfn, p + 12);
-				if (type == VCAP_NOTIFY)
-					caps[type].mult = pci_rd(devfn, p + 16);
-			}
-		}
-		p = (w0 >> 8) & 0xfc;
-	}
-	for (int t = 1; t <= 4; t++)
-		if (!caps[t].found)
-			return -1;
-	return 0;
+	return r;
 }
 
 /* ---------------- init ---------------- */
 
-static int wait_status_zero(void)
-{
-	u64 end = rdtsc() + MS(1000);
-	while (mr8(common + C_STATUS)) {
-		if (rdtsc() > end)
-			return -1;
-		delay_us(100);
-	}
-	return 0;
-}
-
 static void bind(void)
 {
-	struct vcap caps[5];
-
-	memset(caps, 0, sizeof(caps));
 	vq_inflate.idx = vq_deflate.idx = vq_hint.idx = vq_report.idx = -1;
-	if (find_device()) {
-		kprintf("balloon error no virtio-balloon device (1af4:1045) on PCI bus 0; driver disabled\n");
+	bdev.rebar = cfg.balloon_test == BT_REBAR;
+	bdev.nokick = cfg.balloon_test == BT_NOKICK;
+	if (vdev_bind(&bdev, VIRTIO_BALLOON_DEVICE))
 		return;
-	}
-	if (find_caps(caps)) {
-		kprintf("balloon error no modern virtio-pci capabilities; driver disabled\n");
-		return;
-	}
-	u32 need = 0;
-	for (int t = 1; t <= 4; t++)
-		need |= 1u << caps[t].bar;
-	if (setup_bars(need)) {
-		kprintf("balloon error cannot map the device's memory BAR; driver disabled\n");
-		return;
-	}
-	for (int t = 1; t <= 4; t++) {
-		if ((u64)caps[t].off + caps[t].len > bars[caps[t].bar].size) {
-			kprintf("balloon error capability %d outside its BAR; driver disabled\n", t);
-			return;
-		}
-	}
-	common = bars[caps[VCAP_COMMON].bar].addr + caps[VCAP_COMMON].off;
-	notify_base = bars[caps[VCAP_NOTIFY].bar].addr + caps[VCAP_NOTIFY].off;
-	notify_mult = caps[VCAP_NOTIFY].mult;
-	isr = bars[caps[VCAP_ISR].bar].addr + caps[VCAP_ISR].off;
-	devcfg = bars[caps[VCAP_DEVICE].bar].addr + caps[VCAP_DEVICE].off;
-
-	mw8(common + C_STATUS, 0);
-	if (wait_status_zero()) {
-		common = 0;
-		kprintf("balloon error device does not reset; driver disabled\n");
-		return;
-	}
-	mw8(common + C_STATUS, S_ACK);
-	mw8(common + C_STATUS, S_ACK | S_DRIVER);
-	mw32(common + C_DFSELECT, 0);
-	u64 offered = mr32(common + C_DF);
-	mw32(common + C_DFSELECT, 1);
-	offered |= (u64)mr32(common + C_DF) << 32;
-	if (!(offered & (1ULL << F_VERSION_1))) {
-		fail("device does not offer VIRTIO_F_VERSION_1");
-		return;
-	}
 	u64 want = (1ULL << F_VERSION_1) | (1ULL << F_MUST_TELL_HOST) | (1ULL << F_STATS_VQ) |
 		   (1ULL << F_FREE_PAGE_HINT) | (1ULL << F_PAGE_REPORTING);
-	features = offered & want;
+	features = bdev.offered & want;
 	u32 cfg_need = (features & (1ULL << F_FREE_PAGE_HINT)) ? 12 : 8;
-	if (caps[VCAP_DEVICE].len < cfg_need) {
+	if (bdev.devcfg_len < cfg_need) {
 		fail("device configuration too short");
 		return;
 	}
-	mw32(common + C_GFSELECT, 0);
-	mw32(common + C_GF, (u32)features);
-	mw32(common + C_GFSELECT, 1);
-	mw32(common + C_GF, (u32)(features >> 32));
-	mw8(common + C_STATUS, S_ACK | S_DRIVER | S_FEATURES_OK);
-	if (!(mr8(common + C_STATUS) & S_FEATURES_OK)) {
+	if (vdev_set_features(&bdev, features)) {
 		fail("device refused the features");
 		return;
 	}
-	int nq = (int)mr16(common + C_NUM_QUEUES), qi = 0;
+	int nq = (int)mr16(bdev.common + C_NUM_QUEUES), qi = 0;
 	int q_infl = qi++, q_defl = qi++;
 	int q_stats = (features & (1ULL << F_STATS_VQ)) ? qi++ : -1;
 	int q_hint = (features & (1ULL << F_FREE_PAGE_HINT)) ? qi++ : -1;
@@ -573,13 +141,13 @@ static void bind(void)
 		fail("device has fewer queues than its features need");
 		return;
 	}
-	if (vq_setup(&vq_inflate, q_infl, 64) || vq_setup(&vq_deflate, q_defl, 64))
+	if (vq_setup(&bdev, &vq_inflate, q_infl, 64) || vq_setup(&bdev, &vq_deflate, q_defl, 64))
 		goto qfail;
 	hinting = q_hint >= 0 && cfg.balloon_hint;
 	reporting = q_rep >= 0 && cfg.balloon_report;
-	if (hinting && vq_setup(&vq_hint, q_hint, QMAX))
+	if (hinting && vq_setup(&bdev, &vq_hint, q_hint, QMAX))
 		goto qfail;
-	if (reporting && vq_setup(&vq_report, q_rep, REPORT_BATCH))
+	if (reporting && vq_setup(&bdev, &vq_report, q_rep, REPORT_BATCH))
 		goto qfail;
 
 	/* the balloon's PFN list and the hint block list */
@@ -591,21 +159,21 @@ static void bind(void)
 		fail("no memory for the driver's lists");
 		return;
 	}
-	mw8(common + C_STATUS, S_ACK | S_DRIVER | S_FEATURES_OK | S_DRIVER_OK);
-	if (mr8(common + C_STATUS) & S_NEEDS_RESET) {
+	vdev_set_status(&bdev, S_DRIVER_OK);
+	if (mr8(bdev.common + C_STATUS) & S_NEEDS_RESET) {
 		fail("device needs reset after DRIVER_OK");
 		return;
 	}
 	balloon_on = 1;
-	kprintf("balloon bound dev=%02x:%02x.%x features=0x%lx offered=0x%lx\n", 0, devfn >> 3, devfn & 7,
-		features, offered);
+	kprintf("balloon bound dev=%02x:%02x.%x features=0x%lx offered=0x%lx\n", 0, bdev.devfn >> 3,
+		bdev.devfn & 7, features, bdev.offered);
 	u64 t = rdtsc();
 	next_report_pass = t + MS(REPORT_PERIOD_MS);
 	next_cfg_poll = t;
 	return;
 qfail:
 	balloon_on = 0;
-	mw8(common + C_STATUS, mr8(common + C_STATUS) | S_FAILED);
+	vdev_set_failed(&bdev);
 }
 
 /* Binds the device (its rings and lists come from the bump allocator), then
@@ -620,21 +188,21 @@ void balloon_init(void)
 
 static void read_config(u64 t)
 {
-	u32 gen = mr8(common + C_GEN);
+	u32 gen = mr8(bdev.common + C_GEN);
 	if (gen == last_gen && t < next_cfg_refresh)
 		return;
 	for (int tries = 0; tries < 10; tries++) {
-		target = mr32(devcfg + D_NUM_PAGES);
+		target = mr32(bdev.devcfg + D_NUM_PAGES);
 		if (features & (1ULL << F_FREE_PAGE_HINT))
-			cmd_id = mr32(devcfg + D_CMD_ID);
-		u32 g2 = mr8(common + C_GEN);
+			cmd_id = mr32(bdev.devcfg + D_CMD_ID);
+		u32 g2 = mr8(bdev.common + C_GEN);
 		if (g2 == gen)
 			break;
 		gen = g2;
 	}
 	last_gen = gen;
 	next_cfg_refresh = t + MS(CFG_REFRESH_MS);
-	if (mr8(common + C_STATUS) & S_NEEDS_RESET)
+	if (mr8(bdev.common + C_STATUS) & S_NEEDS_RESET)
 		fail("device needs reset");
 }
 
@@ -654,7 +222,7 @@ static int op_complete(u64 t)
 {
 	struct vq *q = op_kind == 1 ? &vq_inflate : &vq_deflate;
 	u64 a, l;
-	int r = vq_get(q, &a, &l);
+	int r = bget(q, &a, &l);
 	if (r < 0)
 		return -1;
 	if (!r) {
@@ -677,7 +245,7 @@ static int op_complete(u64 t)
 			palloc_free((u64)bpfn[nballoon + i] << 12);
 	}
 	op_kind = 0;
-	mw32(devcfg + D_ACTUAL, (u32)nballoon);
+	mw32(bdev.devcfg + D_ACTUAL, (u32)nballoon);
 	return 0;
 }
 
@@ -770,7 +338,7 @@ static void hint_step(u64 t)
 {
 	u64 a, l;
 	int r;
-	while ((r = vq_get(&vq_hint, &a, &l)) > 0)
+	while ((r = bget(&vq_hint, &a, &l)) > 0)
 		;			/* the blocks stay held until DONE */
 	if (r < 0)
 		return;
@@ -828,7 +396,7 @@ static void report_step(u64 t)
 {
 	u64 a, l;
 	int r;
-	while ((r = vq_get(&vq_report, &a, &l)) > 0) {
+	while ((r = bget(&vq_report, &a, &l)) > 0) {
 		palloc_free_reported_chunk(a);
 		report_pending--;
 		pass_bytes += l;
@@ -884,7 +452,7 @@ static void flood_step(u64 t)
 		return;
 	flood_at = ~0ull;
 	for (u32 i = 1; i <= FLOOD_WRITES; i++)
-		mw32(devcfg + D_ACTUAL, i);
+		mw32(bdev.devcfg + D_ACTUAL, i);
 	kprintf("balloon flood writes=%u last=%u\n", FLOOD_WRITES, FLOOD_WRITES);
 }
 

@@ -71,6 +71,12 @@ struct cfg {
 	u64 corrupt_refill;	/* fill-free: skip one page's write in this generation */
 	u64 verify_precheck;	/* verify: check each page before rewriting it (default 1) */
 	u64 fill_check;		/* fill-free: fill all free memory; hinted pages must come back untouched */
+	u64 net;		/* 1: bind a virtio-net device */
+	u32 ip;			/* the guest's IPv4 address, host byte order (default 10.77.0.10) */
+	u64 udp_port;		/* the UDP echo responder's port (default 7777) */
+	u64 net_send;		/* send numbered datagrams at this many per second (0: never) */
+	u32 net_dst;		/* ... to this IPv4 address (host byte order) */
+	u64 net_dport;		/* ... and UDP port (default 7777) */
 };
 extern struct cfg cfg;
 
@@ -149,5 +155,14 @@ int palloc_extents(struct range *out, int max);
 void balloon_init(void);
 void balloon_poll(void);
 extern int balloon_on;
+
+/* virtio-net driver (net=1), run from cpu 0's loops: net_init() before the
+ * page allocator takes the rest of RAM, net_poll() as often as the
+ * workload can (it only reads memory unless there is work), net_report()
+ * on the workload's periodic report (one "net rx=..." line) */
+void net_init(void);
+void net_poll(void);
+void net_report(void);
+extern int net_on;
 
 #endif

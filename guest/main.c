@@ -22,7 +22,8 @@ extern u32 pvh_start_info, ap_boot_cpu;
 extern char __image_end[], tramp_start[], tramp_end[];
 
 struct cfg cfg = { .workload = WL_STRESS, .mb = 64, .cpus = 1, .report_ms = 1000, .balloon_hint = 1,
-		   .refill_mb = 32, .refill_keep = 1, .verify_precheck = 1 };
+		   .refill_mb = 32, .refill_keep = 1, .verify_precheck = 1,
+		   .ip = 0x0a4d000a, .udp_port = 7777, .net_dport = 7777 };
 u64 tsc_khz, tsc0;
 struct range ram[MAX_RANGES];
 int nram;
@@ -55,6 +56,25 @@ static int streq(const char *a, const char *b)
 	while (*a && *a == *b)
 		a++, b++;
 	return *a == *b;
+}
+
+/* A.B.C.D, each 0..255, into host byte order. */
+static int parse_ip(const char *s, u32 *out)
+{
+	u32 v = 0;
+	for (int i = 0; i < 4; i++) {
+		u32 part = 0;
+		int digits = 0;
+		for (; *s >= '0' && *s <= '9' && digits < 4; s++, digits++)
+			part = part * 10 + (u32)(*s - '0');
+		if (!digits || part > 255 || *s != (i < 3 ? '.' : 0))
+			return -1;
+		if (i < 3)
+			s++;
+		v = v << 8 | part;
+	}
+	*out = v;
+	return 0;
 }
 
 static void parse_option(char *key)
@@ -91,6 +111,11 @@ static void parse_option(char *key)
 		else kprintf("kmig-guest warning: unknown balloon_test \"%s\", ignored\n", val);
 		return;
 	}
+	if (streq(key, "ip") || streq(key, "net_dst")) {
+		if (parse_ip(val, streq(key, "ip") ? &cfg.ip : &cfg.net_dst))
+			kprintf("kmig-guest warning: bad address in %s=%s, ignored\n", key, val);
+		return;
+	}
 	if (streq(key, "mb")) num = &cfg.mb;
 	else if (streq(key, "cpus")) num = &cfg.cpus;
 	else if (streq(key, "report_ms")) num = &cfg.report_ms;
@@ -106,6 +131,10 @@ static void parse_option(char *key)
 	else if (streq(key, "corrupt_refill")) num = &cfg.corrupt_refill;
 	else if (streq(key, "fill_check")) num = &cfg.fill_check;
 	else if (streq(key, "verify_precheck")) num = &cfg.verify_precheck;
+	else if (streq(key, "net")) num = &cfg.net;
+	else if (streq(key, "udp_port")) num = &cfg.udp_port;
+	else if (streq(key, "net_send")) num = &cfg.net_send;
+	else if (streq(key, "net_dport")) num = &cfg.net_dport;
 	if (!num) {
 		kprintf("kmig-guest warning: unknown option \"%s\", ignored\n", key);
 		return;
@@ -137,6 +166,15 @@ static void parse_cmdline(void)
 	}
 	if (cfg.report_ms < 1)
 		cfg.report_ms = 1;
+	if (cfg.udp_port > 65535 || cfg.net_dport > 65535) {
+		kprintf("kmig-guest warning: udp_port/net_dport above 65535, using 7777\n");
+		cfg.udp_port = cfg.udp_port > 65535 ? 7777 : cfg.udp_port;
+		cfg.net_dport = cfg.net_dport > 65535 ? 7777 : cfg.net_dport;
+	}
+	if (cfg.net_send && !cfg.net_dst) {
+		kprintf("kmig-guest warning: net_send without net_dst, not sending\n");
+		cfg.net_send = 0;
+	}
 }
 
 /* ---------------- TSC frequency ---------------- */
@@ -509,6 +547,8 @@ static void bsp_main(void)
 		for (int k = 0; k < shares[i].nseg; k++)
 			kprintf("kmig-guest share cpu=%lu base=0x%lx pages=%lu\n", i,
 				shares[i].seg[k].base, shares[i].seg[k].npages);
+	if (cfg.net)
+		net_init();	/* before the balloon: it hands the rest of RAM to the allocator */
 	if (cfg.balloon)
 		balloon_init();
 	kprintf("kmig-guest ready cpus=%lu mem_mb=%lu\n", ncpus, usable_mb);

@@ -53,10 +53,14 @@ void stress_run(int cpu)
 					pages = 0;
 					gib_start = t;
 				}
+				if (cpu == 0)
+					net_poll();	/* every 256 KiB of writes */
 				if (t >= next_report) {
 					stress_report(cpu, &st, t - gib_start);
-					if (cpu == 0)
+					if (cpu == 0) {
+						net_report();
 						balloon_poll();
+					}
 					next_report += period;
 					if (next_report <= t)
 						next_report = t + period;
@@ -89,6 +93,7 @@ void idle_run(int cpu)
 		}
 		if (t >= next) {
 			kprintf("heartbeat t_ms=%lu gap_ms=%lu\n", cycles_to_ms(t - tsc0), cycles_to_ms(t - prev));
+			net_report();
 			prev = t;
 			next += period;
 			if (next <= t)
@@ -97,6 +102,7 @@ void idle_run(int cpu)
 		if (t >= exit_at)
 			poll_exit(cpu);
 		balloon_poll();
+		net_poll();
 		cpu_relax();
 	}
 }
@@ -141,6 +147,8 @@ void fill_free_run(int cpu)
 		if (!chain)
 			w[0] = 0xa5a5a5a5a5a5a5a5ULL;	/* keep the page non-zero */
 		chain = pg;
+		if ((got & 63) == 0)
+			net_poll();
 		if ((got & 4095) == 0)
 			poll_exit(cpu);
 	}
@@ -204,6 +212,8 @@ static void refill_write(u64 base, u64 end, u64 key, u64 skip)
 			w[j] = (a + 8 * j) ^ key;
 		if (((a - base) & ((4ULL << 20) - 1)) == 0)
 			balloon_poll();
+		if (((a - base) & ((256ULL << 10) - 1)) == 0)
+			net_poll();
 	}
 }
 
@@ -228,6 +238,8 @@ static void refill_check(struct refill_gen *o)
 			}
 			if (((a - o->r[k].base) & ((4ULL << 20) - 1)) == 0)
 				balloon_poll();
+			if (((a - o->r[k].base) & ((256ULL << 10) - 1)) == 0)
+				net_poll();
 		}
 	}
 }

@@ -293,19 +293,24 @@ QBOOT = "/usr/share/qemu/qboot.rom"
 QEMU_CPU = "host,-arch-capabilities"
 
 
-def qemu_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), firmware="qboot", netns=None):
+def qemu_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), firmware="qboot", accel="kvm",
+            netns=None):
     """Starts QEMU 7.2 on the same test guest; console in d/name.log.
 
     firmware: "qboot" (QEMU's minimal firmware, used when installed: the
     guest is running ~0.1 s after start) or "seabios" (QEMU's default; its
     real-mode POST takes ~3.5 s under kvm_pvm).  The guest's power-off port
     0xf4 is QEMU's isa-debug-exit device (QEMU exits with status 1).
+    accel: "kvm", or "tcg" (emulation, no /dev/kvm needed; CPU model
+    qemu64).  netns: run QEMU inside that network namespace (`ip netns
+    exec`), where its tap devices are.
     """
     console = os.path.join(d, name + ".log")
     qmp = os.path.join(d, name + ".qmp")
     fw = ["-bios", QBOOT] if firmware == "qboot" and os.path.exists(QBOOT) else []
-    args = ["qemu-system-x86_64", "-accel", "kvm", "-nodefaults", "-nographic",
-            "-machine", "pc", "-cpu", QEMU_CPU, "-m", memory, "-smp", str(cpus)] + fw + [
+    cpu = QEMU_CPU if accel == "kvm" else "qemu64"
+    args = ["qemu-system-x86_64", "-accel", accel, "-nodefaults", "-nographic",
+            "-machine", "pc", "-cpu", cpu, "-m", memory, "-smp", str(cpus)] + fw + [
             "-kernel", GUEST, "-append", cmdline,
             "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04",
             "-chardev", "file,id=con,path=" + console, "-serial", "chardev:con",
