@@ -1,4 +1,4 @@
-"""pytest configuration for kmig's Python suites (tests/kvm, tests/e2e, tests/guest).
+"""pytest configuration for kmig's Python suites (tests/kvm, tests/e2e, tests/guest, tests/net).
 
 Markers say what a test needs (registered in pytest.ini):
   kvm    a usable /dev/kvm (kmig boots a VM)
