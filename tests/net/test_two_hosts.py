@@ -2,8 +2,9 @@
 network tests and benchmarks use: who reaches whom, teardown on every exit
 path, the shaped wire's rate and the relay's added round-trip time.
 
-Needs root and iproute2, no KVM (inside scripts/kvm-vm it proves that the
-VM's initramfs loads the bridge, veth, tun and tbf modules).  Each test
+Marked netns: needs root and iproute2 (fails without them, as the other
+netns tests do), no KVM (inside scripts/kvm-vm it proves that the VM's
+initramfs loads the bridge, veth, tun and tbf modules).  Each test
 uses a tag of its own, so it never touches a topology someone else has up.
 """
 import os
@@ -19,10 +20,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TWO_HOSTS = os.path.join(ROOT, "scripts", "two-hosts")
 NETTOOL = os.path.join(ROOT, "tests", "net", "nettool.py")
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)"),
-    pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's ip"),
-]
+pytestmark = pytest.mark.netns
+
+
+@pytest.fixture(autouse=True)
+def needs_root_and_ip():
+    if os.geteuid() != 0:
+        pytest.fail("needs root: creates network namespaces", pytrace=False)
+    if shutil.which("ip") is None:
+        pytest.fail("needs iproute2's ip (scripts/setup-deps.sh installs it)", pytrace=False)
 
 _seq = [0]
 
