@@ -1,11 +1,11 @@
-"""pytest configuration for kmig's Python suites (tests/kvm, tests/e2e, tests/guest).
+"""pytest configuration for kmig's Python suites (tests/kvm, tests/e2e, tests/guest, tests/net).
 
 Markers say what a test needs (registered in pytest.ini):
   kvm    a usable /dev/kvm (kmig boots a VM)
   qemu   qemu-system-x86_64 with KVM (QEMU runs the same guest ELF)
   linux  a stock Linux guest (needs an x86 KVM that runs Linux: not kvm_pvm)
   slow   left out under emulation (tests/run.sh inside scripts/kvm-vm)
-  netns  root for a network namespace and a tap; QEMU under TCG (no KVM),
+  netns  root for network namespaces and taps; no KVM (QEMU, if any, under TCG),
          so it runs in tests/run.sh's host part
 
 A test marked kvm or qemu where /dev/kvm is unusable FAILS: kmig's tests are
