@@ -197,14 +197,16 @@ class QMP:
                 continue
             return msg
 
-    def cmd_full(self, name, **args):
+    def cmd_full(self, name, /, **args):
+        """name is positional only: commands such as set_link take an
+        argument called name."""
         req = {"execute": name}
         if args:
             req["arguments"] = args
         self.sock.sendall(json.dumps(req).encode() + b"\n")
         return self.read_reply()
 
-    def cmd(self, name, **args):
+    def cmd(self, name, /, **args):
         reply = self.cmd_full(name, **args)
         if "error" in reply:
             raise RuntimeError("%s: %s" % (name, reply["error"]))
