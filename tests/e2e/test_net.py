@@ -21,20 +21,17 @@ them, the client probing the guest from its own namespace on A's bridge.
 Longest gap in replies, probes lost and the first reply after the
 switchover are printed (timings under emulation are not performance).
 """
-import os
 import re
-import subprocess
 import time
 
 import pytest
 
 import kmigtest as kt
 import netprobe
+import twohosts
 
 pytestmark = pytest.mark.kvm
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-TWO_HOSTS = os.path.join(ROOT, "scripts", "two-hosts")
 MAC = "52:54:00:4b:00:01"
 GUEST_IP = "10.77.0.10"
 PORT = 7777
@@ -45,19 +42,8 @@ NET = ["--netdev", "tap,id=n0,ifname=tap0,script=no",
 
 @pytest.fixture
 def hosts():
-    """The topology, torn down whatever happens; yields its KMIG_NET_* values
-    and the namespace names."""
-    tag = "kn%d" % (os.getpid() % 100000)
-    out = subprocess.run([TWO_HOSTS, "up", "--tag", tag, "--force"], capture_output=True,
-                         text=True, timeout=60)
-    if out.returncode:
-        pytest.fail("two-hosts up: %s" % out.stderr.strip()[-500:])
-    env = dict(l.split("=", 1) for l in out.stdout.split() if l.startswith("KMIG_NET_"))
-    env.update(a=tag + "-a", b=tag + "-b", c=tag + "-c")
-    try:
-        yield env
-    finally:
-        subprocess.run([TWO_HOSTS, "down", "--tag", tag], capture_output=True, timeout=60)
+    with twohosts.topology() as h:
+        yield h
 
 
 def start_pair(d, vms, h, kmig=None, env=None):
@@ -74,17 +60,6 @@ def start_pair(d, vms, h, kmig=None, env=None):
 def link_up(vm):
     return vm.console.wait(r"^net: mac=%s ip=%s link=up" % (MAC, GUEST_IP), kt.slow(60),
                            proc=vm.proc) is not None
-
-
-def fdb_port(ns, mac):
-    """The bridge port A's br0 has learned mac on ("" if none)."""
-    out = subprocess.run(["ip", "netns", "exec", ns, "bridge", "fdb", "show", "br", "br0"],
-                         capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        f = line.split()
-        if f and f[0] == mac and "dev" in f:
-            return f[f.index("dev") + 1]
-    return ""
 
 
 def echo_ok(h, n=20, interval_ms=20):
@@ -111,7 +86,7 @@ def test_udp_across_migration(d, vms, check, hosts):
     n, r = echo_ok(h)
     if not check("echo_before", n >= 15 and not r.mismatched, r.summary()):
         return
-    check("fdb_tap", fdb_port(h["a"], MAC) == "tap0", fdb_port(h["a"], MAC))
+    check("fdb_tap", twohosts.fdb_port(h["a"], MAC) == "tap0", twohosts.fdb_port(h["a"], MAC))
     # the link goes down and up: the guest sees it, echoes stop and resume
     q.cmd("set_link", name="n0", up=False)
     check("guest_link_down", src.console.wait(r"^net: mac=%s ip=\S+ link=down" % MAC,
@@ -159,7 +134,7 @@ def test_udp_across_migration(d, vms, check, hosts):
     while counters(dst).get("announcements", 0) < 5 and time.time() < deadline:
         time.sleep(0.2)
     check("announced", counters(dst).get("announcements") == 5, repr(counters(dst)))
-    check("fdb_wire", fdb_port(h["a"], MAC) == "wire0", fdb_port(h["a"], MAC))
+    check("fdb_wire", twohosts.fdb_port(h["a"], MAC) == "wire0", twohosts.fdb_port(h["a"], MAC))
     check("dst_rx", counters(dst).get("rx-frames", 0) > 0, repr(counters(dst)))
     check("src_dropped_counted", re.search(r"frames waiting in the tap at the switchover "
                                            r"were dropped", src.output()) is not None,

@@ -49,14 +49,15 @@ def cmdline(mib, cpus, extra=""):
             "kmig.report_ms=1000 %s" % (apic, mib, cpus, extra)).strip()
 
 
-def vm(d, name, rd, cmd, memory="512M", cpus=1, extra=()):
-    """kmig running the Linux guest: console d/name.log, QMP d/name.qmp."""
+def vm(d, name, rd, cmd, memory="512M", cpus=1, extra=(), netns=None):
+    """kmig running the Linux guest: console d/name.log, QMP d/name.qmp;
+    netns: the network namespace to run in."""
     con = os.path.join(d, name + ".log")
     qmp = os.path.join(d, name + ".qmp")
     args = [os.path.join(kt.BUILD, "kmig"), "run", "--kernel", KERNEL, "--initrd", rd,
             "--memory", memory, "--cpus", str(cpus), "--console", "file:" + con,
             "--qmp", "unix:" + qmp, "--cmdline", cmd] + list(extra)
-    return kt.VM(args, con, qmp)
+    return kt.VM(kt.in_netns(netns, args), con, qmp)
 
 
 def reports(vm_):

@@ -24,6 +24,7 @@ Command line (what the helpers run):
     netprobe.py listen --port N [--seconds S]
     netprobe.py arp --ifname IF --ip IP [--timeout S]
     netprobe.py arpwatch --ifname IF [--seconds S]
+    netprobe.py tcplines --dst IP --port N [--seconds S]
 Standard library only.
 """
 import argparse
@@ -201,6 +202,20 @@ def arp(ifname, ip, timeout=3.0, netns=None):
                netns).wait(timeout + 10)
 
 
+def tcplines(dst, port, seconds=None, netns=None):
+    """Starts a TCP client of a server that streams numbered lines ("N\\n"
+    from 0, the Linux guest's kmig.serve): records each line's arrival; its
+    result is a dict: lines (count), bad (lines out of sequence), first and
+    last arrival, max_gap (longest time between two lines) and gap_at (the
+    arrival ending it), error (why the connection ended early: a reset, an
+    EOF; None if it was still open when stopped) and retrans (the client
+    namespace's TCP segments retransmitted meanwhile, /proc/net/snmp)."""
+    argv = ["tcplines", "--dst", dst, "--port", str(port)]
+    if seconds is not None:
+        argv += ["--seconds", str(seconds)]
+    return Run(argv, netns, timeout=30.0)
+
+
 def arpwatch(ifname, seconds=None, netns=None):
     """Starts recording every ARP frame on ifname; the result is a dict
     with "frames": [{"t", "op", "sha", "spa", "tha", "tpa"}]."""
@@ -321,6 +336,49 @@ def run_listen(a):
           "arrivals": arrivals})
 
 
+def _retrans():
+    with open("/proc/net/snmp") as f:
+        rows = [ln.split() for ln in f if ln.startswith("Tcp:")]
+    return int(rows[1][rows[0].index("RetransSegs")])
+
+
+def run_tcplines(a):
+    r0 = _retrans()
+    s = socket.create_connection((a.dst, a.port), timeout=10)
+    s.settimeout(0.05)
+    stop = Stop(a.seconds)
+    emit({"ready": time.monotonic()})
+    buf, want, lines, bad, error = b"", 0, 0, 0, None
+    first = last = None
+    gap, gap_at = 0.0, None
+    while not stop.wait(0):
+        try:
+            data = s.recv(65536)
+        except socket.timeout:
+            continue
+        except OSError as e:
+            error = "%s: %s" % (type(e).__name__, e)
+            break
+        if not data:
+            error = "EOF"
+            break
+        now = time.monotonic()
+        buf += data
+        *done, buf = buf.split(b"\n")
+        for ln in done:
+            n = int(ln) if ln.isdigit() else -1
+            bad += n != want
+            want = n + 1 if n >= 0 else want + 1
+            lines += 1
+            if last is not None and now - last > gap:
+                gap, gap_at = now - last, now
+            first = now if first is None else first
+            last = now
+    s.close()
+    emit({"kind": "tcplines", "lines": lines, "bad": bad, "first": first, "last": last,
+          "max_gap": gap, "gap_at": gap_at, "error": error, "retrans": _retrans() - r0})
+
+
 def _mac(b):
     return ":".join("%02x" % x for x in b)
 
@@ -399,8 +457,13 @@ def main():
     p = sub.add_parser("arpwatch")
     p.add_argument("--ifname", required=True)
     p.add_argument("--seconds", type=float)
+    p = sub.add_parser("tcplines")
+    p.add_argument("--dst", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--seconds", type=float)
     a = ap.parse_args()
-    {"probe": run_probe, "listen": run_listen, "arp": run_arp, "arpwatch": run_arpwatch}[a.cmd](a)
+    {"probe": run_probe, "listen": run_listen, "arp": run_arp, "arpwatch": run_arpwatch,
+     "tcplines": run_tcplines}[a.cmd](a)
 
 
 if __name__ == "__main__":
