@@ -13,6 +13,12 @@ them, the client probing the guest from its own namespace on A's bridge.
       the echoes and up brings them back; query-rx-filter names the MAC;
       a second kmig on the same tap is refused (busy), and one naming a
       netdev nobody defined never starts;
+  cancel_then_postcopy  with the device present: a migration cancelled in
+      its bulk pass leaves the source answering (dirty logging off, echoes
+      go on, nothing pending on the device); then post-copy with 2 multifd
+      channels to a new destination completes with x-verify while probed,
+      and the guest answers from B; query-rx-filter answers on the
+      destination all along;
   device_marks_negative_control  the same migration with the source's
       device writes left unreported (KMIG_FAULT=no-device-marks, test
       build): x-verify finds the destination's RAM differs (the received
@@ -47,14 +53,19 @@ def hosts():
 
 
 def start_pair(d, vms, h, kmig=None, env=None):
-    port = 4444
-    uri = "tcp:%s:%d" % (h["KMIG_NET_B"], port)
     src = kt.kmig_vm(d, "src", CMDLINE, memory="256M", extra=NET, kmig=kmig, env=env,
                      netns=h["a"])
-    dst = kt.kmig_vm(d, "dst", CMDLINE, memory="256M", extra=NET + ["--incoming", uri],
-                     kmig=kmig, netns=h["b"])
-    vms += [src, dst]
+    vms.append(src)
+    dst, uri = start_dst(d, vms, h, "dst", 4444, kmig=kmig)
     return src, dst, uri
+
+
+def start_dst(d, vms, h, name, port, kmig=None):
+    uri = "tcp:%s:%d" % (h["KMIG_NET_B"], port)
+    dst = kt.kmig_vm(d, name, CMDLINE, memory="256M", extra=NET + ["--incoming", uri],
+                     kmig=kmig, netns=h["b"])
+    vms.append(dst)
+    return dst, uri
 
 
 def link_up(vm):
@@ -142,6 +153,69 @@ def test_udp_across_migration(d, vms, check, hosts):
     n, r2 = echo_ok(h)
     check("echo_on_b", n >= 15, r2.summary())
     bad = [l for l in dst.console.text().splitlines() if "verify BAD" in l or "net error" in l]
+    check("guest_clean", not bad, " / ".join(bad[:3]))
+
+
+def test_cancel_then_postcopy(d, vms, check, hosts):
+    h = hosts
+    src, dst, uri = start_pair(d, vms, h)
+    if not check("link_up", link_up(src), kt.dump(src)):
+        return
+    q = src.qmp()
+    # cancelled in the bulk pass (1 MiB/s: it cannot end first)
+    kt.set_caps(q, x_verify=True)
+    kt.set_params(q, max_bandwidth=1 << 20)
+    kt.wait_incoming(dst)
+    q.cmd("migrate", uri=uri)
+    time.sleep(kt.slow(1))
+    q.cmd("migrate_cancel")
+    r = kt.wait_migration(q, kt.slow(30))
+    check("cancelled", r.get("status") == "cancelled", repr(r))
+    check("src_running", q.cmd("query-status").get("status") == "running",
+          repr(q.cmd("query-status")))
+    check("logging_off", not q.cmd("x-query-dirty-tracking").get("logging"),
+          repr(q.cmd("x-query-dirty-tracking")))
+    n, r0 = echo_ok(h)
+    check("echo_after_cancel", n >= 15 and not r0.mismatched, r0.summary())
+    dst.wait_exit(kt.slow(20))
+    # post-copy with multifd to a new destination, probed all along
+    dst2, uri2 = start_dst(d, vms, h, "dst2", 4446)
+    dq = dst2.qmp()
+    kt.set_caps(dq, postcopy_ram=True, multifd=True)
+    kt.set_caps(q, postcopy_ram=True, multifd=True)
+    kt.set_params(q, max_bandwidth=8 << 20, multifd_channels=2)
+    kt.wait_incoming(dst2)
+    p = netprobe.probe(GUEST_IP, PORT, interval_ms=10, netns=h["c"])
+    q.cmd("migrate", uri=uri2)
+    deadline = time.time() + kt.slow(60)
+    while q.cmd("query-migrate").get("ram", {}).get("transferred", 0) < 24 << 20 and \
+            time.time() < deadline:
+        time.sleep(0.1)
+    q.cmd("migrate-start-postcopy")
+    seen, st = set(), {}
+    deadline = time.time() + kt.slow(120)
+    while time.time() < deadline:
+        st = q.cmd("query-migrate")
+        seen.add(st.get("status"))
+        # the destination's QMP answers while it runs the guest in post-copy
+        if st.get("status") == "postcopy-active":
+            check("dst_rx_filter", len(dq.cmd("query-rx-filter")) == 1)
+        if st.get("status") in kt.MIG_FINAL:
+            break
+        time.sleep(0.1)
+    done = time.monotonic()
+    time.sleep(kt.slow(2))
+    pr = p.stop()
+    if not check("completed", st.get("status") == "completed" and "postcopy-active" in seen,
+                 "%r %r; src %s; dst %s" % (st, seen, kt.dump(src), kt.dump(dst2))):
+        return
+    print("# cancel_then_postcopy: longest gap in replies %.0f ms, %d of %d probes lost" %
+          (pr.max_gap()[0] * 1000, pr.lost, len(pr.sent)))
+    check("echo_after_postcopy", pr.first_reply_after(done) is not None and not pr.mismatched,
+          pr.summary())
+    check("fdb_wire", twohosts.fdb_port(h["a"], MAC) == "wire0",
+          twohosts.fdb_port(h["a"], MAC))
+    bad = [l for l in dst2.console.text().splitlines() if "verify BAD" in l or "net error" in l]
     check("guest_clean", not bad, " / ".join(bad[:3]))
 
 
