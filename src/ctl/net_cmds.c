@@ -58,10 +58,11 @@ static json_t *net_cmds__counters(struct net *n)
 {
 	struct net_stats s;
 	net__get_stats(n, &s);
-	return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
+	return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
 			 "rx-frames", (json_int_t)s.rx_frames, "rx-bytes", (json_int_t)s.rx_bytes,
 			 "rx-filtered", (json_int_t)s.rx_filtered,
 			 "rx-too-long", (json_int_t)s.rx_too_long,
+			 "rx-bad-offload", (json_int_t)s.rx_bad_offload,
 			 "rx-link-down", (json_int_t)s.rx_link_down,
 			 "rx-dropped-pending", (json_int_t)s.rx_dropped_pending,
 			 "tx-frames", (json_int_t)s.tx_frames, "tx-bytes", (json_int_t)s.tx_bytes,
@@ -105,6 +106,32 @@ static json_t *cmd_query_rx_filter(void *ctx, json_t *args, struct qmp_error *er
 	return list;
 }
 
+/* announce-self's interfaces: absent (every NIC) or a list of names;
+ * whether this VM's NIC is among them (false with err set if the list
+ * is not one of strings). */
+static bool net_cmds__named(const struct vm *vm, json_t *list, struct qmp_error *err)
+{
+	if (!list)
+		return true;
+	size_t i;
+	json_t *v;
+	bool named = false;
+	if (!json_is_array(list)) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Invalid parameter type for 'interfaces', "
+			       "expected: array");
+		return false;
+	}
+	json_array_foreach(list, i, v) {
+		if (!json_is_string(v)) {
+			qmp_error__set(err, QMP_ERROR_GENERIC, "Invalid parameter type for "
+				       "'interfaces', expected: array of strings");
+			return false;
+		}
+		named |= net_cmds__names_nic(vm, json_string_value(v));
+	}
+	return named;
+}
+
 static json_t *cmd_announce_self(void *ctx, json_t *args, struct qmp_error *err)
 {
 	static const char *const known[] = { "initial", "max", "rounds", "step", "interfaces",
@@ -122,7 +149,8 @@ static json_t *cmd_announce_self(void *ctx, json_t *args, struct qmp_error *err)
 			       "initial <= max, rounds 1..%u", ANNOUNCE_MAX_MS, ANNOUNCE_MAX_ROUNDS);
 		return NULL;
 	}
-	if (c->vm->net && vm_net__announce(c->vm, &p))
+	if (c->vm->net && net_cmds__named(c->vm, json_object_get(args, "interfaces"), err) &&
+	    vm_net__announce(c->vm, &p))
 		qmp_error__set(err, QMP_ERROR_GENERIC, "the announcements could not start");
 	return NULL;
 }

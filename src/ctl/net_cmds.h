@@ -4,8 +4,10 @@
  *     change (status field and a config interrupt);
  *   query-rx-filter [{"name"}]: the receive filter the driver set, QEMU's
  *     fields, plus "x-counters" (kmig's frame counters of the device);
- *   announce-self {"initial", "max", "rounds", "step"}: announce the
- *     guest's MAC now (RARP and, with GUEST_ANNOUNCE, the guest's own).
+ *   announce-self {"initial", "max", "rounds", "step"[, "interfaces"]}:
+ *     announce the guest's MAC now (RARP and, with GUEST_ANNOUNCE, the
+ *     guest's own); with interfaces, only if it names this NIC (or its
+ *     netdev).  "id" is accepted: kmig has one announcement timer.
  * Without a net device, set_link and query-rx-filter name nothing (QEMU's
  * errors) and announce-self does nothing.  None of them takes the
  * device lock (dev/net.h). */

@@ -10,12 +10,14 @@
 
 #define NET_MAX_MERGE 64        /* chains one received frame may take */
 #define NET_RX_BUDGET 256       /* frames per call before others get the lock */
+#define NET_BACKLOG_MAX 4096    /* frames net__drop_backlog reads at most */
 #define NET_ETH_MIN 14
+#define NET_ETH_HLEN 14         /* what the MTU does not count */
 
+/* Always passed on (the backend's own watch may have been turned on
+ * from outside, by net__set_link). */
 static void net__read_on(struct net *n, bool on)
 {
-	if (n->reading == on)
-		return;
 	n->reading = on;
 	if (n->be.wants_read)
 		n->be.wants_read(n->be.ctx, on);
@@ -62,92 +64,155 @@ static size_t net__fill(struct net *n, const struct virtq_chain *c, const uint8_
 	return done;
 }
 
+/* Whether the frame the tap gave may go to this driver: offloaded
+ * checksums and segments only as negotiated (the tap may hold frames
+ * from before a renegotiation), within the MTU it was told.  Clears a
+ * DATA_VALID the driver did not ask for. */
+static bool net__rx_hdr_ok(struct net *n)
+{
+	uint8_t *hdr = n->rx_frame;
+	bool csum = virtio_pci__has(&n->vp, NET_F_GUEST_CSUM);
+	if (!csum)
+		hdr[0] &= (uint8_t)~2u;            /* DATA_VALID */
+	if ((hdr[0] & 1) && !csum)
+		return false;                      /* NEEDS_CSUM */
+	switch (hdr[1]) {
+	case 0:
+		return !virtio_pci__has(&n->vp, NET_F_MTU) ||
+		       n->rx_len - NET_HDR_LEN <= (size_t)n->mtu + NET_ETH_HLEN;
+	case 1: return virtio_pci__has(&n->vp, NET_F_GUEST_TSO4);
+	case 4: return virtio_pci__has(&n->vp, NET_F_GUEST_TSO6);
+	default: return false;
+	}
+}
+
 /* Puts the waiting frame into receive buffers.  1: delivered or dropped
- * (too long for any chain), 0: not enough buffers posted (nothing taken),
- * -EINVAL: the ring is malformed (device failed). */
+ * (too long for any chains the ring could hold), 0: not enough buffers
+ * posted yet (nothing taken), -EINVAL: the ring is malformed (device
+ * failed).  A frame in several chains is published in one step. */
 static int net__deliver(struct net *n)
 {
 	struct virtq *q = &n->vp.vqs[NET_VQ_RX];
 	struct virtq_chain *cs = n->chains;
 	bool mrg = virtio_pci__has(&n->vp, NET_F_MRG_RXBUF);
+	unsigned limit = mrg ? (q->size < NET_MAX_MERGE ? q->size : NET_MAX_MERGE) : 1;
 	const char *why = NULL;
 	uint16_t k = 0;
-	size_t room = 0;
+	size_t room = 0, descs = 0;
 	while (room < n->rx_len) {
-		if (k == (mrg ? NET_MAX_MERGE : 1)) {
+		int rc = k < limit ? virtq__pop(q, &n->mem, &cs[k], &why) : 0;
+		if (rc < 0) {
 			virtq__unpop(q, k);
+			virtio_pci__fail(&n->vp, why);
+			return rc;
+		}
+		if (rc == 0) {
+			virtq__unpop(q, k);
+			if (k < limit && descs < q->size)
+				return 0;          /* the driver may post more */
 			NET_STAT_ADD(n, rx_too_long, 1);
 			return 1;
 		}
-		int rc = virtq__pop(q, &n->mem, &cs[k], &why);
-		if (rc <= 0) {
-			virtq__unpop(q, k);
-			if (rc < 0)
-				virtio_pci__fail(&n->vp, why);
-			return rc;
-		}
 		room += net__room(&cs[k]);
+		descs += cs[k].n;
 		k++;
 	}
-	uint16_t nbuf = k;
-	memcpy(n->rx_frame + 10, &nbuf, 2);      /* num_buffers */
+	memcpy(n->rx_frame + 10, &k, 2);         /* num_buffers */
 	size_t done = 0;
 	for (uint16_t i = 0; i < k; i++) {
 		size_t put = net__fill(n, &cs[i], n->rx_frame + done, n->rx_len - done);
 		done += put;
-		if (virtq__push(q, &n->mem, cs[i].head, (uint32_t)put))
-			break;
+		if (virtq__fill(q, &n->mem, i, cs[i].head, (uint32_t)put))
+			return -EINVAL;            /* cannot be: popped just now */
 	}
+	virtq__flush(q, &n->mem, k);
 	NET_STAT_ADD(n, rx_frames, 1);
 	NET_STAT_ADD(n, rx_bytes, n->rx_len - NET_HDR_LEN);
 	virtio_pci__queue_used(&n->vp, NET_VQ_RX);
 	return 1;
 }
 
-/* Reads the next frame into rx_frame: 1 read, 0 none there. */
+/* The backend failed (the tap is gone): no more reading, said once. */
+static void net__backend_dead(struct net *n, const char *why)
+{
+	if (!n->be_dead)
+		log_warn("virtio-net: the backend failed (%s): frames for the guest stop", why);
+	n->be_dead = true;
+}
+
+/* Reads the next frame into rx_frame: 1 read, 0 none there (or the
+ * backend failed).  A frame longer than the buffer is dropped, never
+ * delivered cut. */
 static int net__read_frame(struct net *n)
 {
 	for (;;) {
-		ssize_t r = read(n->be.fd, n->rx_frame, NET_HDR_LEN + NET_FRAME_MAX);
+		if (n->be_dead)
+			return 0;
+		ssize_t r = read(n->be.fd, n->rx_frame, NET_HDR_LEN + NET_FRAME_MAX + 1);
 		if (r < 0 && errno == EINTR)
 			continue;
-		if (r < 0) {
-			if (errno != EAGAIN)
-				log_debug("virtio-net: reading the backend: %s", strerror(errno));
+		if (r < 0 && errno == EAGAIN)
+			return 0;
+		if (r <= 0) {
+			net__backend_dead(n, r ? strerror(errno) : "end of file");
 			return 0;
 		}
-		if ((size_t)r < NET_HDR_LEN + NET_ETH_MIN)
-			continue;          /* a runt: nothing to deliver */
+		if ((size_t)r < NET_HDR_LEN + NET_ETH_MIN || (size_t)r > NET_HDR_LEN + NET_FRAME_MAX) {
+			NET_STAT_ADD(n, rx_too_long, (size_t)r > NET_HDR_LEN + NET_FRAME_MAX);
+			continue;          /* a runt, or cut by the read */
+		}
 		n->rx_len = (size_t)r;
 		return 1;
 	}
+}
+
+/* Lock held: while the link is down, what the tap holds is read and
+ * dropped (a frame from before must not arrive once it is up). */
+static bool net__drain_link_down(struct net *n, unsigned *budget)
+{
+	if (net__link(n))
+		return false;
+	if (n->rx_len)
+		NET_STAT_ADD(n, rx_link_down, 1);
+	n->rx_len = 0;
+	while (*budget && net__read_frame(n)) {
+		(*budget)--;
+		NET_STAT_ADD(n, rx_link_down, 1);
+		n->rx_len = 0;
+	}
+	return true;
 }
 
 /* Lock held: frames from the backend into the receive queue until it
  * has no more frames, no more buffers, or the budget is spent. */
 static void net__rx(struct net *n)
 {
-	if (!virtio_pci__running(&n->vp) || !n->vp.vqs[NET_VQ_RX].ready) {
+	unsigned budget = NET_RX_BUDGET;
+	if (n->be_dead || !virtio_pci__running(&n->vp) || !n->vp.vqs[NET_VQ_RX].ready) {
 		net__read_on(n, false);
 		return;
 	}
-	for (unsigned budget = NET_RX_BUDGET; budget; budget--) {
+	if (net__drain_link_down(n, &budget)) {
+		net__read_on(n, !n->be_dead);
+		return;
+	}
+	for (; budget; budget--) {
 		if (!n->rx_len && !virtq__has_avail(&n->vp.vqs[NET_VQ_RX])) {
 			net__read_on(n, false);   /* frames wait in the backend */
 			return;
 		}
 		if (!n->rx_len) {
 			if (!net__read_frame(n)) {
-				net__read_on(n, true);
+				net__read_on(n, !n->be_dead);
 				return;
-			}
-			if (!net__link(n)) {
-				NET_STAT_ADD(n, rx_link_down, 1);
-				n->rx_len = 0;
-				continue;
 			}
 			if (!net__filter_pass(n, n->rx_frame + NET_HDR_LEN, n->rx_len - NET_HDR_LEN)) {
 				NET_STAT_ADD(n, rx_filtered, 1);
+				n->rx_len = 0;
+				continue;
+			}
+			if (!net__rx_hdr_ok(n)) {
+				NET_STAT_ADD(n, rx_bad_offload, 1);
 				n->rx_len = 0;
 				continue;
 			}
@@ -178,6 +243,8 @@ static bool net__tx_hdr_ok(struct net *n, const uint8_t *hdr)
 	uint8_t flags = hdr[0], gso = hdr[1];
 	if ((flags & ~1u) || ((flags & 1) && !virtio_pci__has(&n->vp, NET_F_CSUM)))
 		return false;
+	if (gso && !(flags & 1))
+		return false;              /* segmentation needs the checksum offload */
 	switch (gso) {
 	case 0: return true;
 	case 1: return virtio_pci__has(&n->vp, NET_F_HOST_TSO4);
@@ -286,7 +353,7 @@ static void net__cfg_write(void *ctx, uint32_t off, const uint8_t *data, unsigne
 static void net__set_offloads(struct net *n, unsigned flags)
 {
 	if (n->be.offload && n->be.offload(n->be.ctx, flags))
-		log_warn("virtio-net: the backend refused offloads %#x", flags);
+		log_debug("virtio-net: the backend refused offloads %#x", flags);
 }
 
 static void net__driver_ok(void *ctx)
@@ -299,6 +366,8 @@ static void net__driver_ok(void *ctx)
 		off |= NET_OFFLOAD_TSO4;
 	if (virtio_pci__has(&n->vp, NET_F_GUEST_TSO6))
 		off |= NET_OFFLOAD_TSO6;
+	if (!(off & NET_OFFLOAD_CSUM))
+		off = 0;                   /* TSO without the checksum: the tap takes neither */
 	net__set_offloads(n, off & n->offloads);
 	pthread_mutex_lock(&n->info_lock);
 	n->guest_announce = virtio_pci__has(&n->vp, NET_F_GUEST_ANNOUNCE) &&
@@ -348,7 +417,7 @@ int net__create(struct net **out, const struct net_conf *conf)
 	struct net *n = calloc(1, sizeof(*n));
 	if (!n)
 		return -ENOMEM;
-	n->rx_frame = malloc(NET_HDR_LEN + NET_FRAME_MAX);
+	n->rx_frame = malloc(NET_HDR_LEN + NET_FRAME_MAX + 1);
 	n->chains = calloc(NET_MAX_MERGE, sizeof(*n->chains));
 	n->mem = (struct virtio_mem){ conf->ram, conf->mark, conf->mark_ctx };
 	n->be = conf->backend;
@@ -412,7 +481,14 @@ void net__set_link(struct net *n, bool up)
 	pthread_mutex_unlock(&n->info_lock);
 	if (changed)
 		virtio_pci__config_changed(&n->vp);
+	/* down: the device's thread reads and drops what comes meanwhile,
+	 * buffers posted or not (net__rx) */
+	if (changed && !up && n->be.wants_read)
+		n->be.wants_read(n->be.ctx, true);
 }
+
+_Static_assert(sizeof(struct net_stats) % sizeof(uint64_t) == 0,
+	       "net_stats is read as an array of u64 counters");
 
 void net__get_stats(struct net *n, struct net_stats *out)
 {
@@ -449,10 +525,13 @@ void net__announce_once(struct net *n)
 	uint8_t frame[NET_HDR_LEN + 60];
 	pthread_mutex_lock(&n->info_lock);
 	net__rarp(n->filter.mac, frame);
-	bool guest = n->guest_announce;
+	bool up = n->status & NET_S_LINK_UP;
+	bool guest = n->guest_announce && up;
 	if (guest)
 		n->status |= NET_S_ANNOUNCE;
 	pthread_mutex_unlock(&n->info_lock);
+	if (!up)
+		return;                    /* nothing goes out on a link that is down */
 	if (write(n->be.fd, frame, sizeof(frame)) == (ssize_t)sizeof(frame))
 		NET_STAT_ADD(n, announces, 1);
 	else
@@ -466,7 +545,8 @@ uint64_t net__drop_backlog(struct net *n)
 	pthread_mutex_lock(&n->vp.lock);
 	uint64_t dropped = n->rx_len ? 1 : 0;
 	n->rx_len = 0;
-	while (net__read_frame(n)) {
+	/* bounded: a flood into the tap cannot hold the caller for ever */
+	while (dropped < NET_BACKLOG_MAX && net__read_frame(n)) {
 		dropped++;
 		n->rx_len = 0;
 	}

@@ -84,7 +84,8 @@
 struct net_stats {
 	uint64_t rx_frames, rx_bytes;
 	uint64_t rx_filtered;        /* dropped by the receive filter */
-	uint64_t rx_too_long;        /* no chain the driver could post holds it */
+	uint64_t rx_too_long;        /* no chains the ring could hold fit it, or cut */
+	uint64_t rx_bad_offload;     /* offloads or size the driver did not negotiate */
 	uint64_t rx_link_down;       /* read while the link was down */
 	uint64_t rx_dropped_pending; /* waiting for buffers at a reset or a save */
 	uint64_t tx_frames, tx_bytes;

@@ -9,12 +9,12 @@
  *     1 ADDR_SET (with CTRL_MAC_ADDR): 6 bytes, a unicast MAC;
  *   class 3 (ANNOUNCE, with GUEST_ANNOUNCE): 0 ACK clears ANNOUNCE.
  * Anything else, a short or long command, or a chain without a place
- * for the ack, is answered ERR (or, without an ack byte, only counted). */
+ * for the ack, is answered ERR (or, without an ack byte, only counted).
+ * Commands are read from the buffers as they lie, of any length. */
 #include <string.h>
 
 #include "dev/net_impl.h"
 
-#define CTRL_CMD_MAX (2 + 2 * (4 + NET_MAC_TABLE * 6) + 64)
 enum { CTRL_RX = 0, CTRL_MAC = 1, CTRL_ANNOUNCE = 3 };
 enum { RX_PROMISC = 0, RX_ALLMULTI = 1, MAC_TABLE_SET = 0, MAC_ADDR_SET = 1, ANNOUNCE_ACK = 0 };
 #define ACK_OK 0
@@ -56,35 +56,65 @@ bool net__filter_pass(struct net *n, const uint8_t *frame, size_t len)
 	return pass;
 }
 
-/* One table of TABLE_SET at *pos: u32 count, count MACs.  Whether it fits
- * the command; stores it (or the overflow) in the filter copy t. */
-static bool net__table(const uint8_t *cmd, size_t len, size_t *pos, uint8_t (*t)[6],
-		       unsigned *nt, bool *overflow)
+/* Reads a command from a chain's readable buffers in order, however the
+ * driver split it, never past their end. */
+struct ctrl_reader {
+	const struct virtq_chain *c;
+	unsigned buf;              /* current readable buffer */
+	size_t off;                /* within it */
+	size_t left;               /* bytes not yet read, all buffers */
+};
+
+static void ctrl_reader__init(struct ctrl_reader *r, const struct virtq_chain *c)
 {
-	uint32_t count;
-	if (len - *pos < 4)
+	*r = (struct ctrl_reader){ c, 0, 0, 0 };
+	for (unsigned i = 0; i < c->nout; i++)
+		r->left += c->bufs[i].len;
+}
+
+/* Copies (out non-NULL) or skips n bytes; false if fewer are left. */
+static bool ctrl_reader__take(struct ctrl_reader *r, void *out, size_t n)
+{
+	if (n > r->left)
 		return false;
-	memcpy(&count, cmd + *pos, 4);
-	*pos += 4;
-	if (count > (len - *pos) / 6)
-		return false;
-	*overflow = count > NET_MAC_TABLE;
-	*nt = *overflow ? 0 : count;
-	if (!*overflow)
-		memcpy(t, cmd + *pos, 6ull * count);
-	*pos += 6ull * count;
+	r->left -= n;
+	while (n) {
+		const struct virtq_buf *b = &r->c->bufs[r->buf];
+		size_t k = b->len - r->off < n ? b->len - r->off : n;
+		if (out) {
+			memcpy(out, b->host + r->off, k);
+			out = (uint8_t *)out + k;
+		}
+		r->off += k;
+		n -= k;
+		if (r->off == b->len) {
+			r->buf++;
+			r->off = 0;
+		}
+	}
 	return true;
 }
 
-static uint8_t net__mac_table(struct net *n, const uint8_t *data, size_t len)
+/* One table of TABLE_SET: u32 count, count MACs; more than NET_MAC_TABLE
+ * are skipped and set the overflow.  Whether the command holds it. */
+static bool net__table(struct ctrl_reader *r, uint8_t (*t)[6], unsigned *nt, bool *overflow)
+{
+	uint32_t count;
+	if (!ctrl_reader__take(r, &count, 4) || count > r->left / 6)
+		return false;
+	*overflow = count > NET_MAC_TABLE;
+	*nt = *overflow ? 0 : count;
+	return ctrl_reader__take(r, *overflow ? NULL : t, 6ull * count);
+}
+
+static uint8_t net__mac_table(struct net *n, struct ctrl_reader *r)
 {
 	struct net_rx_filter f;
 	pthread_mutex_lock(&n->info_lock);
 	f = n->filter;
 	pthread_mutex_unlock(&n->info_lock);
-	size_t pos = 0;
-	if (!net__table(data, len, &pos, f.uni, &f.nuni, &f.uni_overflow) ||
-	    !net__table(data, len, &pos, f.multi, &f.nmulti, &f.multi_overflow) || pos != len)
+	if (!net__table(r, f.uni, &f.nuni, &f.uni_overflow) ||
+	    !net__table(r, f.multi, &f.nmulti, &f.multi_overflow) || r->left)
 		return ACK_ERR;
 	pthread_mutex_lock(&n->info_lock);
 	memcpy(n->filter.uni, f.uni, sizeof(f.uni));
@@ -97,11 +127,15 @@ static uint8_t net__mac_table(struct net *n, const uint8_t *data, size_t len)
 	return ACK_OK;
 }
 
-/* Applies one command (lock held, info_lock not). */
-static uint8_t net__ctrl_cmd(struct net *n, uint8_t cls, uint8_t cmd, const uint8_t *data, size_t len)
+/* Applies one command (lock held, info_lock not); r is after the class
+ * and command bytes. */
+static uint8_t net__ctrl_cmd(struct net *n, uint8_t cls, uint8_t cmd, struct ctrl_reader *r)
 {
-	if (cls == CTRL_RX && virtio_pci__has(&n->vp, NET_F_CTRL_RX) && len == 1 &&
-	    data[0] <= 1 && (cmd == RX_PROMISC || cmd == RX_ALLMULTI)) {
+	uint8_t data[6];
+	if (cls == CTRL_MAC && cmd == MAC_TABLE_SET && virtio_pci__has(&n->vp, NET_F_CTRL_RX))
+		return net__mac_table(n, r);
+	if (cls == CTRL_RX && virtio_pci__has(&n->vp, NET_F_CTRL_RX) && r->left == 1 &&
+	    ctrl_reader__take(r, data, 1) && data[0] <= 1 && (cmd == RX_PROMISC || cmd == RX_ALLMULTI)) {
 		pthread_mutex_lock(&n->info_lock);
 		if (cmd == RX_PROMISC)
 			n->filter.promisc = data[0];
@@ -110,16 +144,14 @@ static uint8_t net__ctrl_cmd(struct net *n, uint8_t cls, uint8_t cmd, const uint
 		pthread_mutex_unlock(&n->info_lock);
 		return ACK_OK;
 	}
-	if (cls == CTRL_MAC && cmd == MAC_TABLE_SET && virtio_pci__has(&n->vp, NET_F_CTRL_RX))
-		return net__mac_table(n, data, len);
 	if (cls == CTRL_MAC && cmd == MAC_ADDR_SET && virtio_pci__has(&n->vp, NET_F_CTRL_MAC_ADDR) &&
-	    len == 6 && !(data[0] & 1)) {
+	    r->left == 6 && ctrl_reader__take(r, data, 6) && !(data[0] & 1)) {
 		pthread_mutex_lock(&n->info_lock);
 		memcpy(n->filter.mac, data, 6);
 		pthread_mutex_unlock(&n->info_lock);
 		return ACK_OK;
 	}
-	if (cls == CTRL_ANNOUNCE && cmd == ANNOUNCE_ACK && len == 0 &&
+	if (cls == CTRL_ANNOUNCE && cmd == ANNOUNCE_ACK && r->left == 0 &&
 	    virtio_pci__has(&n->vp, NET_F_GUEST_ANNOUNCE)) {
 		pthread_mutex_lock(&n->info_lock);
 		n->status &= (uint16_t)~NET_S_ANNOUNCE;
@@ -131,19 +163,11 @@ static uint8_t net__ctrl_cmd(struct net *n, uint8_t cls, uint8_t cmd, const uint
 
 uint32_t net__ctrl_chain(struct net *n, const struct virtq_chain *c)
 {
-	uint8_t cmd[CTRL_CMD_MAX];
-	size_t len = 0;
-	bool fits = true;
-	for (unsigned i = 0; i < c->nout; i++) {
-		const struct virtq_buf *b = &c->bufs[i];
-		if (b->len > sizeof(cmd) - len) {
-			fits = false;
-			break;
-		}
-		memcpy(cmd + len, b->host, b->len);
-		len += b->len;
-	}
-	uint8_t ack = fits && len >= 2 ? net__ctrl_cmd(n, cmd[0], cmd[1], cmd + 2, len - 2) : ACK_ERR;
+	struct ctrl_reader r;
+	uint8_t head[2];
+	ctrl_reader__init(&r, c);
+	uint8_t ack = ctrl_reader__take(&r, head, 2) ? net__ctrl_cmd(n, head[0], head[1], &r)
+						     : ACK_ERR;
 	NET_STAT_ADD(n, ctrl_cmds, 1);
 	if (ack != ACK_OK)
 		NET_STAT_ADD(n, ctrl_errors, 1);

@@ -18,6 +18,7 @@ struct net {
 	uint8_t *rx_frame;             /* NET_HDR_LEN + NET_FRAME_MAX bytes */
 	size_t rx_len;                 /* 0: none waiting */
 	bool reading;                  /* the backend is polled */
+	bool be_dead;                  /* its reads fail (the tap is gone) */
 	struct virtq_chain *chains;    /* NET_MAX_MERGE chains of one frame */
 	/* under info_lock: a leaf, never held while guest memory is touched */
 	pthread_mutex_t info_lock;

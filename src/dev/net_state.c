@@ -13,7 +13,7 @@
 #include "dev/net_impl.h"
 
 #define NET_STATE_MAGIC 0x3154454eu /* "NET1" */
-#define NET_STATE_FIXED 24
+#define NET_STATE_FIXED 20
 #define NET_STATE_MAX (8 + VIRTIO_PCI_STATE_MAX + NET_STATE_FIXED + 2 * NET_MAC_TABLE * 6)
 
 enum { F_PROMISC = 1, F_ALLMULTI = 2, F_UNI_OVER = 4, F_MULTI_OVER = 8 };
@@ -105,15 +105,23 @@ int net__load(struct net *n, const void *data, size_t len, char *why, size_t why
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&n->vp.lock);
+	/* what DRIVER_OK derives is set again by the load (driver_ok) if the
+	 * section has it, and stays reset otherwise */
 	pthread_mutex_lock(&n->info_lock);
-	n->filter = f;                   /* before the transport: driver_ok reads no filter */
-	n->status = status;
+	n->guest_announce = false;
 	pthread_mutex_unlock(&n->info_lock);
+	if (n->be.offload && n->be.offload(n->be.ctx, 0))
+		log_debug("virtio-net: the backend refused offloads 0");
 	const char *vwhy = NULL;
 	long tl = virtio_pci__load(&n->vp, p + 8, head[1], &vwhy);
 	if (tl < 0 || (size_t)tl != head[1]) {
 		snprintf(why, whylen, "virtio-net state: %s", vwhy ? vwhy : "transport length mismatch");
 		rc = -EINVAL;
+	} else {
+		pthread_mutex_lock(&n->info_lock);
+		n->filter = f;
+		n->status = status;
+		pthread_mutex_unlock(&n->info_lock);
 	}
 	n->rx_len = 0;
 	/* frames are read again once the VM runs (the device's thread is

@@ -69,10 +69,13 @@ long virtio_pci__save(struct virtio_pci *vp, uint8_t *buf, size_t cap)
 	return b.bad ? -ENOSPC : (long)b.pos;
 }
 
+/* Checks every queue before any is changed: a refused load leaves the
+ * device as it was. */
 static int vp__load_queues(struct virtio_pci *vp, struct virtq *vqs, const char **why)
 {
+	struct virtq out[VIRTIO_MAX_QUEUES];
 	for (unsigned i = 0; i < vp->conf.nqueues; i++) {
-		struct virtq *q = &vp->vqs[i];
+		struct virtq *q = &out[i];
 		virtq__reset(q, vp->conf.queue_max);
 		q->size = vqs[i].size;
 		q->desc = vqs[i].desc;
@@ -90,6 +93,7 @@ static int vp__load_queues(struct virtio_pci *vp, struct virtq *vqs, const char 
 			return -EINVAL;
 		}
 	}
+	memcpy(vp->vqs, out, sizeof(out[0]) * vp->conf.nqueues);
 	return 0;
 }
 

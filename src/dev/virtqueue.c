@@ -129,21 +129,38 @@ void virtq__unpop(struct virtq *q, uint16_t k)
 	q->inflight = (uint16_t)(q->inflight - k);
 }
 
-int virtq__push(struct virtq *q, const struct virtio_mem *mem, uint16_t head, uint32_t len)
+int virtq__fill(struct virtq *q, const struct virtio_mem *mem, uint16_t i, uint16_t head,
+		uint32_t len)
 {
-	if (!q->ready || !q->inflight || head >= q->size)
+	if (!q->ready || i >= q->inflight || head >= q->size)
 		return -EINVAL;
-	unsigned slot = q->used_idx % q->size;
+	unsigned slot = (uint16_t)(q->used_idx + i) % q->size;
 	uint32_t elem[2] = { head, len };
 	memcpy(q->used_h + 4 + 8u * slot, elem, sizeof(elem));
-	q->used_idx++;
-	q->inflight--;
-	__atomic_store_n((uint16_t *)(q->used_h + 2), q->used_idx, __ATOMIC_RELEASE);
-	if (mem->mark) {
+	if (mem->mark)
 		mem->mark(mem->mark_ctx, q->used + 4 + 8ull * slot, 8);
-		mem->mark(mem->mark_ctx, q->used + 2, 2);
-	}
 	return 0;
+}
+
+void virtq__flush(struct virtq *q, const struct virtio_mem *mem, uint16_t k)
+{
+	if (!q->ready || !k)
+		return;
+	if (k > q->inflight)
+		k = q->inflight;
+	q->used_idx = (uint16_t)(q->used_idx + k);
+	q->inflight = (uint16_t)(q->inflight - k);
+	__atomic_store_n((uint16_t *)(q->used_h + 2), q->used_idx, __ATOMIC_RELEASE);
+	if (mem->mark)
+		mem->mark(mem->mark_ctx, q->used + 2, 2);
+}
+
+int virtq__push(struct virtq *q, const struct virtio_mem *mem, uint16_t head, uint32_t len)
+{
+	int rc = virtq__fill(q, mem, 0, head, len);
+	if (!rc)
+		virtq__flush(q, mem, 1);
+	return rc;
 }
 
 bool virtq__want_irq(const struct virtq *q)

@@ -88,6 +88,13 @@ void virtq__unpop(struct virtq *q, uint16_t k);
 /* Returns chain head to the driver with len bytes written.  -EINVAL if
  * nothing is in flight or head is out of range. */
 int virtq__push(struct virtq *q, const struct virtio_mem *mem, uint16_t head, uint32_t len) KMIG_MUST_CHECK;
+/* Several chains the driver must see used together (one received frame
+ * in mergeable buffers): virtq__fill writes the i-th used entry after
+ * the published index, virtq__flush then publishes k of them at once.
+ * -EINVAL as for push (i must be below the chains in flight). */
+int virtq__fill(struct virtq *q, const struct virtio_mem *mem, uint16_t i, uint16_t head,
+		uint32_t len) KMIG_MUST_CHECK;
+void virtq__flush(struct virtq *q, const struct virtio_mem *mem, uint16_t k);
 /* Whether the driver wants an interrupt for used buffers. */
 bool virtq__want_irq(const struct virtq *q);
 

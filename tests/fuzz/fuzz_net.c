@@ -49,6 +49,18 @@ static void mark(void *ctx, uint64_t gpa, uint64_t len)
 		abort();
 }
 
+/* The backend's hooks: the watch and offload paths run too. */
+static void wants_read(void *ctx, bool on)
+{
+	(void)ctx, (void)on;
+}
+
+static int offload(void *ctx, unsigned flags)
+{
+	(void)ctx;
+	return flags & ~(unsigned)(NET_OFFLOAD_CSUM | NET_OFFLOAD_TSO4 | NET_OFFLOAD_TSO6) ? -22 : 0;
+}
+
 static void mw(struct drv *d, uint64_t off, uint64_t v, unsigned len)
 {
 	pci__mmio(&d->bus, BAR + off, true, &v, len);
@@ -141,7 +153,7 @@ static struct drv *setup(void)
 		struct net_conf c = { .ram = &d->ram, .mark = mark, .irq_line = 11, .bar_gpa = BAR,
 				      .mac = { 0x52, 0x54, 0, 0x12, 0x34, 0x56 }, .mtu = 1500,
 				      .offloads = NET_OFFLOAD_CSUM | NET_OFFLOAD_TSO4 | NET_OFFLOAD_TSO6,
-				      .backend = { d->sv[0], NULL, NULL, NULL } };
+				      .backend = { d->sv[0], offload, wants_read, NULL } };
 		if (net__create(&d->n, &c) || pci__add(&d->bus, 4, net__pci(d->n)))
 			abort();
 		uint32_t a = 0x80000000u | 4u << 11 | 0x04, cmd = 0x6;

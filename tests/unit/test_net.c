@@ -36,16 +36,24 @@ struct drv {
 	uint16_t avail_idx[NET_NR_VQS], next_desc[NET_NR_VQS];
 	struct mark_rec marks[256];
 	unsigned nmarks;
+	uint16_t qsize;           /* every queue's size (QSIZE unless a test says) */
+	uint16_t idx_seen[64];    /* the receive used index each time it was reported */
+	unsigned nidx;
 	int irq_level;
 	bool reading;
 	unsigned offload;
 };
+
+static uint64_t qused(unsigned q);
+static uint16_t used_idx(struct drv *d, unsigned q);
 
 static void mark(void *ctx, uint64_t gpa, uint64_t len)
 {
 	struct drv *d = ctx;
 	if (d->nmarks < 256)
 		d->marks[d->nmarks++] = (struct mark_rec){ gpa, len };
+	if (gpa == qused(NET_VQ_RX) + 2 && d->nidx < 64)
+		d->idx_seen[d->nidx++] = used_idx(d, NET_VQ_RX);
 }
 
 /* Whether every byte of [gpa, gpa + len) was reported written. */
@@ -82,6 +90,7 @@ static const uint8_t MAC[6] = { 0x52, 0x54, 0x00, 0xaa, 0xbb, 0xcc };
 static void drv_init_mac(struct drv *d, const uint8_t *mac, uint16_t mtu)
 {
 	memset(d, 0, sizeof(*d));
+	d->qsize = QSIZE;
 	if (ram__create(&d->ram, -1, RAM_SIZE) || socketpair(AF_UNIX, SOCK_SEQPACKET, 0, d->sv))
 		abort();
 	fcntl(d->sv[0], F_SETFL, O_NONBLOCK);
@@ -159,7 +168,7 @@ static uint8_t drv_start(struct drv *d, uint64_t features)
 	memset(host(d, QBASE), 0, NET_NR_VQS * QSTRIDE);
 	for (unsigned q = 0; q < NET_NR_VQS; q++) {
 		mw(d, VIRTIO_PCI_Q_SELECT, q, 2);
-		mw(d, VIRTIO_PCI_Q_SIZE, QSIZE, 2);
+		mw(d, VIRTIO_PCI_Q_SIZE, d->qsize, 2);
 		mw(d, VIRTIO_PCI_Q_DESC, qdesc(q), 8);
 		mw(d, VIRTIO_PCI_Q_AVAIL, qavail(q), 8);
 		mw(d, VIRTIO_PCI_Q_USED, qused(q), 8);
@@ -180,18 +189,18 @@ static uint16_t add_chain(struct drv *d, unsigned q, const struct seg *s, unsign
 {
 	uint16_t head = d->next_desc[q];
 	for (unsigned i = 0; i < n; i++) {
-		uint16_t idx = (uint16_t)((head + i) % QSIZE);
+		uint16_t idx = (uint16_t)((head + i) % d->qsize);
 		uint8_t *p = host(d, qdesc(q) + 16u * idx);
 		uint16_t flags = (uint16_t)((s[i].w ? VIRTQ_DESC_F_WRITE : 0) |
 					    (i + 1 < n ? VIRTQ_DESC_F_NEXT : 0));
-		uint16_t next = (uint16_t)((idx + 1) % QSIZE);
+		uint16_t next = (uint16_t)((idx + 1) % d->qsize);
 		memcpy(p, &s[i].gpa, 8);
 		memcpy(p + 8, &s[i].len, 4);
 		memcpy(p + 12, &flags, 2);
 		memcpy(p + 14, &next, 2);
 	}
-	d->next_desc[q] = (uint16_t)((head + n) % QSIZE);
-	uint16_t slot = d->avail_idx[q] % QSIZE;
+	d->next_desc[q] = (uint16_t)((head + n) % d->qsize);
+	uint16_t slot = d->avail_idx[q] % d->qsize;
 	memcpy(host(d, qavail(q) + 4 + 2u * slot), &head, 2);
 	d->avail_idx[q]++;
 	memcpy(host(d, qavail(q) + 2), &d->avail_idx[q], 2);
@@ -213,7 +222,7 @@ static uint16_t used_idx(struct drv *d, unsigned q)
 static uint32_t used_len(struct drv *d, unsigned q, uint16_t i)
 {
 	uint32_t v;
-	memcpy(&v, host(d, qused(q) + 4 + 8u * (i % QSIZE) + 4), 4);
+	memcpy(&v, host(d, qused(q) + 4 + 8u * (i % d->qsize) + 4), 4);
 	return v;
 }
 
@@ -288,7 +297,9 @@ static void t_tx(struct t *t)
 	memcpy(host(&d, BUFS), f, len);
 	struct seg one = { BUFS, (uint32_t)len, false };
 	add_chain(&d, NET_VQ_TX, &one, 1);
-	struct seg wr[2] = { { BUFS, (uint32_t)len, false }, { BUFS + 0x3000, 64, true } };
+	memcpy(host(&d, BUFS + 0x5000), f, len);
+	host(&d, BUFS + 0x5000)[1] = 0;           /* a good header: the writable buffer alone is wrong */
+	struct seg wr[2] = { { BUFS + 0x5000, (uint32_t)len, false }, { BUFS + 0x3000, 64, true } };
 	add_chain(&d, NET_VQ_TX, wr, 2);
 	struct seg runt = { BUFS, 20, false };
 	add_chain(&d, NET_VQ_TX, &runt, 1);
@@ -376,8 +387,15 @@ static void t_rx_merge(struct t *t)
 	net__backend_readable(d.n);
 	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), 0);   /* two are not enough: it waits */
 	post_rx(&d, BUFS + 0x2000, 100);
+	d.nmarks = d.nidx = 0;
 	kick(&d, NET_VQ_RX);
 	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), 3);
+	/* the driver sees the three buffers used at once, never one or two */
+	T_CHECK_EQ(t, d.nidx, 1);
+	T_CHECK_EQ(t, d.idx_seen[0], 3);
+	T_CHECK(t, marked(&d, BUFS, 100) && marked(&d, BUFS + 0x1000, 100) &&
+		   marked(&d, BUFS + 0x2000, len - 200));
+	T_CHECK(t, marked(&d, qused(NET_VQ_RX) + 4, 24));
 	uint16_t nbuf;
 	memcpy(&nbuf, host(&d, BUFS + 10), 2);
 	T_CHECK_EQ(t, nbuf, 3);
@@ -385,6 +403,26 @@ static void t_rx_merge(struct t *t)
 	T_CHECK_EQ(t, used_len(&d, NET_VQ_RX, 2), len - 200);
 	T_CHECK(t, !memcmp(host(&d, BUFS + 0x1000), f + 100, 100));
 	T_CHECK(t, !memcmp(host(&d, BUFS + 0x2000), f + 200, len - 200));
+	drv_fini(&d);
+	/* a ring too small for the frame whatever the driver posts: the frame
+	 * is dropped, not waited for, and the next one comes through */
+	drv_init(&d);
+	d.qsize = 16;
+	T_CHECK_EQ(t, drv_start(&d, 1ull << NET_F_MAC | 1ull << NET_F_MRG_RXBUF), 0x0f);
+	for (unsigned i = 0; i < 16; i++)
+		post_rx(&d, BUFS + 0x1000ull * i, 100);
+	kick(&d, NET_VQ_RX);
+	len = mkframe(f, MAC, 2000);
+	T_CHECK_EQ(t, send(d.sv[1], f, len, 0), (ssize_t)len);
+	net__backend_readable(d.n);
+	size_t small = mkframe(f, MAC, 60);
+	T_CHECK_EQ(t, send(d.sv[1], f, small, 0), (ssize_t)small);
+	net__backend_readable(d.n);
+	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), 1);
+	T_CHECK_EQ(t, used_len(&d, NET_VQ_RX, 0), small);
+	struct net_stats st;
+	net__get_stats(d.n, &st);
+	T_CHECK_EQ(t, st.rx_too_long, 1);
 	drv_fini(&d);
 }
 
@@ -394,7 +432,8 @@ static uint8_t ctrl(struct drv *d, uint8_t cls, uint8_t cmd, const void *data, u
 	uint8_t *p = host(d, BUFS + 0x8000);
 	p[0] = cls;
 	p[1] = cmd;
-	memcpy(p + 2, data, len);
+	if (len)
+		memcpy(p + 2, data, len);
 	*host(d, BUFS + 0x9000) = 0xee;
 	struct seg s[2] = { { BUFS + 0x8000, 2 + len, false }, { BUFS + 0x9000, 1, true } };
 	add_chain(d, NET_VQ_CTRL, s, 2);
@@ -444,8 +483,9 @@ static void t_filter(struct t *t)
 	T_CHECK_EQ(t, ctrl(&d, 1, 0, tab, sizeof(tab)), 0);
 	T_CHECK(t, delivered(&d, other));
 	T_CHECK(t, delivered(&d, mcast));
-	/* a table whose count runs past the command, a trailing byte, a bad
-	 * class, a multicast MAC as the address: ERR, nothing changed */
+	/* a table whose count runs past the command, a mode without its
+	 * byte, a bad class, a multicast MAC as the address: ERR, nothing
+	 * changed */
 	uint32_t lie = 1000;
 	memcpy(tab, &lie, 4);
 	T_CHECK_EQ(t, ctrl(&d, 1, 0, tab, sizeof(tab)), 1);
@@ -453,6 +493,31 @@ static void t_filter(struct t *t)
 	T_CHECK_EQ(t, ctrl(&d, 9, 0, &on, 1), 1);
 	T_CHECK_EQ(t, ctrl(&d, 1, 1, mcast, 6), 1);
 	T_CHECK(t, delivered(&d, other));
+	/* 200 multicast entries, the command split over three buffers: the
+	 * multicast class overflows (all pass), accepted */
+	uint8_t *big = host(&d, BUFS + 0xa000);
+	uint32_t zero = 0, many = 200;
+	big[0] = 1, big[1] = 0;
+	memcpy(big + 2, &zero, 4);
+	memcpy(big + 6, &many, 4);
+	for (unsigned i = 0; i < 200; i++)
+		memcpy(big + 10 + 6 * i, mcast, 6);
+	*host(&d, BUFS + 0x9000) = 0xee;
+	struct seg sp[4] = { { BUFS + 0xa000, 3, false }, { BUFS + 0xa003, 500, false },
+			     { BUFS + 0xa000 + 503, 10 + 1200 - 503, false },
+			     { BUFS + 0x9000, 1, true } };
+	add_chain(&d, NET_VQ_CTRL, sp, 4);
+	kick(&d, NET_VQ_CTRL);
+	T_CHECK_EQ(t, *host(&d, BUFS + 0x9000), 0);
+	struct net_rx_filter of;
+	net__get_filter(d.n, &of);
+	T_CHECK(t, of.multi_overflow && !of.nmulti && !of.nuni && !of.uni_overflow);
+	static const uint8_t mcast2[6] = { 0x01, 0, 0x5e, 0, 0, 7 };
+	T_CHECK(t, delivered(&d, mcast2));
+	T_CHECK(t, !delivered(&d, other));        /* the unicast table is empty now */
+	T_CHECK_EQ(t, ctrl(&d, 1, 0, tab, sizeof(tab)), 1);   /* tab still lies: ERR */
+	memcpy(tab, &one, 4);
+	T_CHECK_EQ(t, ctrl(&d, 1, 0, tab, sizeof(tab)), 0);
 	T_CHECK_EQ(t, ctrl(&d, 1, 1, other, 6), 0);      /* the MAC changes */
 	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 5, 1), other[5]);
 	struct net_rx_filter f;
@@ -561,7 +626,7 @@ static void t_state(struct t *t)
 	T_CHECK_EQ(t, net__load(c.n, sv->buf, sv->len, why, sizeof(why)), -EINVAL);
 	T_CHECK(t, strstr(why, "MAC") != NULL);
 	/* hostile sections: truncated anywhere, table counts that lie */
-	for (size_t cut = 0; cut < sv->len; cut += 7)
+	for (size_t cut = 0; cut < sv->len; cut++)
 		T_CHECK(t, net__load(b.n, sv->buf, cut, why, sizeof(why)) < 0);
 	uint8_t *bad = malloc(sv->len + 6);
 	memcpy(bad, sv->buf, sv->len);
@@ -571,11 +636,88 @@ static void t_state(struct t *t)
 	T_CHECK(t, net__load(b.n, bad, sv->len, why, sizeof(why)) < 0);
 	bad[8 + tl + 17] = 1;                       /* one entry, not there */
 	T_CHECK(t, net__load(b.n, bad, sv->len, why, sizeof(why)) < 0);
+	/* a transport that does not fit: refused, the filter and link kept */
+	memcpy(bad, sv->buf, sv->len);
+	uint64_t far = 1ull << 40;                  /* queue 0's descriptors outside RAM */
+	memcpy(bad + 8 + 22 + PCI_CFG_SIZE + 4 + 10, &far, 8);
+	T_CHECK(t, net__load(b.n, bad, sv->len, why, sizeof(why)) < 0);
 	free(bad);
+	net__get_filter(b.n, &f);
+	T_CHECK(t, !f.promisc && net__link(b.n));
+	/* a frame read from the tap, waiting for more buffers at the save
+	 * (one of 100 bytes posted): not carried, counted */
+	post_rx(&b, BUFS + 0x1000, 100);
+	len = mkframe(fr, MAC, 200);
+	T_CHECK_EQ(t, send(b.sv[1], fr, len, 0), (ssize_t)len);
+	net__backend_readable(b.n);
+	T_CHECK_EQ(t, used_idx(&b, NET_VQ_RX), 1);
+	T_CHECK_EQ(t, net__save(b.n, put, sv), 0);
+	struct net_stats st;
+	net__get_stats(b.n, &st);
+	T_CHECK_EQ(t, st.rx_dropped_pending, 1);
 	free(sv);
 	drv_fini(&a);
 	drv_fini(&b);
 	drv_fini(&c);
+}
+
+/* The tap's end of things: its offloads must match the driver's, a link
+ * that is down drops what comes, a tap that is gone stops the reading. */
+static bool delivered_raw(struct drv *d, const uint8_t *f, size_t len);
+
+static void t_backend(struct t *t)
+{
+	struct drv d;
+	drv_init(&d);
+	T_CHECK_EQ(t, drv_start(&d, 1ull << NET_F_MAC | 1ull << NET_F_STATUS), 0x0f);
+	uint8_t f[256];
+	size_t len = mkframe(f, MAC, 60);
+	f[0] = 1;                                   /* NEEDS_CSUM, not negotiated */
+	T_CHECK(t, !delivered_raw(&d, f, len));
+	f[0] = 0, f[1] = 1;                         /* TCPv4 segments, not negotiated */
+	T_CHECK(t, !delivered_raw(&d, f, len));
+	f[1] = 0, f[0] = 2;                         /* DATA_VALID: cleared */
+	T_CHECK(t, delivered_raw(&d, f, len));
+	struct net_stats st;
+	net__get_stats(d.n, &st);
+	T_CHECK_EQ(t, st.rx_bad_offload, 2);
+	f[0] = 0;
+	/* link down: the tap is read (buffers or not) and what comes dropped */
+	d.reading = false;
+	net__set_link(d.n, false);
+	T_CHECK(t, d.reading);
+	T_CHECK_EQ(t, send(d.sv[1], f, len, 0), (ssize_t)len);
+	net__backend_readable(d.n);
+	net__set_link(d.n, true);
+	uint16_t before = used_idx(&d, NET_VQ_RX);
+	post_rx(&d, BUFS, 2048);
+	kick(&d, NET_VQ_RX);
+	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), before);   /* the old frame is gone */
+	net__get_stats(d.n, &st);
+	T_CHECK_EQ(t, st.rx_link_down, 1);
+	/* the tap goes away: reading stops, nothing loops */
+	close(d.sv[1]);
+	d.sv[1] = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	net__backend_readable(d.n);
+	T_CHECK(t, !d.reading);
+	net__backend_readable(d.n);
+	T_CHECK(t, !d.reading);
+	drv_fini(&d);
+}
+
+/* Sends a frame as the tap would and says whether it reached a buffer. */
+static bool delivered_raw(struct drv *d, const uint8_t *f, size_t len)
+{
+	uint16_t before = used_idx(d, NET_VQ_RX);
+	post_rx(d, BUFS, 2048);
+	kick(d, NET_VQ_RX);
+	if (send(d->sv[1], f, len, 0) != (ssize_t)len)
+		return false;
+	net__backend_readable(d->n);
+	bool got = used_idx(d, NET_VQ_RX) != before;
+	if (got && (host(d, BUFS)[0] & 2))
+		return false;                       /* DATA_VALID passed on unasked */
+	return got;
 }
 
 static void t_malformed(struct t *t)
@@ -696,6 +838,7 @@ int main(void)
 	T_RUN(&t, t_filter);
 	T_RUN(&t, t_link_announce);
 	T_RUN(&t, t_state);
+	T_RUN(&t, t_backend);
 	T_RUN(&t, t_malformed);
 	T_RUN(&t, t_announce_schedule);
 	T_RUN(&t, t_opts);

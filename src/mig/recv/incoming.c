@@ -195,20 +195,20 @@ static bool incoming__resume(struct incoming *in)
 {
 	struct migration *m = in->m;
 	struct vm *vm = m->vm;
-	if (vm->net) {    /* the guest is here now: tell the network */
+	if (!vm->run_after_migration) {
+		vm__set_status(vm, VM_STATUS_PAUSED);
+	} else {
+		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING))
+			return false;
+		control__event(m->ctl, "RESUME", NULL);
+	}
+	if (vm->net) {    /* the guest is this VM's now: tell the network */
 		pthread_mutex_lock(&m->lock);
 		struct announce_params ap = m->params.announce;
 		pthread_mutex_unlock(&m->lock);
 		if (vm_net__announce(vm, &ap))
 			log_warn("virtio-net: the self-announcements did not start");
 	}
-	if (!vm->run_after_migration) {
-		vm__set_status(vm, VM_STATUS_PAUSED);
-		return true;
-	}
-	if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING))
-		return false;
-	control__event(m->ctl, "RESUME", NULL);
 	return true;
 }
 
