@@ -77,6 +77,11 @@ struct cfg {
 	u64 net_send;		/* send numbered datagrams at this many per second (0: never) */
 	u32 net_dst;		/* ... to this IPv4 address (host byte order) */
 	u64 net_dport;		/* ... and UDP port (default 7777) */
+	u64 disk;		/* 1: bind a virtio-blk device and run the disk workload */
+	u64 disk_mb;		/* MiB of the disk the workload uses (0: 16, or the capacity) */
+	u64 disk_rate;		/* blocks rewritten per second (0: as fast as possible) */
+	u64 disk_bs;		/* block size in bytes (default 4096) */
+	u64 disk_flush;		/* a FLUSH after every N writes (default 16; 0: never) */
 };
 extern struct cfg cfg;
 
@@ -164,5 +169,20 @@ void net_init(void);
 void net_poll(void);
 void net_report(void);
 extern int net_on;
+
+/* virtio-blk driver and the disk workload (disk=1), run from cpu 0's loops
+ * like net: blk_init() before the page allocator takes the rest of RAM,
+ * blk_poll() as often as the workload can (it prints its own "disk ..."
+ * report every report_ms) */
+void blk_init(void);
+void blk_poll(void);
+extern int blk_on;
+
+/* every polled driver of cpu 0 (each only reads memory unless it has work) */
+static inline void drivers_poll(void)
+{
+	net_poll();
+	blk_poll();
+}
 
 #endif

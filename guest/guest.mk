@@ -13,7 +13,7 @@ GUEST_CFLAGS := -std=gnu11 $(GUEST_COMMON)
 GUEST_R0_CFLAGS := $(GUEST_CFLAGS) -mgeneral-regs-only -fno-tree-vectorize
 GUEST_LDFLAGS := -nostdlib -static -no-pie -Wl,--build-id=none -Wl,-z,max-page-size=4096 \
                  -Wl,--no-warn-rwx-segments -Wl,-z,noexecstack
-GUEST_C      := main.c lib.c work.c verify.c palloc.c virtio.c balloon.c net.c
+GUEST_C      := main.c lib.c work.c verify.c palloc.c virtio.c balloon.c net.c blk.c
 GUEST_S      := entry.S pagetables.S
 GUEST_OBJS   := $(patsubst %.c,$(GUEST_OUT)/%.o,$(GUEST_C)) \
                 $(patsubst %.S,$(GUEST_OUT)/%.o,$(GUEST_S)) $(GUEST_OUT)/r0_fault.o

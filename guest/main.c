@@ -23,7 +23,8 @@ extern char __image_end[], tramp_start[], tramp_end[];
 
 struct cfg cfg = { .workload = WL_STRESS, .mb = 64, .cpus = 1, .report_ms = 1000, .balloon_hint = 1,
 		   .refill_mb = 32, .refill_keep = 1, .verify_precheck = 1,
-		   .ip = 0x0a4d000a, .udp_port = 7777, .net_dport = 7777 };
+		   .ip = 0x0a4d000a, .udp_port = 7777, .net_dport = 7777, .disk_bs = 4096,
+		   .disk_flush = 16 };
 u64 tsc_khz, tsc0;
 struct range ram[MAX_RANGES];
 int nram;
@@ -93,6 +94,10 @@ static void parse_option(char *key)
 		else if (streq(val, "idle")) cfg.workload = WL_IDLE;
 		else if (streq(val, "fill-free")) cfg.workload = WL_FILL_FREE;
 		else if (streq(val, "verify")) cfg.workload = WL_VERIFY;
+		else if (streq(val, "disk")) {	/* idle, with the disk workload */
+			cfg.workload = WL_IDLE;
+			cfg.disk = 1;
+		}
 		else kprintf("kmig-guest warning: unknown workload \"%s\", using stress\n", val);
 		return;
 	}
@@ -135,6 +140,11 @@ static void parse_option(char *key)
 	else if (streq(key, "udp_port")) num = &cfg.udp_port;
 	else if (streq(key, "net_send")) num = &cfg.net_send;
 	else if (streq(key, "net_dport")) num = &cfg.net_dport;
+	else if (streq(key, "disk")) num = &cfg.disk;
+	else if (streq(key, "disk_mb")) num = &cfg.disk_mb;
+	else if (streq(key, "disk_rate")) num = &cfg.disk_rate;
+	else if (streq(key, "disk_bs")) num = &cfg.disk_bs;
+	else if (streq(key, "disk_flush")) num = &cfg.disk_flush;
 	if (!num) {
 		kprintf("kmig-guest warning: unknown option \"%s\", ignored\n", key);
 		return;
@@ -549,6 +559,8 @@ static void bsp_main(void)
 				shares[i].seg[k].base, shares[i].seg[k].npages);
 	if (cfg.net)
 		net_init();	/* before the balloon: it hands the rest of RAM to the allocator */
+	if (cfg.disk)
+		blk_init();
 	if (cfg.balloon)
 		balloon_init();
 	kprintf("kmig-guest ready cpus=%lu mem_mb=%lu\n", ncpus, usable_mb);

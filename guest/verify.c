@@ -84,7 +84,7 @@ static void progress_point(int cpu, struct progress *pr)
 	}
 	pr->last = t;
 	if (cpu == 0)
-		net_poll();		/* reads memory only unless there is work */
+		drivers_poll();		/* reads memory only unless there is work */
 	if (cpu == 0 && t >= pr->next_poll) {
 		balloon_poll();
 		pr->next_poll = t + BALLOON_POLL_MS * tsc_khz;

@@ -54,7 +54,7 @@ void stress_run(int cpu)
 					gib_start = t;
 				}
 				if (cpu == 0)
-					net_poll();	/* every 256 KiB of writes */
+					drivers_poll();	/* every 256 KiB of writes */
 				if (t >= next_report) {
 					stress_report(cpu, &st, t - gib_start);
 					if (cpu == 0) {
@@ -102,7 +102,7 @@ void idle_run(int cpu)
 		if (t >= exit_at)
 			poll_exit(cpu);
 		balloon_poll();
-		net_poll();
+		drivers_poll();
 		cpu_relax();
 	}
 }
@@ -148,7 +148,7 @@ void fill_free_run(int cpu)
 			w[0] = 0xa5a5a5a5a5a5a5a5ULL;	/* keep the page non-zero */
 		chain = pg;
 		if ((got & 63) == 0)
-			net_poll();
+			drivers_poll();
 		if ((got & 4095) == 0)
 			poll_exit(cpu);
 	}
@@ -213,7 +213,7 @@ static void refill_write(u64 base, u64 end, u64 key, u64 skip)
 		if (((a - base) & ((4ULL << 20) - 1)) == 0)
 			balloon_poll();
 		if (((a - base) & ((256ULL << 10) - 1)) == 0)
-			net_poll();
+			drivers_poll();
 	}
 }
 
@@ -239,7 +239,7 @@ static void refill_check(struct refill_gen *o)
 			if (((a - o->r[k].base) & ((4ULL << 20) - 1)) == 0)
 				balloon_poll();
 			if (((a - o->r[k].base) & ((256ULL << 10) - 1)) == 0)
-				net_poll();
+				drivers_poll();
 		}
 	}
 }
