@@ -1,6 +1,6 @@
 /*
  * Modern virtio-pci transport of the test guest's ring-3 drivers
- * (balloon.c, net.c): PCI configuration space through conf1, the device's
+ * (balloon.c, net.c, blk.c): PCI configuration space through conf1, the device's
  * memory BARs through the MMIO traps, split virtqueues in guest RAM.
  * Everything runs on cpu 0 (the drivers are polled from its workload loop),
  * so nothing here takes a lock.
