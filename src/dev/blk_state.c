@@ -12,8 +12,8 @@
 #include "dev/blk_impl.h"
 
 #define BLK_STATE_MAGIC 0x314b4c42u /* "BLK1" */
-#define BLK_STATE_FIXED (8 + 4 + 4 + BLK_ID_LEN)
-#define BLK_STATE_MAX (8 + VIRTIO_PCI_STATE_MAX + BLK_STATE_FIXED)
+#define BLK_STATE_CONF (8 + 4 + 4 + BLK_ID_LEN) /* after the transport */
+#define BLK_STATE_MAX (8 + VIRTIO_PCI_STATE_MAX + BLK_STATE_CONF)
 
 enum { F_RO = 1, F_WB = 2, F_DISCARD = 4 };
 
@@ -41,7 +41,7 @@ int blk__save(struct blk *b, state_put_fn put, void *ctx)
 		buf[pos + 12] = blk__flags(b);
 		memset(buf + pos + 13, 0, 3);
 		memcpy(buf + pos + 16, b->serial, BLK_ID_LEN);
-		pos += BLK_STATE_FIXED - 8;
+		pos += BLK_STATE_CONF;
 	}
 	pthread_mutex_unlock(&b->vp.lock);
 	return tl < 0 ? (int)tl : put(ctx, STATE_DEV_BLK, STATE_VERSION, 0, buf, pos);
@@ -53,8 +53,8 @@ static int blk__check_conf(const struct blk *b, const uint8_t *p, size_t len, ch
 {
 	uint64_t size;
 	uint32_t lbs;
-	if (len != BLK_STATE_FIXED - 8) {
-		snprintf(why, whylen, "virtio-blk state: %s", len < BLK_STATE_FIXED - 8 ?
+	if (len != BLK_STATE_CONF) {
+		snprintf(why, whylen, "virtio-blk state: %s", len < BLK_STATE_CONF ?
 			 "truncated" : "trailing bytes");
 		return -EINVAL;
 	}
