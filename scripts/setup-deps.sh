@@ -23,6 +23,7 @@ pkgs=(
   gnutls-bin           # certtool and psktool: the tests' certificates and keys
   libtsan2             # ThreadSanitizer runtime for make TSAN=1 (gcc)
   python3-matplotlib   # bench/report/plot.py: PNG plots of the benchmark results
+  liburing-dev         # bench/blkio: the disk backend's micro-benchmark (pool vs io_uring)
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -11,6 +11,7 @@
 #include "base/units.h"
 #include "ctl/client.h"
 #include "ctl/control.h"
+#include "ctl/blk_opts.h"
 #include "ctl/net_opts.h"
 #include "kvm/vm.h"
 #include "mig/migration.h"
@@ -24,6 +25,7 @@ struct run_opts {
 	unsigned nobjects;
 	const char *tls_creds, *tls_authz, *tls_hostname;
 	struct net_opts net;
+	struct blk_opts blk;
 };
 
 static void usage(FILE *f)
@@ -36,6 +38,11 @@ static void usage(FILE *f)
 	"                            ioeventfd=on|off]]\n"
 		"                [--netdev tap,id=ID,ifname=TAP[,script=no]]\n"
 		"                [--device virtio-net-pci,netdev=ID[,id=ID][,mac=MAC][,mtu=N][,csum=on|off]]\n"
+		"                [--blockdev driver=file,filename=PATH,node-name=ID[,cache.direct=on]\n"
+		"                            [,read-only=on][,discard=unmap]]\n"
+		"                [--drive file=PATH,format=raw,if=none,id=ID[,readonly=on][,cache=none]]\n"
+		"                [--device virtio-blk-pci,drive=ID[,id=ID][,serial=S][,write-cache=on|off]\n"
+		"                          [,logical_block_size=N][,discard=unmap|ignore]]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
 		"                [--object tls-creds-psk,id=ID,dir=DIR[,username=NAME]]\n"
 		"                [--object tls-creds-x509,id=ID,dir=DIR[,verify-peer=on|off]]\n"
@@ -107,13 +114,15 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		{ "tls-hostname", required_argument, 0, 'H' },
 		{ "kvmclock", required_argument, 0, 'K' },
 		{ "netdev", required_argument, 0, 'N' }, { "device", required_argument, 0, 'D' },
+		{ "blockdev", required_argument, 0, 'b' }, { "drive", required_argument, 0, 'd' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	uint64_t v;
 	int c;
-	char err[256];
+	char err[512];
 	memset(o, 0, sizeof(*o));
 	net_opts__init(&o->net);
+	blk_opts__init(&o->blk);
 	o->vm.mem_size = 1ull << 30;
 	o->vm.cpus = 1;
 	o->vm.dirty_ring = VM_DIRTY_RING_AUTO;
@@ -178,7 +187,16 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 				die("%s", err);
 			break;
 		case 'D':
-			if (net_opts__device(&o->net, optarg, err, sizeof(err)))
+			if (blk_opts__is_device(optarg) ? blk_opts__device(&o->blk, optarg, err, sizeof(err))
+							: net_opts__device(&o->net, optarg, err, sizeof(err)))
+				die("%s", err);
+			break;
+		case 'b':
+			if (blk_opts__blockdev(&o->blk, optarg, err, sizeof(err)))
+				die("%s", err);
+			break;
+		case 'd':
+			if (blk_opts__drive(&o->blk, optarg, err, sizeof(err)))
 				die("%s", err);
 			break;
 		case 'T': o->tls_creds = optarg; break;
@@ -200,6 +218,8 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 	if (o->vm.initrd && access(o->vm.initrd, R_OK))
 		die("--initrd %s: %s", o->vm.initrd, strerror(errno));
 	if (net_opts__finish(&o->net, &o->vm.netc, &o->vm.net, err, sizeof(err)))
+		die("%s", err);
+	if (blk_opts__finish(&o->blk, &o->vm.blkc, &o->vm.blk, err, sizeof(err)))
 		die("%s", err);
 	o->vm.incoming = o->incoming != NULL;
 	open_console(o->console, &o->vm.console_fd);

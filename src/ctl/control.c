@@ -11,6 +11,7 @@
 
 #include "base/timeutil.h"
 #include "ctl/balloon_cmds.h"
+#include "ctl/blk_cmds.h"
 #include "ctl/net_cmds.h"
 
 
@@ -113,6 +114,8 @@ int control__init(struct control *c, struct vm *vm, const char *qmp_path,
 		rc = control__register_balloon(c);
 	if (!rc)
 		rc = control__register_net(c);
+	if (!rc)
+		rc = control__register_blk(c);
 	if (!rc)
 		rc = control__register_introspection(c);
 	if (rc)

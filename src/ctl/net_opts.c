@@ -52,7 +52,7 @@ static int net_opts__split(struct net_opts *o, const char *opt, const char *spec
 	char *save = NULL, *first = strtok_r(buf, ",", &save);
 	if (!first || strcmp(first, driver)) {
 		snprintf(err, errlen, "%s %s: kmig has only %s here%s", opt, spec, driver,
-			 !strcmp(opt, "--device") ? " (the balloon is --balloon)" : "");
+			 !strcmp(opt, "--device") ? " (or virtio-blk-pci; the balloon is --balloon)" : "");
 		return -EINVAL;
 	}
 	for (char *kv = strtok_r(NULL, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {

@@ -13,6 +13,7 @@
 #include "dev/pci.h"
 #include "kvm/ioevent.h"
 #include "kvm/vm_balloon.h"
+#include "kvm/vm_blk.h"
 #include "kvm/vm_net.h"
 #include "kvm/vcpu.h"
 #include "mem/dirty.h"
@@ -166,12 +167,14 @@ static int vm__create_tracker(struct vm *vm, char *err, size_t errlen)
  * and the balloon's INTA when there is a PCI bus. */
 static int vm__write_mptable(struct vm *vm, char *err, size_t errlen)
 {
-	struct mptable_pci_irq pci[2];
+	struct mptable_pci_irq pci[3];
 	unsigned npci = 0;
 	if (vm->cfg.balloon)
 		pci[npci++] = (struct mptable_pci_irq){ BALLOON_PCI_SLOT, 1, BALLOON_IRQ };
 	if (vm->cfg.net)
 		pci[npci++] = (struct mptable_pci_irq){ NET_PCI_SLOT, 1, NET_IRQ };
+	if (vm->cfg.blk)
+		pci[npci++] = (struct mptable_pci_irq){ BLK_PCI_SLOT, 1, BLK_IRQ };
 	size_t size = mptable__size(vm->nr_vcpus, npci);
 	uint8_t *host = ram__gpa_to_host(&vm->ram, MPTABLE_GPA, size);
 	long n = host ? mptable__build(host, size, MPTABLE_GPA, vm->nr_vcpus, pci, npci)
@@ -237,7 +240,7 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 		rc = vm__create_tracker(vm, err, errlen);
 	if (!rc && kvm_stats__open(&vm->kstats, vm->kvm_fd, vm->vm_fd))
 		log_debug("KVM binary statistics unavailable");
-	if (!rc && (cfg->balloon || cfg->net) && !(vm->pci = calloc(1, sizeof(*vm->pci))))
+	if (!rc && (cfg->balloon || cfg->net || cfg->blk) && !(vm->pci = calloc(1, sizeof(*vm->pci))))
 		rc = -ENOMEM;
 	if (vm->pci)
 		pci__init(vm->pci);
@@ -245,17 +248,22 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 		rc = vm_balloon__attach(vm, err, errlen);
 	if (!rc && cfg->net)
 		rc = vm_net__attach(vm, err, errlen);
+	if (!rc && cfg->blk)
+		rc = vm_blk__attach(vm, err, errlen);
 	return rc;
 }
 
-/* The devices' ioevent threads (at most 2); their number. */
-static unsigned vm__ioevents(struct vm *vm, struct ioevent *io[2])
+/* The devices' ioevent threads (at most VM_IOEVENTS); their number. */
+#define VM_IOEVENTS 3
+static unsigned vm__ioevents(struct vm *vm, struct ioevent *io[VM_IOEVENTS])
 {
 	unsigned n = 0;
 	if (vm->notify)
 		io[n++] = vm->notify;
 	if (vm->net_notify)
 		io[n++] = vm->net_notify;
+	if (vm->blk_notify)
+		io[n++] = vm->blk_notify;
 	return n;
 }
 
@@ -265,7 +273,7 @@ int vm__start(struct vm *vm, bool start_paused)
 	vm->pause_depth = start_paused ? 1 : 0;
 	vm->status = start_paused ? VM_STATUS_PAUSED : VM_STATUS_RUNNING;
 	pthread_mutex_unlock(&vm->lock);
-	struct ioevent *io[2];
+	struct ioevent *io[VM_IOEVENTS];
 	unsigned nio = vm__ioevents(vm, io);
 	for (unsigned i = 0; i < nio; i++) {
 		if (start_paused)
@@ -302,6 +310,7 @@ void vm__destroy(struct vm *vm)
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)
 		if (vm->vcpus[i].thread_started)
 			pthread_join(vm->vcpus[i].thread, NULL);
+	vm_blk__detach(vm);
 	vm_net__detach(vm);
 	vm_balloon__detach(vm);
 	if (vm->pci) {
@@ -385,10 +394,15 @@ static bool vm__add_pause(struct vm *vm, uint64_t wait_ns)
  * nothing and is counted in vm->unheld instead. */
 static void vm__hold_devices(struct vm *vm, bool parked, uint64_t wait_ns)
 {
-	struct ioevent *io[2];
+	struct ioevent *io[VM_IOEVENTS];
 	unsigned n = vm__ioevents(vm, io), held = 0;
 	while (parked && held < n && ioevent__hold(io[held], wait_ns))
 		held++;
+	/* the disk's requests in flight complete (and are flushed) now,
+	 * before anyone reads guest RAM or the image of a stopped VM */
+	if (held == n && vm_blk__drain(vm, wait_ns))
+		log_warn("pause: the disk's requests did not all complete or flush (a page not "
+			 "here yet?)");
 	if (held == n)
 		return;
 	while (held)
@@ -404,7 +418,7 @@ static void vm__hold_devices(struct vm *vm, bool parked, uint64_t wait_ns)
 /* Lock not held, after a pause level went: its hold goes too. */
 static void vm__release_devices(struct vm *vm)
 {
-	struct ioevent *io[2];
+	struct ioevent *io[VM_IOEVENTS];
 	unsigned n = vm__ioevents(vm, io);
 	if (!n)
 		return;

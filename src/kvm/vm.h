@@ -73,6 +73,19 @@ struct vm_config {
 		uint16_t mtu;        /* 0: MTU not offered */
 		bool no_offloads;    /* csum=off: no checksum or TSO offloads */
 	} netc;
+	bool blk;                /* a virtio-blk-pci on an image (kvm/vm_blk.h) */
+	struct vm_blk_config {
+		char node_name[32];  /* --blockdev node-name= / --drive id= */
+		char device_id[32];  /* --device ...,id= (may be empty) */
+		char path[1024];     /* the image */
+		char serial[21];     /* GET_ID's answer (may be empty) */
+		bool read_only;      /* read-only=on / readonly=on */
+		bool direct;         /* cache.direct=on / cache=none */
+		bool writeback;      /* write-cache=on (the default) */
+		bool discard;        /* discard=unmap */
+		uint32_t lbs;        /* logical_block_size (512 by default) */
+		bool legacy_drive;   /* given as --drive (QMP's device is its id) */
+	} blkc;
 };
 
 #define VM_DIRTY_RING_AUTO    UINT32_MAX
@@ -84,6 +97,8 @@ struct balloon;                  /* dev/balloon.h */
 struct net;                      /* dev/net.h */
 struct tap;                      /* dev/tap.h */
 struct announcer;                /* dev/announce.h */
+struct blk;                      /* dev/blk.h */
+struct blkfile;                  /* dev/blkfile.h */
 struct vcpu;
 
 /* Events the VM reports to whoever drives it (the control loop). */
@@ -108,6 +123,9 @@ struct vm {
 	struct tap *tap;             /* its backend */
 	struct ioevent *net_notify;  /* its ioeventfds and tap reader; NULL without */
 	struct announcer *announce;  /* its self-announcements; NULL without */
+	struct blk *blk;             /* NULL without a virtio-blk-pci */
+	struct blkfile *blkfile;     /* its image */
+	struct ioevent *blk_notify;  /* its ioeventfds; NULL without */
 	unsigned nr_vcpus;
 	struct vcpu *vcpus;
 

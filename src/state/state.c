@@ -8,6 +8,7 @@
 #include <sys/ioctl.h>
 
 #include "dev/balloon.h"
+#include "dev/blk.h"
 #include "dev/net.h"
 #include "kvm/vcpu.h"
 #include "kvm/vm.h"
@@ -84,6 +85,8 @@ static int state__save_vm(struct vm *vm, state_put_fn put, void *ctx)
 		rc = balloon__save(vm->balloon, put, ctx);
 	if (!rc && vm->net)
 		rc = net__save(vm->net, put, ctx);
+	if (!rc && vm->blk)
+		rc = blk__save(vm->blk, put, ctx);
 	return rc;
 }
 
@@ -136,6 +139,8 @@ int state__expected_slots(struct vm *vm, uint64_t *slots, unsigned cap)
 		rc = state__put_slot(slots, &n, cap, STATE_DEV_VIRTIO, 0);
 	if (!rc && vm->net)
 		rc = state__put_slot(slots, &n, cap, STATE_DEV_NET, 0);
+	if (!rc && vm->blk)
+		rc = state__put_slot(slots, &n, cap, STATE_DEV_BLK, 0);
 	for (unsigned i = 0; !rc && i < vm->nr_vcpus; i++) {
 		for (unsigned k = 0; !rc && k < sizeof(vcpu_ids) / sizeof(vcpu_ids[0]); k++) {
 			uint32_t id = vcpu_ids[k];
@@ -160,7 +165,7 @@ const char *state__name(uint32_t id)
 		{ STATE_VM_CLOCK, "clock" }, { STATE_VM_RUNSTATE, "runstate" },
 		{ STATE_VM_TSC, "tsc" }, { STATE_DEV_SERIAL, "serial" },
 		{ STATE_DEV_VIRTIO, "virtio-balloon" }, { STATE_DEV_RTC, "rtc" },
-		{ STATE_DEV_NET, "virtio-net" },
+		{ STATE_DEV_NET, "virtio-net" }, { STATE_DEV_BLK, "virtio-blk" },
 	};
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (names[i].id == id)
@@ -178,6 +183,8 @@ void state__why_unexpected(struct vm *vm, uint32_t id, uint32_t instance, char *
 		snprintf(why, whylen, "virtio-balloon state, but this VM has no --balloon");
 	else if (id == STATE_DEV_NET && !vm->net)
 		snprintf(why, whylen, "virtio-net state, but this VM has no virtio-net-pci device");
+	else if (id == STATE_DEV_BLK && !vm->blk)
+		snprintf(why, whylen, "virtio-blk state, but this VM has no virtio-blk-pci device");
 	else
 		snprintf(why, whylen, "unexpected state section %s (%u) instance %u",
 			 state__name(id), id, instance);

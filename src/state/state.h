@@ -39,6 +39,7 @@ enum state_section {
 	STATE_DEV_VIRTIO = 31,
 	STATE_DEV_RTC = 32,
 	STATE_DEV_NET = 33,
+	STATE_DEV_BLK = 34,
 };
 #define STATE_VERSION 1
 

@@ -7,6 +7,7 @@
 #include <sys/ioctl.h>
 
 #include "dev/balloon.h"
+#include "dev/blk.h"
 #include "dev/net.h"
 #include "kvm/vcpu.h"
 #include "kvm/vm.h"
@@ -142,6 +143,13 @@ int state__load(struct vm *vm, uint32_t id, uint32_t version, uint32_t instance,
 			return -EINVAL;
 		}
 		return net__load(vm->net, data, len, why, whylen);
+	}
+	if (id == STATE_DEV_BLK) {
+		if (!vm->blk || instance) {
+			snprintf(why, whylen, "virtio-blk state, but this VM has no virtio-blk-pci device");
+			return -EINVAL;
+		}
+		return blk__load(vm->blk, data, len, why, whylen);
 	}
 	bool vm_wide = (id >= STATE_VM_IRQCHIP && id <= STATE_VM_CLOCK) || id == STATE_DEV_SERIAL ||
 		       id == STATE_DEV_RTC;

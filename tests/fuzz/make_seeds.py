@@ -191,6 +191,53 @@ def net_seeds():
     }
 
 
+def blk_seeds():
+    """fuzz_blk: START, requests written into RAM near the queue (a
+    header, data, a status byte) and made available: a write, a read, a
+    flush, GET_ID, a discard, garbage; drains and a save."""
+    feats = 1 << 32 | 1 << 1 | 1 << 2 | 1 << 6 | 1 << 9 | 1 << 13 | 1 << 14
+    start = b"\x03" + struct.pack("<Q", feats)
+    base = 0x100000
+
+    def mem(off, data):
+        return b"\x00" + struct.pack("<HB", off, len(data)) + data
+
+    def desc(gpa, ln, flags):
+        return b"\x04" + struct.pack("<IIHH", gpa, ln, flags, 0)
+
+    def request(slot, typ, sector, data_len, data_w, payload=b""):
+        hdr_off, st_off, data_off = 0x4000 + 16 * slot, 0x5000 + slot, 0x8000 + 0x1000 * slot
+        out = mem(hdr_off, struct.pack("<IIQ", typ, 0, sector))
+        if payload:
+            out += mem(data_off, payload)
+        # the chain's descriptors go in one after the other (NEXT = 1, WRITE = 2)
+        parts = [(base + hdr_off, 16, 1)]
+        if data_len:
+            parts.append((base + data_off, data_len, 1 | (2 if data_w else 0)))
+        parts.append((base + st_off, 1, 2))
+        return out, parts
+    seeds = {}
+    w, wp = request(0, 1, 8, 512, False, bytes(range(200)))
+    r, rp = request(1, 0, 8, 512, True)
+    fl, fp = request(2, 4, 0, 0, False)
+    gi, gp = request(3, 8, 0, 20, True)
+    dc, dp = request(4, 11, 0, 16, False, struct.pack("<QII", 16, 8, 0))
+    bad, bp = request(5, 77, 1 << 40, 512, True)
+
+    def chain(parts, first):
+        # descriptors land at consecutive indices starting at `first`
+        out = b""
+        for i, (gpa, ln, flags) in enumerate(parts):
+            nxt = first + i + 1 if flags & 1 and i + 1 < len(parts) else 0
+            fl = flags if i + 1 < len(parts) else flags & ~1
+            out += b"\x04" + struct.pack("<IIHH", gpa, ln, fl, nxt)
+        return out
+    seeds["write_read"] = start + w + chain(wp, 0) + b"\x05" + r + chain(rp, 3) + b"\x05"
+    seeds["flush_id"] = start + fl + chain(fp, 0) + gi + chain(gp, 2) + b"\x05"
+    seeds["discard_bad_save"] = start + dc + chain(dp, 0) + bad + chain(bp, 3) + b"\x06"
+    return seeds
+
+
 def rp_seeds():
     req = lambda block, off: rec(0x104, struct.pack("<IIQ", block, 0, off))
     fail = rec(0x102, struct.pack("<I", 22) + b"no room")
@@ -224,3 +271,4 @@ if __name__ == "__main__":
     write("virtio", virtio_seeds())
     write("rp", rp_seeds())
     write("net", net_seeds())
+    write("blk", blk_seeds())

@@ -11,6 +11,7 @@
 #include "base/utf8.h"
 #include "ctl/control.h"
 #include "kvm/vm.h"
+#include "kvm/vm_blk.h"
 #include "kvm/vm_net.h"
 #include "mig/migration.h"
 #include "mig/multifd.h"
@@ -195,6 +196,13 @@ static bool incoming__resume(struct incoming *in)
 {
 	struct migration *m = in->m;
 	struct vm *vm = m->vm;
+	char err[512];
+	/* the guest is this VM's now: the source gave the disk's lock up
+	 * after its last state, so take it (and forget any cached view) */
+	if (vm_blk__activate(vm, err, sizeof(err))) {
+		log_err("incoming migration: %s: the guest does not run here", err);
+		return false;
+	}
 	if (!vm->run_after_migration) {
 		vm__set_status(vm, VM_STATUS_PAUSED);
 	} else {

@@ -11,6 +11,7 @@
 #include "dev/balloon.h"
 #include "kvm/throttle_math.h"
 #include "kvm/vm.h"
+#include "kvm/vm_blk.h"
 #include "mem/dirty.h"
 #include "mig/migration.h"
 #include "mig/wire/proto.h"
@@ -395,6 +396,26 @@ int sender__stop_guest(struct sender *s, bool pre, uint64_t *t0)
 	return 0;
 }
 
+int sender__give_up_image(struct sender *s)
+{
+	int rc = vm_blk__inactivate(s->m->vm);
+	if (rc)
+		log_warn("switchover: the disk could not be flushed and handed over: %s",
+			 strerror(-rc));
+	s->image_given_up = s->m->vm->blk != NULL;
+	return rc;
+}
+
+int sender__take_back_image(struct sender *s, char *err, size_t errlen)
+{
+	if (!s->image_given_up)
+		return 0;
+	int rc = vm_blk__activate(s->m->vm, err, errlen);
+	if (!rc)
+		s->image_given_up = false;
+	return rc;
+}
+
 /* Stop-and-copy: the last dirty pages, device state, END, the answer. */
 int sender__switchover(struct sender *s)
 {
@@ -407,6 +428,8 @@ int sender__switchover(struct sender *s)
 		rc = sender__fault_extra(s);
 	if (!rc)
 		rc = state__save(vm, sender__put_state, s);
+	if (!rc)
+		rc = sender__give_up_image(s);
 	mig_fault__report(&s->fault);
 	log_debug("switchover: pages and state queued after %llu ms",
 		  (unsigned long long)(time__now_ms() - t0));

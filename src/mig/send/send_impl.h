@@ -41,6 +41,7 @@ struct sender {
 	bool tracking;              /* we hold dirty tracking on */
 	bool end_sent;              /* END is out: the destination may run the guest */
 	bool dest_refused;          /* the destination answered RP_FAIL */
+	bool image_given_up;        /* the disk's write lock went at the switchover */
 	bool postcopy_sent;         /* POSTCOPY is out: the destination may run the guest */
 	bool hybrid_refused;        /* x-postcopy-auto could not switch (said once) */
 	struct multifd_send *mf;    /* parallel channels, or NULL */
@@ -127,5 +128,12 @@ int sender__check_return_path(struct sender *s, int timeout_ms);
 /* Bytes written on the main stream and every channel. */
 uint64_t sender__bytes(struct sender *s);
 void sender__update_stats(struct sender *s);
+
+/* send.c: the disk at the switchover, after the last state: drained,
+ * flushed and its write lock given up for the destination to take
+ * (kvm/vm_blk.h); and, when the source goes on after all, taken back
+ * (-errno with err set: another process holds it now). */
+int sender__give_up_image(struct sender *s) KMIG_MUST_CHECK;
+int sender__take_back_image(struct sender *s, char *err, size_t errlen) KMIG_MUST_CHECK;
 
 #endif

@@ -365,6 +365,7 @@ static void sender__cleanup(struct sender *s, int rc)
 {
 	struct migration *m = s->m;
 	struct vm *vm = m->vm;
+	char why[512];
 	if (vm->balloon)
 		balloon__hint_done(vm->balloon);
 	throttle__set(&vm->throttle, 0);
@@ -413,6 +414,10 @@ static void sender__cleanup(struct sender *s, int rc)
 					     SENDER_CONFIRM_S);
 		migration__set_error(m, "the destination did not confirm after the last state was sent; "
 				     "the guest stays paused here");
+	} else if (s->paused && sender__take_back_image(s, why, sizeof(why))) {
+		/* the disk is another's now: this copy must not write it */
+		vm__set_status(vm, VM_STATUS_PAUSED);
+		migration__set_error(m, "%s; the guest stays paused here", why);
 	} else if (s->paused) {
 		/* a VM the user had stopped stays stopped (its own pause remains) */
 		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_FINISH_MIGRATE), s->prev_status))

@@ -425,6 +425,7 @@ static int pc__switch(struct sender *s)
 	log_info("post-copy: %zu pages left at the switch", bitmap__count(&m->todo));
 	rc = rc ? rc : pc__discard(s);
 	rc = rc ? rc : state__save(m->vm, sender__put_state, s);
+	rc = rc ? rc : sender__give_up_image(s);
 	if (rc)
 		return rc;
 	/* postcopy-active before POSTCOPY goes: no cancel can come between
