@@ -288,9 +288,35 @@ static void pc__sum_held(struct postcopy_dst *d)
 		proto__page_sum_add(d->sum, p, pc__host(d->ram, p));
 }
 
+/* Guest RAM as post-copy needs it before it is registered.  No
+ * transparent huge page may form from here on: khugepaged, collapsing a
+ * 2 MiB range, fills the 4 KiB pages missing in it with zeros, so a page
+ * just discarded or never received would be present (the guest would
+ * read zeros without a fault, and the page, when it comes, be refused as
+ * present).  A registered range is never collapsed with pages missing,
+ * but until then it may be: so every page not received is dropped again
+ * here, after huge pages are off, whatever a collapse did before. */
+static int pc__prepare_ram(struct postcopy_dst *d)
+{
+	for (unsigned i = 0; i < d->ram->nr_blocks; i++) {
+		const struct ram_block *b = &d->ram->blocks[i];
+		if (madvise(b->host, b->size, MADV_NOHUGEPAGE))
+			return -errno;
+	}
+	for (size_t p = 0; p < d->valid->nbits; p++) {
+		if (bitmap__test(d->valid, p))
+			continue;
+		int rc = postcopy_dst__discard(d, p);
+		if (rc)
+			return rc;
+	}
+	return pc__flush_discard(d);
+}
+
 static int pc__start(struct postcopy_dst *d, char *err, size_t errlen)
 {
 	int rc = pc__flush_discard(d);
+	rc = rc ? rc : pc__prepare_ram(d);
 	if (rc) {
 		snprintf(err, errlen, "cannot discard stale pages: %s", strerror(-rc));
 		return rc;
@@ -457,6 +483,8 @@ void postcopy_dst__finish(struct postcopy_dst *d)
 		struct uffdio_range r = { (uint64_t)(uintptr_t)b->host, b->size };
 		if (ioctl(d->uffd, UFFDIO_UNREGISTER, &r) < 0)
 			log_warn("post-copy: cannot unregister guest RAM: %s", strerror(errno));
+		if (madvise(b->host, b->size, MADV_HUGEPAGE))   /* off since pc__prepare_ram */
+			log_debug("post-copy: huge pages not back: %s", strerror(errno));
 	}
 	close(d->uffd);
 	d->uffd = -1;
