@@ -1,0 +1,146 @@
+"""virtio-blk across a live migration on shared storage, with the test
+guest's disk workload (disk=1: each block of a 16 MiB region read and
+checked against the generation the guest last wrote, then rewritten; the
+expected generations live in guest RAM, so they migrate with it; docs/guest.md)
+beside its RAM verify workload.  Source and destination open the same
+raw image (one host here: shared storage as NFS would give it).
+
+  shared_migration  a second kmig on the image is refused (locked); the
+      destination waits holding the image inactive (no write lock, no
+      I/O); a migration cancelled in its bulk pass leaves the source
+      writing (lock kept, rounds go on, no error); the migration with
+      x-verify completes, the destination holds the write lock and the
+      source none, and the guest's rounds go on there with no block
+      wrong (every write the source acknowledged is in the image: the
+      device drained and flushed before the final sync);
+  device_marks_negative_control  the same migration from the test build
+      with the device's writes into guest RAM unreported
+      (KMIG_FAULT=no-device-marks): the blocks read into guest memory
+      after the pass sent those pages never reach the destination, and
+      x-verify fails.
+"""
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+import kmigtest as kt
+
+pytestmark = pytest.mark.kvm
+
+CMDLINE = "workload=verify mb=32 report_ms=300 disk=1 disk_mb=16 disk_rate=0"
+
+
+def image(d):
+    path = os.path.join(d, "disk.img")
+    subprocess.run(["truncate", "-s", "64M", path], check=True)
+    return path
+
+
+def blk_args(img):
+    return ["--drive", "file=%s,format=raw,if=none,id=d0" % img,
+            "--device", "virtio-blk-pci,drive=d0,serial=kmig-test"]
+
+
+def rounds(vm):
+    return [(m.group(1), int(m.group(2)), int(m.group(3))) for m in re.finditer(
+        r"^disk (ok|bad) round=(\d+) .*? errors=(\d+)", vm.console.text(), re.M)]
+
+
+def goes_on(vm, timeout):
+    """Two more disk reports after now, all ok: the workload runs."""
+    n = len(rounds(vm))
+    deadline = time.time() + timeout
+    while time.time() < deadline and vm.proc.poll() is None:
+        r = rounds(vm)
+        if len(r) >= n + 2:
+            return all(x[0] == "ok" for x in r)
+        time.sleep(0.2)
+    return False
+
+
+def block(q):
+    b = q.cmd("query-block")
+    return b[0] if b else {}
+
+
+def bad_lines(vm):
+    return [l for l in vm.console.text().splitlines()
+            if "disk BAD" in l or "verify BAD" in l or "disk error" in l]
+
+
+def test_shared_migration(d, vms, check):
+    img = image(d)
+    src = kt.kmig_vm(d, "src", CMDLINE, memory="256M", extra=blk_args(img))
+    vms.append(src)
+    if not check("disk_runs", src.console.wait(r"^disk ok round=", kt.slow(90), proc=src.proc)
+                 is not None, kt.dump(src)):
+        return
+    q = src.qmp()
+    b = block(q)
+    check("src_lock", b.get("x-image-lock") == "write" and b.get("x-active") is True and
+          b.get("inserted", {}).get("file") == img, repr(b))
+    # a second VM on the image is refused at start
+    other = kt.kmig_vm(d, "other", CMDLINE, memory="128M", extra=blk_args(img))
+    vms.append(other)
+    rc = other.wait_exit(kt.slow(30))
+    check("second_refused", rc == 1 and "in use by another process" in other.output(),
+          "rc %r: %s" % (rc, other.output()[-300:]))
+    # the destination waits inactive
+    uri = "tcp:127.0.0.1:%d" % kt.free_port()
+    dst = kt.kmig_vm(d, "dst", CMDLINE, memory="256M", extra=blk_args(img) + ["--incoming", uri])
+    vms.append(dst)
+    kt.wait_incoming(dst)
+    b = block(dst.qmp())
+    check("dst_inactive", b.get("x-image-lock") != "write" and b.get("x-active") is False,
+          repr(b))
+    # cancelled in the bulk pass: the source keeps writing
+    kt.set_caps(q, x_verify=True)
+    kt.set_params(q, max_bandwidth=1 << 20)
+    q.cmd("migrate", uri=uri)
+    time.sleep(kt.slow(1))
+    q.cmd("migrate_cancel")
+    r = kt.wait_migration(q, kt.slow(30))
+    check("cancelled", r.get("status") == "cancelled", repr(r))
+    b = block(q)
+    check("lock_kept", b.get("x-image-lock") == "write" and b.get("x-active") is True, repr(b))
+    check("disk_after_cancel", goes_on(src, kt.slow(30)), kt.dump(src))
+    dst.wait_exit(kt.slow(20))
+    # the migration
+    uri = "tcp:127.0.0.1:%d" % kt.free_port()
+    dst = kt.kmig_vm(d, "dst2", CMDLINE, memory="256M",
+                     extra=blk_args(img) + ["--incoming", uri])
+    vms.append(dst)
+    r = kt.migrate(src, dst, uri, params={"max-bandwidth": 64 << 20}, timeout=kt.slow(120))
+    if not check("completed", r.get("status") == "completed",
+                 "%r; src %s; dst %s" % (r, kt.dump(src), kt.dump(dst))):
+        return
+    b, sb = block(dst.qmp()), block(q)
+    check("dst_active", b.get("x-image-lock") == "write" and b.get("x-active") is True, repr(b))
+    check("src_gave_up", sb.get("x-image-lock") != "write" and sb.get("x-active") is False,
+          repr(sb))
+    check("disk_goes_on", goes_on(dst, kt.slow(60)), kt.dump(dst))
+    bad = bad_lines(src) + bad_lines(dst)
+    check("no_block_wrong", not bad, " / ".join(bad[:4]))
+
+
+def test_device_marks_negative_control(d, vms, check):
+    img = image(d)
+    src = kt.kmig_vm(d, "src", CMDLINE, memory="256M", extra=blk_args(img),
+                     kmig=kt.KMIG_FAULTS, env={"KMIG_FAULT": "no-device-marks"})
+    vms.append(src)
+    if not check("disk_runs", src.console.wait(r"^disk ok round=", kt.slow(90), proc=src.proc)
+                 is not None, kt.dump(src)):
+        return
+    uri = "tcp:127.0.0.1:%d" % kt.free_port()
+    dst = kt.kmig_vm(d, "dst", CMDLINE, memory="256M", extra=blk_args(img) + ["--incoming", uri],
+                     kmig=kt.KMIG_FAULTS)
+    vms.append(dst)
+    r = kt.migrate(src, dst, uri, caps={"x-verify": True},
+                   params={"max-bandwidth": 64 << 20}, timeout=kt.slow(120))
+    out = src.output() + dst.output()
+    check("fault_injected", "fault injected: no-device-marks" in src.output(), src.output()[-300:])
+    check("verify_failed", r.get("status") == "failed", repr(r))
+    check("checksum_reason", "guest RAM checksum mismatch" in out, out[-500:])
