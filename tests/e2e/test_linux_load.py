@@ -154,7 +154,8 @@ def check_guest(check, name, vm, gen, probe, start=0):
         p is not None and p.group(2) == "OK" and int(p.group(3)) > 0 and int(p.group(4)) > 0
         and int(p.group(5)) > 0), p and p.group(0))
     bad = bad_lines(vm, start)
-    check(name + "_console_clean", not bad, " / ".join(bad[:5]))
+    check(name + "_console_clean", not bad, "%s; it began: %s" % (
+        " / ".join(bad[:5]), lg.around_first_bad(vm, start)))
     return ok and not bad
 
 

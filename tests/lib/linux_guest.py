@@ -70,6 +70,16 @@ def init_line(vm_):
                  if "KMIG-LINUX up" in l), 0)
 
 
+def around_first_bad(vm_, start=0, before=12):
+    """The console lines before (and at) the first bad one from line start
+    on: what Linux said when it began to report trouble ("" if none)."""
+    lines = vm_.console.text().splitlines()
+    for i in range(start, len(lines)):
+        if any(b in lines[i] for b in BAD) and not any(b in lines[i] for b in BENIGN):
+            return " / ".join(lines[max(start, i - before):i + 1])
+    return ""
+
+
 def bad_lines(vm_, start=0):
     """Console lines from line start on that tell of a problem."""
     return [l for l in vm_.console.text().splitlines()[start:]
