@@ -57,16 +57,28 @@ static void mark(void *ctx, uint64_t gpa, uint64_t len)
 	pthread_mutex_unlock(&d->mlock);
 }
 
+/* The marks come from the device's workers: read and reset under mlock
+ * (a worker may still be reporting the used index of a request the test
+ * already saw completed). */
 static bool marked(struct drv *d, uint64_t gpa, uint64_t len)
 {
-	for (uint64_t a = gpa; a < gpa + len; a++) {
+	bool all = true;
+	pthread_mutex_lock(&d->mlock);
+	for (uint64_t a = gpa; a < gpa + len && all; a++) {
 		bool in = false;
 		for (unsigned i = 0; i < d->nmarks && !in; i++)
 			in = a >= d->marks[i].gpa && a < d->marks[i].gpa + d->marks[i].len;
-		if (!in)
-			return false;
+		all = in;
 	}
-	return true;
+	pthread_mutex_unlock(&d->mlock);
+	return all;
+}
+
+static void marks_reset(struct drv *d)
+{
+	pthread_mutex_lock(&d->mlock);
+	d->nmarks = 0;
+	pthread_mutex_unlock(&d->mlock);
 }
 
 static void irq(void *ctx, bool level)
@@ -341,7 +353,7 @@ static void t_read_write(struct t *t)
 	T_CHECK_EQ(t, edge[0], 0x40 + (24 * 512 - 1) / 4096);
 	T_CHECK_EQ(t, edge[1], 0x40 + (24 * 512 + 8192) / 4096);
 	/* read it back into another buffer, split over two descriptors */
-	d.nmarks = 0;
+	marks_reset(&d);
 	uint16_t k = d.nreq++, head;
 	put_hdr(&d, k, BLK_T_IN, 24);
 	memset(host(&d, DATA + 0x10000), 0, 8192);
@@ -437,7 +449,7 @@ static void t_get_id(struct t *t)
 	T_CHECK_EQ(t, drv_init(&d, "id.img", &o, true), 0);
 	drv_start(&d);
 	memset(host(&d, DATA), 0xaa, 64);
-	d.nmarks = 0;
+	marks_reset(&d);
 	uint16_t head;
 	uint16_t k = req(&d, BLK_T_GET_ID, 0, DATA, 64, true, &head);
 	kick(&d);
@@ -561,8 +573,8 @@ static void t_drain(struct t *t)
 	blkfile__get_stats(d.f, &fs1);
 	T_CHECK_EQ(t, fs1.flushes, fs0.flushes + 1);
 	/* a reset with requests in flight waits for them; none is returned after */
-	for (unsigned i = 0; i < 16; i++)
-		req(&d, BLK_T_IN, 0, DATA + 0x200000, 1 << 20, true, NULL);
+	for (unsigned i = 0; i < 16; i++)      /* each into its own buffer */
+		req(&d, BLK_T_IN, 0, DATA + 0x200000 + ((uint64_t)i << 20), 1 << 20, true, NULL);
 	kick(&d);
 	mw(&d, VIRTIO_PCI_STATUS, 0, 1);
 	blk__get_stats(d.b, &st);
