@@ -27,6 +27,7 @@ enum { R_SEC = 0, R_MIN = 2, R_HOUR = 4, R_WDAY = 6, R_MDAY = 7, R_MON = 8, R_YE
 /* the guest clock's offset stays within +-10000 years of the host's, where
  * gmtime and timegm are defined and a destination accepts it */
 #define RTC_MAX_OFFSET_S 315360000000ll
+#define RTC_CATCH_UP_S 600      /* seconds a late tick looks back for an alarm */
 
 void rtc__init(struct rtc *r)
 {
@@ -98,9 +99,9 @@ static void rtc__latch(struct rtc *r, int64_t host_s)
 	r->ram[R_CENTURY] = rtc__to_bcd((tm.tm_year + 1900) / 100 % 100);
 }
 
-/* The time bytes the guest wrote become its clock (out-of-range fields
- * are left to timegm's normalising, as a real part would roll over). */
-static void rtc__commit(struct rtc *r, int64_t host_s)
+/* The guest time the time bytes hold (timegm's normalising for fields
+ * out of range, as a real part would roll over); -1 if none. */
+static time_t rtc__regs_time(const struct rtc *r)
 {
 	unsigned century = rtc__from_bcd(r->ram[R_CENTURY]);
 	struct tm tm = {
@@ -111,7 +112,13 @@ static void rtc__commit(struct rtc *r, int64_t host_s)
 		.tm_mon = (int)rtc__dec(r, r->ram[R_MON]) - 1,
 		.tm_year = (int)((century ? century : 20) * 100 + rtc__dec(r, r->ram[R_YEAR])) - 1900,
 	};
-	time_t t = timegm(&tm);
+	return timegm(&tm);
+}
+
+/* The time bytes the guest wrote become its clock. */
+static void rtc__commit(struct rtc *r, int64_t host_s)
+{
+	time_t t = rtc__regs_time(r);
 	int64_t off = (int64_t)t - host_s;
 	if (t != (time_t)-1 && off <= RTC_MAX_OFFSET_S && off >= -RTC_MAX_OFFSET_S)
 		r->offset_s = off;      /* else the time written is ignored */
@@ -185,20 +192,35 @@ int64_t rtc__next_event_ns(const struct rtc *r, int64_t host_ns)
 	return next;
 }
 
+static bool rtc__alarm_now(const struct rtc *r)
+{
+	return rtc__alarm_byte(r->ram[1], r->ram[R_SEC]) &&
+	       rtc__alarm_byte(r->ram[3], r->ram[R_MIN]) &&
+	       rtc__alarm_byte(r->ram[5], r->ram[R_HOUR]);
+}
+
 void rtc__tick_at(struct rtc *r, int64_t host_ns)
 {
 	int64_t sec = host_ns / NS, p = rtc__period_ns(r);
 	/* an interrupt just enabled counts from now, not from its last use */
 	if (rtc__updates(r) && sec != r->last_sec) {
 		bool was = r->last_sec >= 0;
+		int64_t from = r->last_sec;
 		r->last_sec = sec;
 		if (was) {
+			/* every second since the last tick, not only this one: an
+			 * alarm due while the VM was stopped (a migration's
+			 * switchover) or this thread late comes now, as on a part
+			 * whose clock went on */
+			if (sec - from > RTC_CATCH_UP_S || sec < from)
+				from = sec - 1;
+			for (int64_t s = from + 1; s <= sec && !(r->ram[R_C] & C_AF); s++) {
+				rtc__latch(r, s);
+				if (rtc__alarm_now(r))
+					r->ram[R_C] |= C_AF;
+			}
 			rtc__latch(r, sec);
 			r->ram[R_C] |= C_UF;
-			if (rtc__alarm_byte(r->ram[1], r->ram[R_SEC]) &&
-			    rtc__alarm_byte(r->ram[3], r->ram[R_MIN]) &&
-			    rtc__alarm_byte(r->ram[5], r->ram[R_HOUR]))
-				r->ram[R_C] |= C_AF;
 		}
 	} else if (!rtc__updates(r)) {
 		r->last_sec = -1;
@@ -371,6 +393,11 @@ int rtc__load(struct rtc *r, const uint8_t *in, size_t len)
 	r->index = in[1];
 	memcpy(r->ram, in + 4, RTC_RAM_SIZE);
 	r->offset_s = off;
+	/* the source's last tick, from the time it latched there: the first
+	 * tick here goes on from it (an alarm due during the switchover is
+	 * not lost); -1 when the bytes hold no time */
+	time_t t = rtc__regs_time(r);
+	r->last_sec = rtc__updates(r) && t != (time_t)-1 ? (int64_t)t - off : -1;
 	rtc__set_line(r, false);        /* raised again by the next flag, if enabled */
 	pthread_cond_signal(&r->cond);
 	pthread_mutex_unlock(&r->lock);

@@ -123,6 +123,38 @@ static void t_alarm_irq(struct t *t)
 	rtc__destroy(&r);
 }
 
+/* An alarm due at a second no tick saw (the VM stopped for a migration's
+ * switchover across it, or the RTC's thread late) comes at the next
+ * tick, also on a destination that loaded the state. */
+static void t_alarm_late(struct t *t)
+{
+	struct rtc r, d;
+	struct line l, ld;
+	uint8_t st[RTC_STATE_SIZE];
+	irq_rtc(&r, &l);
+	wr(&r, 0x01, 0x10, T0);                     /* alarm 13:45:10, T0 + 3 */
+	wr(&r, 0x03, 0x45, T0);
+	wr(&r, 0x05, 0x13, T0);
+	wr(&r, 0x0b, 0x02 | 0x20, T0);              /* AIE */
+	rtc__tick_at(&r, T0 * NS);
+	rtc__tick_at(&r, (T0 + 1) * NS);
+	rtc__tick_at(&r, (T0 + 5) * NS);            /* T0 + 3 never ticked */
+	T_CHECK_EQ(t, l.raises, 1);
+	T_CHECK_EQ(t, rd(&r, 0x0c, T0 + 5), 0xb0);
+	/* saved after the tick of 13:46:09 with the alarm due at 13:46:10
+	 * (any minute), loaded on a destination that first ticks at 13:46:12 */
+	rtc__tick_at(&r, (T0 + 62) * NS);
+	wr(&r, 0x03, 0xc0, T0 + 62);
+	rtc__save(&r, st);
+	irq_rtc(&d, &ld);
+	T_CHECK_EQ(t, rtc__load(&d, st, sizeof(st)), 0);
+	rtc__tick_at(&d, (T0 + 65) * NS);
+	T_CHECK_EQ(t, ld.raises, 1);
+	T_CHECK_EQ(t, rd(&d, 0x0c, T0 + 65), 0xb0);
+	rtc__destroy(&r);
+	rtc__destroy(&d);
+}
+
 /* PIE: PF at each period of register A's rate; rates 1 and 2 are 8 and 9;
  * rate 0 or a stopped divider: no event. */
 static void t_periodic_irq(struct t *t)
@@ -303,6 +335,7 @@ int main(void)
 	T_RUN(&t, t_state);
 	T_RUN(&t, t_update_irq);
 	T_RUN(&t, t_alarm_irq);
+	T_RUN(&t, t_alarm_late);
 	T_RUN(&t, t_periodic_irq);
 	return T_DONE(&t);
 }
