@@ -398,7 +398,14 @@ int rtc__load(struct rtc *r, const uint8_t *in, size_t len)
 	 * not lost); -1 when the bytes hold no time */
 	time_t t = rtc__regs_time(r);
 	r->last_sec = rtc__updates(r) && t != (time_t)-1 ? (int64_t)t - off : -1;
-	rtc__set_line(r, false);        /* raised again by the next flag, if enabled */
+	/* the line is driven to the level the state holds, whatever level this
+	 * side last set: the irqchip's state, loaded before, holds the level
+	 * the source left (the next read of C must lower it there, or the next
+	 * flag raises no edge), or a lower one when a flag came after the
+	 * irqchip was saved (this raises it) */
+	bool level = r->ram[R_C] & r->ram[R_B] & C_FLAGS;
+	r->line = !level;
+	rtc__update_irq(r);
 	pthread_cond_signal(&r->cond);
 	pthread_mutex_unlock(&r->lock);
 	return 0;

@@ -78,7 +78,9 @@ void rtc__pio(struct rtc *r, uint16_t port, bool is_write, uint8_t *data);
 /* The same with the host's time given (seconds since the epoch, UTC). */
 void rtc__pio_at(struct rtc *r, uint16_t port, bool is_write, uint8_t *data, int64_t host_s);
 void rtc__save(struct rtc *r, uint8_t out[RTC_STATE_SIZE]);
-/* -EINVAL for a wrong size, version, index, register C value or offset. */
+/* -EINVAL for a wrong size, version, index, register C value or offset.
+ * Drives the interrupt line (when connected) to the level the state holds:
+ * call it after the irqchip's state is loaded. */
 int rtc__load(struct rtc *r, const uint8_t *in, size_t len);
 
 #endif

@@ -155,6 +155,41 @@ static void t_alarm_late(struct t *t)
 	rtc__destroy(&d);
 }
 
+/* Saved with the line high (an alarm the guest has not acknowledged: the
+ * VM stopped for the switchover just after it): the destination's
+ * irqchip holds that level, so the destination's RTC must lower the line
+ * when the guest reads C, or the next alarm raises no edge and the guest
+ * never hears from its RTC again. */
+static void t_load_line_high(struct t *t)
+{
+	struct rtc r, d;
+	struct line l, ld;
+	uint8_t st[RTC_STATE_SIZE];
+	irq_rtc(&r, &l);
+	wr(&r, 0x01, 0xc0, T0);                     /* alarm every second */
+	wr(&r, 0x03, 0xc0, T0);
+	wr(&r, 0x05, 0xc0, T0);
+	wr(&r, 0x0b, 0x02 | 0x20, T0);              /* AIE */
+	rtc__tick_at(&r, T0 * NS);
+	rtc__tick_at(&r, (T0 + 1) * NS);
+	T_CHECK(t, l.level == 1 && l.raises == 1);
+	rtc__save(&r, st);
+	irq_rtc(&d, &ld);
+	ld.level = 1;                               /* as the irqchip's state left it */
+	T_CHECK_EQ(t, rtc__load(&d, st, sizeof(st)), 0);
+	T_CHECK_EQ(t, rd(&d, 0x0c, T0 + 1), 0xb0);  /* the guest's handler */
+	T_CHECK_EQ(t, ld.level, 0);
+	rtc__tick_at(&d, (T0 + 2) * NS);
+	T_CHECK(t, ld.level == 1 && ld.raises == 1);
+	/* a flag that came after the irqchip was saved (its level low there):
+	 * the load raises the line */
+	irq_rtc(&d, &ld);
+	T_CHECK_EQ(t, rtc__load(&d, st, sizeof(st)), 0);
+	T_CHECK(t, ld.level == 1 && ld.raises == 1);
+	rtc__destroy(&r);
+	rtc__destroy(&d);
+}
+
 /* PIE: PF at each period of register A's rate; rates 1 and 2 are 8 and 9;
  * rate 0 or a stopped divider: no event. */
 static void t_periodic_irq(struct t *t)
@@ -336,6 +371,7 @@ int main(void)
 	T_RUN(&t, t_update_irq);
 	T_RUN(&t, t_alarm_irq);
 	T_RUN(&t, t_alarm_late);
+	T_RUN(&t, t_load_line_high);
 	T_RUN(&t, t_periodic_irq);
 	return T_DONE(&t);
 }
