@@ -53,7 +53,7 @@ static void usage(FILE *f)
 		"                    [--compression none|zstd|lz4]\n"
 		"                    [--postcopy auto|after-pass|off] [--dest-qmp unix:PATH] [--resume]\n"
 		"                    [--tls-creds ID] [--tls-hostname NAME]\n"
-		"                    [--verify] [--json]\n"
+		"                    [--disk] [--verify] [--json]\n"
 		"       kmig version | --version | --help\n");
 }
 

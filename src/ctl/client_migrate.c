@@ -1,6 +1,6 @@
 /* `kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS] [--tls-creds ID]
  *  [--auto-converge step|computed] [--postcopy auto|after-pass|off]
- *  [--dest-qmp unix:PATH] [--verify] [--json]`: drives a migration through
+ *  [--dest-qmp unix:PATH] [--disk] [--verify] [--json]`: drives a migration through
  * the source's QMP socket (and, for post-copy, sets the destination's
  * capability through its own) and shows its progress.  With --resume a
  * paused post-copy goes on over a new link to URI (migrate-recover at the
@@ -21,7 +21,7 @@ struct migrate_opts {
 	const char *qmp, *uri, *policy, *compression, *tls_creds, *tls_hostname, *dest_qmp;
 	enum pc_mode postcopy;
 	uint64_t bandwidth_mbs, downtime_ms, dirty_limit;
-	bool have_bw, have_dt, json, verify, resume;
+	bool have_bw, have_dt, json, verify, resume, disk;
 	uint64_t multifd;            /* channels; 0 = off */
 };
 
@@ -41,6 +41,8 @@ static void migrate__usage(FILE *f)
 		"  --dest-qmp unix:PATH          the destination's QMP (post-copy, --resume)\n"
 		"  --resume                      resume a paused post-copy migration\n"
 		"  --tls-creds ID [--tls-hostname NAME]  TLS with the source's --object ID\n"
+		"  --disk                        carry the disk image in the stream, for a\n"
+		"                                destination with an image of its own (x-block-migration)\n"
 		"  --verify                      check every page at the destination (x-verify)\n"
 		"  --json                        the final statistics as JSON\n");
 }
@@ -56,6 +58,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "tls-creds", required_argument, 0, 't' }, { "tls-hostname", required_argument, 0, 'H' },
 		{ "postcopy", required_argument, 0, 'p' }, { "dest-qmp", required_argument, 0, 'D' },
 		{ "resume", no_argument, 0, 'r' }, { "help", no_argument, 0, 'h' },
+		{ "disk", no_argument, 0, 'B' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -111,6 +114,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 			break;
 		case 'j': o->json = true; break;
 		case 'r': o->resume = true; break;
+		case 'B': o->disk = true; break;
 		case 't': o->tls_creds = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;
 		case 'h':
@@ -128,6 +132,8 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		die("migrate: %s (kmig migrate --help)", optind == argc ?
 		    "the destination URI (tcp:HOST:PORT or unix:PATH) is missing" :
 		    "more than one destination URI");
+	if (o->disk && o->postcopy != PC_OFF)
+		die("--disk with --postcopy: post-copy cannot carry the disk (leave one out)");
 	if (o->resume && !o->dest_qmp)
 		die("--resume needs --dest-qmp unix:PATH (the destination listens on URI first)");
 	o->uri = argv[optind];
@@ -159,14 +165,15 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 	json_decref(r);
 	/* pause-before-switchover off: this client never sends migrate-continue */
 	json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},"
-				 "{s:s,s:b},{s:s,s:b}]}", "capabilities",
+				 "{s:s,s:b},{s:s,s:b},{s:s,s:b}]}", "capabilities",
 				 "capability", "auto-converge", "state", o->policy != NULL,
 				 "capability", "x-verify", "state", o->verify,
 				 "capability", "dirty-limit", "state", o->dirty_limit != 0,
 				 "capability", "multifd", "state", o->multifd != 0,
 				 "capability", "pause-before-switchover", "state", 0,
 				 "capability", "postcopy-ram", "state", o->postcopy != PC_OFF,
-				 "capability", "x-postcopy-auto", "state", o->postcopy == PC_AUTO);
+				 "capability", "x-postcopy-auto", "state", o->postcopy == PC_AUTO,
+				 "capability", "x-block-migration", "state", o->disk);
 	r = qmp_client__call(c, "migrate-set-capabilities", caps, err, n);
 	if (!r)
 		return -1;

@@ -12,27 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define BLKFILE_MAX_WORKERS 64
-#define BLKFILE_ZERO_CHUNK (1u << 20)
-#define BLKFILE_DEFAULT_ALIGN 4096u
-
-struct blkfile {
-	int fd;
-	char path[4096];
-	uint64_t size;
-	bool read_only, direct, writethrough, discard_unmap;
-	uint32_t mem_align, off_align;      /* O_DIRECT's (1 when buffered) */
-	bool active;                        /* atomic */
-	bool dirty;                         /* atomic: written since the last fdatasync */
-	struct blkfile_stats stats;         /* atomics */
-	pthread_mutex_t lock;               /* the queue */
-	pthread_cond_t cond;
-	struct blkfile_req *head, *tail;
-	bool stopping;
-	unsigned nworkers;
-	pthread_t workers[BLKFILE_MAX_WORKERS];
-	uint8_t *zeros;                     /* BLKFILE_ZERO_CHUNK, aligned */
-};
+#include "dev/blkfile_impl.h"
 
 #define BF_ADD(f, field) __atomic_fetch_add(&(f)->stats.field, 1, __ATOMIC_RELAXED)
 
@@ -110,7 +90,7 @@ static bool blkfile__aligned(const struct blkfile *f, const struct iovec *iov, u
 }
 
 /* preadv/pwritev until every byte moved; a short transfer is -EIO. */
-static int blkfile__rw_loop(struct blkfile *f, bool wr, struct iovec *iov, unsigned n, uint64_t off)
+int blkfile__rw_loop(struct blkfile *f, bool wr, struct iovec *iov, unsigned n, uint64_t off)
 {
 	while (n) {
 		ssize_t r = wr ? pwritev(f->fd, iov, (int)n, (off_t)off)
@@ -163,7 +143,7 @@ static int blkfile__rw(struct blkfile *f, struct blkfile_req *r)
 	return blkfile__rw_loop(f, wr, iov, r->niov, r->off);
 }
 
-static int blkfile__write_zeroes(struct blkfile *f, uint64_t off, uint64_t len)
+int blkfile__write_zeroes(struct blkfile *f, uint64_t off, uint64_t len)
 {
 	while (len) {
 		size_t k = len < BLKFILE_ZERO_CHUNK ? (size_t)len : BLKFILE_ZERO_CHUNK;
@@ -224,6 +204,29 @@ static int blkfile__run(struct blkfile *f, struct blkfile_req *r)
 	return rc;
 }
 
+/* f->lock held: the ranges r may have changed (rc: its result; a failed
+ * request may have changed part) go to the write hook. */
+static void blkfile__report_write(struct blkfile *f, const struct blkfile_req *r, int rc)
+{
+	if (r->op == BLKFILE_WRITE) {
+		uint64_t len = 0;
+		for (unsigned i = 0; i < r->niov; i++)
+			len += r->iov[i].iov_len;
+		if (rc)
+			f->on_write(f->on_write_ctx, r->off, len, BLKFILE_CHANGED_UNKNOWN, NULL, 0);
+		else
+			f->on_write(f->on_write_ctx, r->off, len, BLKFILE_CHANGED_DATA, r->iov, r->niov);
+		return;
+	}
+	if (r->op == BLKFILE_DISCARD && !f->discard_unmap)
+		return;                                 /* discard=ignore: nothing changed */
+	/* a discard may have been ignored by the file system */
+	enum blkfile_change what = rc || r->op == BLKFILE_DISCARD ? BLKFILE_CHANGED_UNKNOWN
+								   : BLKFILE_CHANGED_ZERO;
+	for (unsigned i = 0; i < r->nranges && i < BLKFILE_MAX_RANGES; i++)
+		f->on_write(f->on_write_ctx, r->ranges[i].off, r->ranges[i].len, what, NULL, 0);
+}
+
 static void *blkfile__worker(void *arg)
 {
 	struct blkfile *f = arg;
@@ -241,6 +244,11 @@ static void *blkfile__worker(void *arg)
 		int rc = blkfile__run(f, r);
 		if (rc)
 			BF_ADD(f, errors);
+		pthread_mutex_lock(&f->lock);
+		/* before done: a drain that saw the request complete sees its mark */
+		if (f->on_write && r->op != BLKFILE_READ && r->op != BLKFILE_FLUSH)
+			blkfile__report_write(f, r, rc);
+		pthread_mutex_unlock(&f->lock);
 		r->done(r, rc);
 		pthread_mutex_lock(&f->lock);
 	}

@@ -78,6 +78,14 @@ struct blkfile_stats {
 };
 
 struct blkfile;
+/* What a request left in a range it may have changed: the data of its
+ * iovecs, zeros, or something not known (it failed part way, or a
+ * discard the file system may have ignored). */
+enum blkfile_change { BLKFILE_CHANGED_DATA, BLKFILE_CHANGED_ZERO, BLKFILE_CHANGED_UNKNOWN };
+/* Told of a range [off, off + len) a request may have changed; iov/niov
+ * its data for BLKFILE_CHANGED_DATA (else NULL, 0). */
+typedef void (*blkfile_write_fn)(void *ctx, uint64_t off, uint64_t len, enum blkfile_change what,
+				 const struct iovec *iov, unsigned niov);
 
 /* Opens, checks (a regular file or block device, size a non-zero multiple
  * of 512) and locks the image, starts the workers.  -errno with err set:
@@ -110,5 +118,37 @@ int blkfile__inactivate(struct blkfile *f) KMIG_MUST_CHECK;
  * the image (the other host wrote it).  -EAGAIN with err set when
  * another process holds it.  Idempotent. */
 int blkfile__activate(struct blkfile *f, char *err, size_t errlen) KMIG_MUST_CHECK;
+
+/* ---- for a migration that carries the image (blkfile_mig.c) ----
+ * fn (NULL: none) is told of every range a write, discard (with
+ * discard_unmap) or write-zeroes request may have changed, on a worker, after the kernel
+ * did it and before the request's done; with the backend's queue lock
+ * held (fn must be quick and take no lock that is held around
+ * blkfile__submit).  Once this returns, the old hook is never called. */
+void blkfile__set_write_hook(struct blkfile *f, blkfile_write_fn fn, void *ctx);
+/* Synchronous I/O on the caller's thread, whatever the image's state (the
+ * caller knows it may: the source reads while the guest writes, the
+ * destination writes before the guest runs).  buf aligned to 4096 and
+ * off, len to blkfile__offset_align; the range inside the image, else
+ * -EINVAL. */
+int blkfile__read_at(struct blkfile *f, void *buf, size_t len, uint64_t off) KMIG_MUST_CHECK;
+int blkfile__write_at(struct blkfile *f, const void *buf, size_t len,
+		      uint64_t off) KMIG_MUST_CHECK;
+/* The range reads as zero afterwards (a hole where the file system can
+ * punch one, else zeros written). */
+int blkfile__zero_at(struct blkfile *f, uint64_t off, uint64_t len) KMIG_MUST_CHECK;
+/* The first range at or after off that may hold data: [*start, *end)
+ * (SEEK_DATA/SEEK_HOLE; the whole rest of the image where the file
+ * system cannot tell); 0, or -ENXIO when only holes are left. */
+int blkfile__next_data(struct blkfile *f, uint64_t off, uint64_t *start,
+		       uint64_t *end) KMIG_MUST_CHECK;
+/* The marker of a destination image whose migration did not complete:
+ * the file PATH.kmig-incomplete beside the image.  mark creates it (and
+ * syncs its directory entry), unmark removes it; marked: whether it is
+ * there for path. */
+int blkfile__mark_incomplete(struct blkfile *f) KMIG_MUST_CHECK;
+int blkfile__unmark_incomplete(struct blkfile *f) KMIG_MUST_CHECK;
+bool blkfile__marked_incomplete(const char *path);
+#define BLKFILE_INCOMPLETE_SUFFIX ".kmig-incomplete"
 
 #endif

@@ -51,6 +51,13 @@ static int vm_blk__open(struct vm *vm, char *err, size_t errlen)
 		.writethrough = !bc->writeback, .discard_unmap = bc->discard,
 		.inactive = vm->cfg.incoming,
 	};
+	if (!vm->cfg.incoming && blkfile__marked_incomplete(bc->path)) {
+		snprintf(err, errlen, "image %s holds a migration that did not complete (its "
+			 "marker %s%s is there): start it with --incoming to receive the disk "
+			 "again, or remove the marker to use the image as it is", bc->path,
+			 bc->path, BLKFILE_INCOMPLETE_SUFFIX);
+		return -EINVAL;
+	}
 	int rc = blkfile__open(&vm->blkfile, &fc, err, errlen);
 	if (rc)
 		return rc;

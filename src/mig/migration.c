@@ -11,6 +11,7 @@
 #include "ctl/control.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
+#include "mig/send/disk_out.h"
 
 #define MIG_DEFAULT_BANDWIDTH (128ull << 20) /* QEMU's default max-bandwidth */
 
@@ -285,6 +286,8 @@ int migration__start_postcopy(struct migration *m, char *err, size_t errlen)
 		why = "Enable postcopy with migrate_set_capability before the start of migration";
 	else if (!running || (s != MIG_SETUP && s != MIG_ACTIVE))
 		why = "Postcopy must be started after migration has been started";
+	else if (p.cap_block_migration)
+		why = "Postcopy cannot carry the disk: x-block-migration sends it in pre-copy only";
 	if (why) {
 		snprintf(err, errlen, "%s", why);
 		return -EINVAL;
@@ -379,6 +382,15 @@ json_t *migration__query(struct migration *m)
 				(json_int_t)(st.postcopy && st.transferred > pre ? st.transferred - pre : 0)));
 		}
 		json_object_set_new(r, "ram", ram);
+		if (st.disk)    /* x-block-migration: QEMU's names, then kmig's own */
+			json_object_set_new(r, "disk", json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+				"transferred", (json_int_t)st.disk_transferred,
+				"remaining", (json_int_t)st.disk_remaining,
+				"total", (json_int_t)st.disk_total,
+				"x-chunk-size", (json_int_t)DISK_OUT_CHUNK,
+				"x-data-chunks", (json_int_t)st.disk_normal,
+				"x-zero-chunks", (json_int_t)st.disk_duplicate,
+				"x-dirtied-chunks", (json_int_t)st.disk_dirtied));
 		if (st.postcopy_faults)
 			json_object_set_new(r, "x-postcopy", json_pack("{s:I, s:I, s:I, s:I, s:I}",
 				"faults", (json_int_t)st.postcopy_faults,

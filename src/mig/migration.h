@@ -64,6 +64,7 @@ struct mig_params {
 	bool cap_postcopy_ram;       /* postcopy-ram: migrate-start-postcopy may switch */
 	bool cap_postcopy_auto;      /* x-postcopy-auto: switch by itself (policy__postcopy_now) */
 	bool cap_postcopy_blocktime; /* postcopy-blocktime: the destination measures vCPU waits */
+	bool cap_block_migration;    /* x-block-migration: the disk image in the stream */
 	unsigned multifd_channels;   /* multifd-channels */
 	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */
 	uint64_t vcpu_dirty_limit;   /* vcpu-dirty-limit, MB/s */
@@ -113,6 +114,12 @@ struct mig_stats {
 	unsigned blocktime_vcpus;
 	uint64_t vcpu_blocktime_ms[BLOCKTIME_MAX_VCPUS];
 	bool switchover_wait_timed_out;
+	/* x-block-migration (query-migrate's "disk"): the image's size, bytes
+	 * of DISK records, bytes still to send, chunks sent as data and as
+	 * zero, chunks the guest wrote after the bulk pass took them */
+	bool disk;
+	uint64_t disk_total, disk_transferred, disk_remaining;
+	uint64_t disk_normal, disk_duplicate, disk_dirtied;
 };
 
 struct migration {

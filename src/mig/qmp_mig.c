@@ -370,6 +370,7 @@ static const struct cap_desc caps[] = {
 	{ "postcopy-ram", offsetof(struct mig_params, cap_postcopy_ram) },
 	{ "x-postcopy-auto", offsetof(struct mig_params, cap_postcopy_auto) },
 	{ "postcopy-blocktime", offsetof(struct mig_params, cap_postcopy_blocktime) },
+	{ "x-block-migration", offsetof(struct mig_params, cap_block_migration) },
 };
 #define NCAPS (sizeof(caps) / sizeof(caps[0]))
 

@@ -19,46 +19,15 @@ raw image (one host here: shared storage as NFS would give it).
       after the pass sent those pages never reach the destination, and
       x-verify fails.
 """
-import os
-import re
-import subprocess
 import time
 
 import pytest
 
 import kmigtest as kt
+import blkguest
+from blkguest import CMDLINE, bad_lines, blk_args, goes_on, image
 
 pytestmark = pytest.mark.kvm
-
-CMDLINE = "workload=verify mb=32 report_ms=300 disk=1 disk_mb=16 disk_rate=0"
-
-
-def image(d):
-    path = os.path.join(d, "disk.img")
-    subprocess.run(["truncate", "-s", "64M", path], check=True)
-    return path
-
-
-def blk_args(img):
-    return ["--drive", "file=%s,format=raw,if=none,id=d0" % img,
-            "--device", "virtio-blk-pci,drive=d0,serial=kmig-test"]
-
-
-def rounds(vm):
-    return [(m.group(1), int(m.group(2)), int(m.group(3))) for m in re.finditer(
-        r"^disk (ok|bad) round=(\d+) .*? errors=(\d+)", vm.console.text(), re.M)]
-
-
-def goes_on(vm, timeout):
-    """Two more disk reports after now, all ok: the workload runs."""
-    n = len(rounds(vm))
-    deadline = time.time() + timeout
-    while time.time() < deadline and vm.proc.poll() is None:
-        r = rounds(vm)
-        if len(r) >= n + 2:
-            return all(x[0] == "ok" for x in r)
-        time.sleep(0.2)
-    return False
 
 
 def block(q):
@@ -66,17 +35,10 @@ def block(q):
     return b[0] if b else {}
 
 
-def bad_lines(vm):
-    return [l for l in vm.console.text().splitlines()
-            if "disk BAD" in l or "verify BAD" in l or "disk error" in l]
-
-
 def test_shared_migration(d, vms, check):
     img = image(d)
-    src = kt.kmig_vm(d, "src", CMDLINE, memory="256M", extra=blk_args(img))
-    vms.append(src)
-    if not check("disk_runs", src.console.wait(r"^disk ok round=", kt.slow(90), proc=src.proc)
-                 is not None, kt.dump(src)):
+    src = blkguest.start(d, vms, check, "src", img)
+    if not src:
         return
     q = src.qmp()
     b = block(q)
@@ -128,11 +90,9 @@ def test_shared_migration(d, vms, check):
 
 def test_device_marks_negative_control(d, vms, check):
     img = image(d)
-    src = kt.kmig_vm(d, "src", CMDLINE, memory="256M", extra=blk_args(img),
-                     kmig=kt.KMIG_FAULTS, env={"KMIG_FAULT": "no-device-marks"})
-    vms.append(src)
-    if not check("disk_runs", src.console.wait(r"^disk ok round=", kt.slow(90), proc=src.proc)
-                 is not None, kt.dump(src)):
+    src = blkguest.start(d, vms, check, "src", img, kmig=kt.KMIG_FAULTS,
+                         env={"KMIG_FAULT": "no-device-marks"})
+    if not src:
         return
     uri = "tcp:127.0.0.1:%d" % kt.free_port()
     dst = kt.kmig_vm(d, "dst", CMDLINE, memory="256M", extra=blk_args(img) + ["--incoming", uri],

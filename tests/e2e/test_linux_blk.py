@@ -3,13 +3,17 @@ own kernel with Linux's own virtio_blk bound to kmig's virtio-blk-pci
 (inside scripts/kvm-vm where this machine's KVM cannot run Linux),
 memcheck verify rewriting 64 MiB, and on /dev/vda generation after
 generation of 64 blocks written with O_DIRECT and fsync, then read back
-and checked (guest/linux/init kmig.disk).  Source and destination open the
-same raw image (shared storage).
+and checked (guest/linux/init kmig.disk).
 
-  disk_across_migration  the migration with x-verify completes; on the
+  disk_across_migration[shared]  source and destination open the same raw
+      image (shared storage);
+  disk_across_migration[stream]  (make test-full) each has an image of its
+      own, the destination's empty, and the disk goes in the stream
+      (x-block-migration);
+      either way the migration with x-verify completes; on the
       destination the generations go on past the last one the source
       finished, every block as the guest wrote it (no "disk BAD"), the
-      destination holds the image's write lock and the source none;
+      destination holds its image's write lock and the source none;
       memcheck and the console clean.
 """
 import os
@@ -32,14 +36,20 @@ def last_gen(vm):
     return int(g[-1]) if g else 0
 
 
-def test_disk_across_migration(d, vms, check):
+def blk_args(d, name):
+    img = os.path.join(d, name)
+    subprocess.run(["truncate", "-s", "64M", img], check=True)
+    return ["--drive", "file=%s,format=raw,if=none,id=d0" % img,
+            "--device", "virtio-blk-pci,drive=d0"]
+
+
+@pytest.mark.parametrize("stream", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["shared", "stream"])
+def test_disk_across_migration(d, vms, check, stream):
     if not check("kernel", not lg.missing(), lg.missing()):
         return
     rd = lg.initramfs(d)
-    img = os.path.join(d, "disk.img")
-    subprocess.run(["truncate", "-s", "64M", img], check=True)
-    blk = ["--drive", "file=%s,format=raw,if=none,id=d0" % img,
-           "--device", "virtio-blk-pci,drive=d0"]
+    blk = blk_args(d, "disk.img")
     cmd = lg.cmdline(64, 1, "kmig.disk=64")
     src = lg.vm(d, "src", rd, cmd, memory="384M", extra=blk)
     vms.append(src)
@@ -48,9 +58,10 @@ def test_disk_across_migration(d, vms, check):
         return
     start = lg.init_line(src)
     uri = "tcp:127.0.0.1:%d" % kt.free_port()
-    dst = lg.vm(d, "dst", rd, cmd, memory="384M", extra=blk + ["--incoming", uri])
+    dblk = blk_args(d, "dst.img") if stream else blk
+    dst = lg.vm(d, "dst", rd, cmd, memory="384M", extra=dblk + ["--incoming", uri])
     vms.append(dst)
-    r = kt.migrate(src, dst, uri, caps={"x-verify": True},
+    r = kt.migrate(src, dst, uri, caps={"x-verify": True, "x-block-migration": stream},
                    params={"max-bandwidth": 64 << 20}, timeout=kt.slow(240))
     if not check("completed", r.get("status") == "completed",
                  "%r; src %s; dst %s" % (r, kt.dump(src), kt.dump(dst))):

@@ -16,6 +16,7 @@
 #include "mig/migration.h"
 #include "mig/multifd.h"
 #include "mig/postcopy.h"
+#include "mig/recv/disk_in.h"
 #include "mig/recv/recv.h"
 #include "state/state.h"
 
@@ -42,6 +43,7 @@ struct incoming {
 	bool bt_ready;
 	bool pc_ready;               /* pc initialised */
 	bool postcopy;               /* POSTCOPY came: the guest runs here */
+	struct disk_in disk;         /* x-block-migration: the image in the stream */
 };
 
 /* migration__cancel_incoming, under m->lock: unblock whatever the incoming
@@ -176,6 +178,14 @@ static int incoming__on_state(void *ctx, uint32_t id, uint32_t ver, uint32_t ins
 	return 0;
 }
 
+static int incoming__on_disk(void *ctx, const struct proto_disk *d)
+{
+	struct incoming *in = ctx;
+	char why[768];
+	int rc = disk_in__record(&in->disk, d, why, sizeof(why));
+	return rc ? mig_recv__fail(&in->recv, rc, "%s", why) : 0;
+}
+
 /* Every state section this VM has arrived (at END, or at POSTCOPY). */
 static int incoming__state_complete(struct incoming *in)
 {
@@ -201,6 +211,10 @@ static bool incoming__resume(struct incoming *in)
 	 * after its last state, so take it (and forget any cached view) */
 	if (vm_blk__activate(vm, err, sizeof(err))) {
 		log_err("incoming migration: %s: the guest does not run here", err);
+		return false;
+	}
+	if (disk_in__complete(&in->disk, err, sizeof(err))) {
+		log_err("incoming migration: the disk: %s: the guest does not run here", err);
 		return false;
 	}
 	if (!vm->run_after_migration) {
@@ -692,7 +706,9 @@ void *migration__incoming_thread(void *arg)
 	migration__proto_ram(&m->vm->ram, &in->pr);
 	struct mig_recv_ops ops = { .on_state = incoming__on_state, .on_zero = incoming__on_zero,
 				    .on_page_written = incoming__on_page, .on_sync = incoming__on_sync,
-				    .on_channels = incoming__on_channels, .ctx = in };
+				    .on_channels = incoming__on_channels, .on_disk = incoming__on_disk,
+				    .ctx = in };
+	disk_in__init(&in->disk, m->vm->blkfile);
 	multifd_recv__init(&in->mf, &in->pr, &ops, &in->stream);
 	in->mf.tls = m->tls_in.creds ? &m->tls_in : NULL;
 	pthread_mutex_lock(&m->lock);
@@ -742,6 +758,7 @@ void *migration__incoming_thread(void *arg)
 	if (in->bt_ready)
 		blocktime__free(&in->bt);
 	bitmap__free(&in->written);
+	disk_in__free(&in->disk);
 	free(in);
 	return NULL;
 }

@@ -306,6 +306,23 @@ static int recv__end(struct mig_recv *r, const struct proto_hdr *h, const void *
 	return 0;
 }
 
+static int recv__disk(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	struct proto_disk d;
+	const char *why = NULL;
+	if (proto__decode_disk(p, h->length, h->flags, &d, &why))
+		return mig_recv__fail(r, -EPROTO, "DISK: %s", why);
+	if (!r->ops.on_disk)
+		return mig_recv__fail(r, -EPROTO, "DISK record, but this side takes no disk");
+	int rc = r->ops.on_disk(r->ops.ctx, &d);
+	if (rc) {       /* a message the hook gave first stands */
+		rc = recv__hook_ret(rc);
+		return mig_recv__fail(r, rc, "DISK at offset 0x%" PRIx64 " (%" PRIu64 " bytes): %s",
+				      d.offset, d.length, strerror(-rc));
+	}
+	return 0;
+}
+
 /* The source's ERROR record: keep its text printable. */
 static int recv__error_rec(struct mig_recv *r, const struct proto_hdr *h, const void *p)
 {
@@ -389,6 +406,8 @@ static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const
 		return recv__postcopy(r, h->flags);
 	case PROTO_END:
 		return recv__end(r, h, p);
+	case PROTO_DISK:
+		return recv__disk(r, h, p);
 	default:
 		return mig_recv__fail(r, -EPROTO, "%s record on the migration stream",
 				      proto__type_name(h->type));

@@ -76,6 +76,12 @@ struct mig_recv_ops {
 	 * refused without this hook): END's post-copy sum (proto.h) against
 	 * the pages as this side holds and placed them; 0 if they match. */
 	int (*postcopy_check)(void *ctx, const uint8_t hash[PROTO_HASH_LEN]);
+	/* Optional: a DISK record (x-block-migration), structure checked, on
+	 * the main stream before POSTCOPY; without the hook DISK fails with
+	 * -EPROTO.  The hook checks the range against its image.  Non-zero
+	 * returns fail as for on_state (a hook that called mig_recv__fail
+	 * keeps its own message). */
+	int (*on_disk)(void *ctx, const struct proto_disk *d);
 	void *ctx;
 };
 

@@ -86,6 +86,11 @@ int mig_fault__init(struct mig_fault *f, const char *spec, const struct ram *ram
 		f->fired = true;         /* acts from the start (the sender's doing) */
 		return 0;
 	}
+	if (!strcmp(spec, "skip-disk-chunk") || !strcmp(spec, "skip-disk-chunk@bulk")) {
+		f->kind = MIG_FAULT_SKIP_DISK;
+		f->disk_bulk = spec[15] == '@';
+		return 0;
+	}
 	if (!strncmp(spec, "drop-state=", 11)) {
 		size_t n = strlen(spec + 11);
 		if (!n || n >= sizeof(f->state)) {
@@ -111,7 +116,7 @@ int mig_fault__init(struct mig_fault *f, const char *spec, const struct ram *ram
 		return rc;
 	}
 	snprintf(err, errlen, "KMIG_FAULT: unknown fault \"%s\" (skip-page, stale-page, "
-		 "flip-byte, drop-state=NAME, no-device-marks)", spec);
+		 "flip-byte, drop-state=NAME, no-device-marks, skip-disk-chunk[@bulk])", spec);
 	return -EINVAL;
 }
 
@@ -188,6 +193,16 @@ bool mig_fault__drop_state(struct mig_fault *f, uint32_t id, uint32_t instance)
 	return true;
 }
 
+bool mig_fault__skip_disk(struct mig_fault *f, bool bulk, bool final)
+{
+	if (f->kind != MIG_FAULT_SKIP_DISK || f->fired || (f->disk_bulk ? !bulk : !final))
+		return false;
+	f->fired = true;
+	log_warn("fault injected: skip-disk-chunk%s: a disk chunk is not sent",
+		 f->disk_bulk ? "@bulk" : "");
+	return true;
+}
+
 bool mig_fault__extra(const struct mig_fault *f, uint64_t *page, const uint8_t **data)
 {
 	if (!f->extra)
@@ -200,7 +215,7 @@ bool mig_fault__extra(const struct mig_fault *f, uint64_t *page, const uint8_t *
 void mig_fault__report(const struct mig_fault *f)
 {
 	static const char *names[] = { "", "skip-page", "stale-page", "flip-byte", "drop-state",
-				       "no-device-marks" };
+				       "no-device-marks", "skip-disk-chunk" };
 	if (f->kind != MIG_FAULT_NONE && !f->fired)
 		log_warn("fault not injected: %s found nothing to act on", names[f->kind]);
 }

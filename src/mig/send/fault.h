@@ -20,6 +20,12 @@
  *                       flipped
  *   drop-state=NAME     the first STATE section named NAME (state__name,
  *                       e.g. lapic) is not sent
+ *   skip-disk-chunk     x-block-migration: the final pass (guest stopped)
+ *                       does not send the first disk chunk the guest wrote
+ *                       since the previous pass
+ *   skip-disk-chunk@bulk  the same for the bulk pass's first chunk (a
+ *                       chunk the guest does not write again is then
+ *                       never sent)
  *   no-device-marks     for the whole migration, the devices' own writes
  *                       into guest RAM (virtio-net's received frames and
  *                       used rings, the balloon's) are not reported to the
@@ -47,6 +53,7 @@ enum mig_fault_kind {
 	MIG_FAULT_FLIP_BYTE,
 	MIG_FAULT_DROP_STATE,
 	MIG_FAULT_NO_DEVICE_MARKS,
+	MIG_FAULT_SKIP_DISK,
 };
 
 #define MIG_FAULT_SAVED 1024       /* stale-page: pages remembered (direct mapped) */
@@ -57,6 +64,7 @@ struct mig_fault {
 	const struct ram *ram;
 	uint64_t lo, hi;            /* guest-physical range [lo, hi) */
 	char state[32];             /* drop-state: the section's name */
+	bool disk_bulk;             /* skip-disk-chunk@bulk */
 	bool fired;
 	/* stale-page: copies of pages as sent in earlier passes */
 	uint64_t *saved_page;       /* page + 1 per slot, 0 = empty */
@@ -80,6 +88,9 @@ bool mig_fault__skip(struct mig_fault *f, uint64_t page);
 /* Every page the sender queues: remembers copies before the final pass;
  * in the final pass picks the page to send again (stale or flipped). */
 void mig_fault__sent(struct mig_fault *f, bool final, uint64_t page, const uint8_t *host);
+/* A disk chunk about to be sent, in the bulk pass or (final) with the
+ * guest stopped: whether to leave it out. */
+bool mig_fault__skip_disk(struct mig_fault *f, bool bulk, bool final);
 /* Whether to leave out this STATE section. */
 bool mig_fault__drop_state(struct mig_fault *f, uint32_t id, uint32_t instance);
 /* After the final pass: whether a page must be sent again, and its data. */
@@ -96,6 +107,11 @@ static inline void mig_fault__sent(struct mig_fault *f, bool final, uint64_t pag
 				   const uint8_t *host)
 {
 	(void)f; (void)final; (void)page; (void)host;
+}
+static inline bool mig_fault__skip_disk(struct mig_fault *f, bool bulk, bool final)
+{
+	(void)f; (void)bulk; (void)final;
+	return false;
 }
 static inline bool mig_fault__drop_state(struct mig_fault *f, uint32_t id, uint32_t instance)
 {

@@ -175,16 +175,22 @@ static bool sender__poll_due(struct sender *s, uint64_t n)
 	return true;
 }
 
-/* Every SENDER_POLL_PAGES pages looked at (sent or skipped), when due. */
-static int sender__poll(struct sender *s, uint64_t n)
+int sender__look(struct sender *s)
 {
-	if (n % SENDER_POLL_PAGES || !sender__poll_due(s, n))
-		return 0;
 	if (atomic_load(&s->m->cancel))
 		return -ECANCELED;
 	int rc = sender__check_return_path(s, 0);
 	if (!rc)
 		sender__update_stats(s);
+	return rc;
+}
+
+/* Every SENDER_POLL_PAGES pages looked at (sent or skipped), when due. */
+static int sender__poll(struct sender *s, uint64_t n)
+{
+	if (n % SENDER_POLL_PAGES || !sender__poll_due(s, n))
+		return 0;
+	int rc = sender__look(s);
 	if (!rc)
 		rc = sender__bulk_probe(s);
 	return !rc && sender__postcopy_due(s) ? SENDER_POSTCOPY : rc;
@@ -208,6 +214,9 @@ int sender__pass(struct sender *s)
 {
 	struct bitmap *todo = &s->m->todo;
 	uint64_t n = 0;
+	int drc = sender__disk_pass(s);  /* the disk first (x-block-migration) */
+	if (drc)
+		return drc;
 	for (size_t p = bitmap__next_set(todo, 0); p < todo->nbits; p = bitmap__next_set(todo, p + 1)) {
 		bitmap__clear_bit(todo, p);
 		/* the chunk's log is re-protected before its first page is read
@@ -424,6 +433,8 @@ int sender__switchover(struct sender *s)
 	int rc = sender__stop_guest(s, true, &t0);
 	if (!rc)
 		rc = sender__pass(s);
+	if (!rc)
+		rc = sender__disk_sum(s);
 	if (!rc)
 		rc = sender__fault_extra(s);
 	if (!rc)

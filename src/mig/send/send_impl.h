@@ -8,6 +8,7 @@
 #include "kvm/vm.h"
 #include "mem/ram.h"
 #include "mig/migration.h"
+#include "mig/send/disk_out.h"
 #include "mig/send/fault.h"
 #include "mig/multifd.h"
 #include "mig/wire/proto.h"
@@ -85,6 +86,11 @@ struct sender {
 	 * main stream (the channels synced at the switch, then carry nothing) */
 	bool mf_quiet;
 	struct mig_fault fault;     /* test-only fault injection (fault.h) */
+	/* x-block-migration: the disk in the stream (disk_out.h) */
+	bool disk_on;
+	struct disk_out disk;
+	uint64_t disk_data, disk_zero;  /* chunks sent as DATA, as ZERO */
+	uint64_t disk_bytes;            /* bytes of DISK records */
 };
 
 /* sender__pass's answer when migrate-start-postcopy came during it (every
@@ -125,9 +131,28 @@ int sender__flush(struct sender *s);
 int sender__send_page(struct sender *s, uint64_t page);
 int sender__switchover(struct sender *s);
 int sender__check_return_path(struct sender *s, int timeout_ms);
+/* A pass's look around: -ECANCELED for a cancel, -EPROTO when the
+ * destination refused (sender__check_return_path), else fresh statistics
+ * and 0. */
+int sender__look(struct sender *s);
 /* Bytes written on the main stream and every channel. */
 uint64_t sender__bytes(struct sender *s);
 void sender__update_stats(struct sender *s);
+
+/* send_disk.c, x-block-migration (no-ops without it).  setup: tracking
+ * of the guest's writes starts and INFO goes out (err set on a failure);
+ * pass: what the guest wrote since the last one joins what is left, and
+ * all of it is sent (the bulk pass: every chunk that may hold data);
+ * stop: tracking ends. */
+int sender__disk_setup(struct sender *s) KMIG_MUST_CHECK;
+int sender__disk_pass(struct sender *s) KMIG_MUST_CHECK;
+void sender__disk_stop(struct sender *s);
+/* x-verify, after the final pass: SUM, the disk's sum as the source holds
+ * it (disk_out__sum). */
+int sender__disk_sum(struct sender *s) KMIG_MUST_CHECK;
+/* Bytes still to send, and bytes the guest wrote since the last pass. */
+uint64_t sender__disk_pending(const struct sender *s);
+uint64_t sender__disk_dirty(const struct sender *s);
 
 /* send.c: the disk at the switchover, after the last state: drained,
  * flushed and its write lock given up for the destination to take

@@ -37,6 +37,13 @@ void sender__update_stats(struct sender *s)
 		st->pages_per_second = (s->zero_pages + s->normal_pages) * 1000 / active;
 	}
 	st->throttle_pct = atomic_load(&m->vm->throttle_pct);
+	if (s->disk_on) {
+		st->disk_transferred = s->disk_bytes;
+		st->disk_remaining = sender__disk_pending(s);
+		st->disk_normal = s->disk_data;
+		st->disk_duplicate = s->disk_zero;
+		st->disk_dirtied = s->disk.dirtied;
+	}
 	if (m->status == MIG_SETUP || m->status == MIG_ACTIVE)
 		st->precopy_bytes = st->transferred;
 	pthread_mutex_unlock(&m->lock);
@@ -141,6 +148,8 @@ static int sender__setup(struct sender *s, const char *uri)
 		return rc;
 	if (!rc && m->params.cap_multifd)
 		rc = sender__open_channels(s, uri, pr);
+	if (!rc)
+		rc = sender__disk_setup(s);
 	if (rc)
 		return rc;
 	rc = dirty__start(m->vm->dirty);
@@ -269,11 +278,15 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 	dirty__get_stats(vm->dirty, &ds);
 	uint64_t rate = dirty__backend(vm->dirty) == DIRTY_RING ?
 			dirty__take_peak(vm->dirty) : ds.rate_pages;
+	/* the disk's chunks count as RAM's pages do: what the guest wrote in
+	 * the round is to send, at the rate it wrote it */
+	uint64_t disk_dirty = sender__disk_dirty(s);
 	struct policy_input in = {
 		.bytes_sent_period = bytes_round, .period_ms = ms_round,
-		.dirty_bytes_period = dirty_pages * RAM_PAGE_SIZE,
-		.remaining_bytes = bitmap__count(&m->todo) * RAM_PAGE_SIZE,
-		.bandwidth_bps = s->bandwidth_bps, .dirty_rate_bps = rate * RAM_PAGE_SIZE,
+		.dirty_bytes_period = dirty_pages * RAM_PAGE_SIZE + disk_dirty,
+		.remaining_bytes = bitmap__count(&m->todo) * RAM_PAGE_SIZE + sender__disk_pending(s),
+		.bandwidth_bps = s->bandwidth_bps,
+		.dirty_rate_bps = rate * RAM_PAGE_SIZE + (ms_round ? disk_dirty * 1000 / ms_round : 0),
 		.throttle_pct = atomic_load(&vm->throttle_pct),
 	};
 	struct policy_params pp;
@@ -491,6 +504,7 @@ void *migration__send_thread(void *arg)
 	if (rc && atomic_load(&m->cancel))
 		rc = -ECANCELED;
 	sender__cleanup(s, rc);
+	sender__disk_stop(s);
 	if (s->mf) {
 		pthread_mutex_lock(&m->lock);
 		m->mf_open = false;

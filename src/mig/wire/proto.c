@@ -28,6 +28,7 @@ const char *proto__type_name(uint32_t type)
 	case PROTO_RP_RUNNING: return "RP_RUNNING";
 	case PROTO_RESUME:  return "RESUME";
 	case PROTO_RP_BITMAP: return "RP_BITMAP";
+	case PROTO_DISK:    return "DISK";
 	default:            return "unknown";
 	}
 }
@@ -51,6 +52,7 @@ static uint32_t proto__allowed_flags(uint32_t type)
 	case PROTO_PAGES: return PROTO_F_COMPRESSED_ZSTD | PROTO_F_COMPRESSED_LZ4;
 	case PROTO_END:   return PROTO_F_HAS_CHECKSUM;
 	case PROTO_POSTCOPY: return PROTO_F_HAS_CHECKSUM;
+	case PROTO_DISK:  return PROTO_F_HAS_CHECKSUM;
 	default:          return 0;
 	}
 }
@@ -98,6 +100,10 @@ const char *proto__header_problem(const struct proto_hdr *h)
 	case PROTO_RP_REQ:
 		if (h->length != 16)
 			return "RP_REQ length must be 16";
+		break;
+	case PROTO_DISK:
+		if (h->length < PROTO_DISK_HDR || h->length > PROTO_DISK_HDR + PROTO_DISK_MAX_DATA)
+			return "DISK length out of range";
 		break;
 	case PROTO_ERROR:
 	case PROTO_RP_FAIL:

@@ -55,6 +55,7 @@ enum proto_type {
 	PROTO_DISCARD = 9,      /* post-copy: pages whose copy at the destination is stale */
 	PROTO_POSTCOPY = 10,    /* post-copy: state complete, the destination runs now */
 	PROTO_RESUME  = 11,     /* post-copy recovery: START's payload, on a new connection */
+	PROTO_DISK    = 12,     /* x-block-migration: the disk image, beside RAM */
 	PROTO_RP_OK   = 0x101,
 	PROTO_RP_FAIL = 0x102,
 	PROTO_RP_PING = 0x103,
@@ -67,7 +68,7 @@ enum proto_type {
  * docs/protocol.md; any other bit set is a protocol error. */
 #define PROTO_F_COMPRESSED_ZSTD  (1u << 0)   /* PAGES */
 #define PROTO_F_COMPRESSED_LZ4   (1u << 1)   /* PAGES */
-#define PROTO_F_HAS_CHECKSUM     (1u << 2)   /* END */
+#define PROTO_F_HAS_CHECKSUM     (1u << 2)   /* END, POSTCOPY, DISK INFO */
 
 struct proto_hdr {
 	uint32_t type;
@@ -239,6 +240,44 @@ int proto__decode_discard(const void *p, size_t len, struct proto_pages *pg,
 /* The offset is not checked here (the receiver checks it against RAM). */
 int proto__decode_rp_req(const void *p, size_t len, uint32_t *block, uint64_t *offset,
 			 const char **why) KMIG_MUST_CHECK;
+
+/* ---- the disk in the stream (x-block-migration; docs/protocol.md "DISK") ----
+ * Payload: u32 kind, u32 drive (0: the only one), u64 offset, u64 length,
+ * then, for DATA, length bytes of the image from offset.  INFO (offset 0,
+ * length = the image's size) comes first; ZERO: the range reads as zero
+ * (a hole on the source, or zeros).  Offsets and lengths are multiples of
+ * PROTO_DISK_SECTOR; DATA carries 1..PROTO_DISK_MAX_DATA bytes. */
+#define PROTO_DISK_SECTOR   512u
+#define PROTO_DISK_MAX_DATA (1u << 20)
+#define PROTO_DISK_HDR      24u
+enum proto_disk_kind { PROTO_DISK_INFO = 0, PROTO_DISK_DATA = 1, PROTO_DISK_ZERO = 2,
+		       PROTO_DISK_SUM = 3 };
+#define PROTO_DISK_SUM_LEN 8u
+struct proto_disk {
+	enum proto_disk_kind kind;
+	uint32_t drive;
+	uint64_t offset, length;
+	const uint8_t *data;      /* DATA: length bytes in the payload; SUM: 8 */
+	bool sum_follows;         /* INFO with HAS_CHECKSUM: a SUM comes before END */
+};
+/* Header and the 24 payload bytes; for DATA the caller writes the length
+ * data bytes right after, for SUM the 8 bytes of the sum (the record's
+ * size counts them: the return value is the header's part,
+ * PROTO_HDR_SIZE + PROTO_DISK_HDR). */
+ssize_t proto__encode_disk_head(void *buf, size_t cap, enum proto_disk_kind kind,
+				uint64_t offset, uint64_t length) KMIG_MUST_CHECK;
+/* INFO (whole, no data); sum: flag HAS_CHECKSUM, a SUM will follow. */
+ssize_t proto__encode_disk_info(void *buf, size_t cap, uint64_t size, bool sum) KMIG_MUST_CHECK;
+/* x-verify with the disk: SUM (offset 0, length = the image's size, 8
+ * bytes of data: the sum) comes after the last DATA.  The sum is, mod
+ * 2^64, the sum over every sector i of proto__sector_digest(i, its 512
+ * bytes), so either side can keep it up to date sector by sector. */
+uint64_t proto__sector_digest(uint64_t sector, const void *data);
+/* proto__sector_digest of a sector of zeros, without hashing it. */
+uint64_t proto__zero_sector_digest(uint64_t sector);
+/* Structure only (the receiver checks the range against its image). */
+int proto__decode_disk(const void *p, size_t len, uint32_t flags, struct proto_disk *d,
+		       const char **why) KMIG_MUST_CHECK;
 
 /* ---- RAM layout and checksum ---- */
 /* NULL if the START layout equals ram exactly (same block count, and each

@@ -292,3 +292,37 @@ void proto__ram_page_sum(const struct proto_ram *ram, uint8_t out[PROTO_HASH_LEN
 {
 	proto__ram_page_sum_as_zero(ram, NULL, out);
 }
+
+/* ---- the disk's sum (x-block-migration with x-verify) ---- */
+
+static uint64_t proto__sector_mix(uint64_t sector, uint64_t h)
+{
+	return proto__fmix64(h ^ ((sector + 1) * H_P3));
+}
+
+/* The hash of one sector's bytes, folded to 64 bits. */
+static uint64_t proto__sector_hash(const void *data)
+{
+	struct proto_hash h;
+	proto_hash__init(&h);
+	proto_hash__update(&h, data, PROTO_DISK_SECTOR);
+	return h.v[0] ^ ((h.v[1] << 17) | (h.v[1] >> 47)) ^ ((h.v[2] << 31) | (h.v[2] >> 33)) ^
+	       ((h.v[3] << 47) | (h.v[3] >> 17));
+}
+
+uint64_t proto__sector_digest(uint64_t sector, const void *data)
+{
+	return proto__sector_mix(sector, proto__sector_hash(data));
+}
+
+uint64_t proto__zero_sector_digest(uint64_t sector)
+{
+	static const uint8_t zero[PROTO_DISK_SECTOR];
+	static uint64_t hz;      /* the same value from any thread that computes it */
+	uint64_t h = __atomic_load_n(&hz, __ATOMIC_RELAXED);
+	if (!h) {
+		h = proto__sector_hash(zero);
+		__atomic_store_n(&hz, h, __ATOMIC_RELAXED);
+	}
+	return proto__sector_mix(sector, h);
+}

@@ -1,0 +1,169 @@
+"""The disk in the migration stream (x-block-migration): each side has an
+image of its own, and the source sends its image beside RAM (the chunks
+that may hold data, then each round the chunks the guest wrote), with the
+test guest's disk workload (disk=1, as in test_blk.py) running all along.
+
+  stream_migration  refused before a byte is written: a destination
+      whose image has another size, and one given the source's own image
+      (shared storage by mistake: its write lock is the source's); each
+      time the source goes on.  Then the migration with x-verify (the
+      disk's sector sums compared too): the destination's image held
+      garbage, which is gone (the source's holes read as zero there, and
+      were not sent), the incomplete-marker is gone once the guest is
+      there, the guest's disk rounds go on with no block wrong.  Then the
+      destination, stopped, is migrated on to a third image and the two
+      images are compared byte for byte.
+  incomplete_marker  a destination killed in the middle keeps its
+      image's marker, and `kmig run` refuses that image.
+  stream_negative_control  from the test build, the final pass leaves
+      out one chunk the guest wrote (KMIG_FAULT=skip-disk-chunk): with
+      x-verify the sums differ and the migration fails (the source goes
+      on); without it the migration completes and the guest finds that
+      block wrong on the destination.
+"""
+import filecmp
+import os
+import time
+
+import pytest
+
+import blkguest
+import kmigtest as kt
+from blkguest import CMDLINE, bad_lines, blk_args, goes_on
+
+pytestmark = pytest.mark.kvm
+
+SIZE = 64 << 20
+MARK = ".kmig-incomplete"
+
+
+def image(d, name, size=SIZE, garbage=False):
+    path = blkguest.image(d, name, size)
+    if garbage:     # outside the guest's 16 MiB: the source has holes there
+        with open(path, "r+b") as f:
+            for off in (20 << 20, 40 << 20, size - 4096):
+                f.seek(off)
+                f.write(os.urandom(4096))
+    return path
+
+
+def incoming(d, vms, name, img, **kw):
+    """A destination on img, listening: (vm, uri)."""
+    uri = "tcp:127.0.0.1:%d" % kt.free_port()
+    vm = kt.kmig_vm(d, name, CMDLINE, memory="256M", extra=blk_args(img) + ["--incoming", uri],
+                    **kw)
+    vms.append(vm)
+    return vm, uri
+
+
+def zero_at(path, offs):
+    with open(path, "rb") as f:
+        for off in offs:
+            f.seek(off)
+            if f.read(4096) != bytes(4096):
+                return False
+    return True
+
+
+def refused(d, vms, src, name, img, want, check):
+    """A destination on img: the stream is refused with want in its
+    reason, the source goes on."""
+    dst, uri = incoming(d, vms, name, img)
+    r = kt.migrate(src, dst, uri, caps={"x-block-migration": True}, timeout=kt.slow(60))
+    dst.wait_exit(kt.slow(20))
+    check(name + "_failed", r.get("status") == "failed" and want in r.get("error-desc", ""),
+          "%r; dst: %s" % (r, dst.output()[-400:]))
+    check(name + "_src_goes_on", src.qmp().cmd("query-status").get("status") == "running"
+          and goes_on(src, kt.slow(30)), kt.dump(src))
+
+
+def test_stream_migration(d, vms, check):
+    a = image(d, "a.img")
+    src = blkguest.start(d, vms, check, "src", a)
+    if not src:
+        return
+    refused(d, vms, src, "small", image(d, "small.img", SIZE // 2), "must be equal", check)
+    refused(d, vms, src, "same", a, "in use by another process", check)
+    check("same_untouched", not os.path.exists(a + MARK), "marker on the source's image")
+    b = image(d, "b.img", garbage=True)
+    dst, uri = incoming(d, vms, "dst", b)
+    r = kt.migrate(src, dst, uri, caps={"x-block-migration": True, "x-verify": True},
+                   params={"max-bandwidth": 64 << 20}, timeout=kt.slow(180))
+    if not check("completed", r.get("status") == "completed",
+                 "%r; src %s; dst %s" % (r, kt.dump(src), kt.dump(dst))):
+        return
+    disk = r.get("disk", {})
+    sent = disk.get("x-data-chunks", 0) + disk.get("x-zero-chunks", 0)
+    check("disk_stats", disk.get("total") == SIZE and disk.get("remaining") == 0 and
+          0 < disk.get("transferred", 0) < SIZE, repr(disk))
+    # the guest's 16 MiB is 256 chunks: the holes beyond were never sent
+    check("holes_not_sent", 0 < sent <= 256 + disk.get("x-dirtied-chunks", 0), repr(disk))
+    check("garbage_cleared", zero_at(b, (20 << 20, 40 << 20, SIZE - 4096)), b)
+    check("marker_gone", not os.path.exists(b + MARK), b + MARK)
+    check("disk_goes_on", goes_on(dst, kt.slow(60)), kt.dump(dst))
+    # stopped, on to a third image: the two are the same, byte for byte
+    qd = dst.qmp()
+    qd.cmd("stop")
+    c = image(d, "c.img", garbage=True)
+    dst2, uri = incoming(d, vms, "dst2", c)
+    r = kt.migrate(dst, dst2, uri, caps={"x-block-migration": True},
+                   params={"max-bandwidth": 0}, timeout=kt.slow(180))
+    check("completed_stopped", r.get("status") == "completed", repr(r))
+    check("images_equal", filecmp.cmp(b, c, shallow=False), "b.img and c.img differ")
+    bad = bad_lines(src) + bad_lines(dst)
+    check("no_block_wrong", not bad, " / ".join(bad[:4]))
+
+
+def test_incomplete_marker(d, vms, check):
+    """A destination killed in the middle keeps its image's marker; kmig
+    run refuses that image until it is received again (--incoming) or the
+    marker is removed."""
+    src = blkguest.start(d, vms, check, "src", image(d, "a.img"))
+    if not src:
+        return
+    b = image(d, "b.img")
+    dst, uri = incoming(d, vms, "dst", b)
+    q = src.qmp()
+    kt.set_caps(q, x_block_migration=True)
+    kt.set_params(q, max_bandwidth=1 << 20)
+    kt.wait_incoming(dst)
+    q.cmd("migrate", uri=uri)
+    deadline = time.time() + kt.slow(30)
+    while time.time() < deadline and not os.path.exists(b + MARK):
+        time.sleep(0.1)
+    check("marked", os.path.exists(b + MARK), b + MARK)
+    dst.kill()
+    r = kt.wait_migration(q, kt.slow(30))
+    check("failed", r.get("status") == "failed", repr(r))
+    check("src_goes_on", goes_on(src, kt.slow(30)), kt.dump(src))
+    other = kt.kmig_vm(d, "other", CMDLINE, memory="128M", extra=blk_args(b))
+    vms.append(other)
+    rc = other.wait_exit(kt.slow(30))
+    check("refused", rc == 1 and "did not complete" in other.output(),
+          "rc %r: %s" % (rc, other.output()[-300:]))
+
+
+def test_stream_negative_control(d, vms, check):
+    src = blkguest.start(d, vms, check, "src", image(d, "a.img"), kmig=kt.KMIG_FAULTS,
+                         env={"KMIG_FAULT": "skip-disk-chunk"})
+    if not src:
+        return
+    # x-verify: the sums differ, the migration fails, the source goes on
+    dst, uri = incoming(d, vms, "dst", image(d, "b.img"), kmig=kt.KMIG_FAULTS)
+    r = kt.migrate(src, dst, uri, caps={"x-block-migration": True, "x-verify": True},
+                   params={"max-bandwidth": 64 << 20}, timeout=kt.slow(180))
+    check("verify_failed", r.get("status") == "failed" and
+          "checksum differs" in r.get("error-desc", ""), repr(r))
+    check("fault_injected", src.output().count("fault injected: skip-disk-chunk") == 1,
+          src.output()[-300:])
+    check("src_goes_on", goes_on(src, kt.slow(30)), kt.dump(src))
+    dst.wait_exit(kt.slow(20))
+    # without it: the migration completes and the guest finds the block
+    dst, uri = incoming(d, vms, "dst2", image(d, "c.img"), kmig=kt.KMIG_FAULTS)
+    r = kt.migrate(src, dst, uri, caps={"x-block-migration": True, "x-verify": False},
+                   params={"max-bandwidth": 64 << 20}, timeout=kt.slow(180))
+    check("completed", r.get("status") == "completed", repr(r))
+    check("fault_injected_again", src.output().count("fault injected: skip-disk-chunk") == 2,
+          src.output()[-300:])
+    found = dst.console.wait(r"disk BAD block=", kt.slow(90), proc=dst.proc)
+    check("guest_finds_it", found is not None, kt.dump(dst))
