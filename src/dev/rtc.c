@@ -28,6 +28,7 @@ enum { R_SEC = 0, R_MIN = 2, R_HOUR = 4, R_WDAY = 6, R_MDAY = 7, R_MON = 8, R_YE
  * gmtime and timegm are defined and a destination accepts it */
 #define RTC_MAX_OFFSET_S 315360000000ll
 #define RTC_CATCH_UP_S 600      /* seconds a late tick looks back for an alarm */
+#define RTC_LATE_ALARM_S 3      /* seconds an alarm armed late looks back */
 
 void rtc__init(struct rtc *r)
 {
@@ -199,6 +200,26 @@ static bool rtc__alarm_now(const struct rtc *r)
 	       rtc__alarm_byte(r->ram[5], r->ram[R_HOUR]);
 }
 
+/* AIE just turned on: an alarm for a second that passed in the last
+ * RTC_LATE_ALARM_S (this one included) comes now.  A guest arms the alarm
+ * for a second still ahead when it reads the clock (Linux: the next
+ * second), then writes it; if its vCPU stopped in between (a migration's
+ * throttle sleeps up to a second, the switchover longer) the second has
+ * passed by the time AIE goes on, and a real part would wait a day. */
+static void rtc__late_alarm(struct rtc *r, int64_t host_s)
+{
+	if (!rtc__updates(r) || (r->ram[R_C] & C_AF))
+		return;
+	for (int64_t s = host_s - RTC_LATE_ALARM_S; s <= host_s; s++) {
+		rtc__latch(r, s);
+		if (rtc__alarm_now(r)) {
+			r->ram[R_C] |= C_AF;
+			break;
+		}
+	}
+	rtc__latch(r, host_s);
+}
+
 void rtc__tick_at(struct rtc *r, int64_t host_ns)
 {
 	int64_t sec = host_ns / NS, p = rtc__period_ns(r);
@@ -315,6 +336,7 @@ static void rtc__write(struct rtc *r, uint8_t v, int64_t host_s)
 	uint8_t i = r->index;
 	if (i == R_B) {
 		bool was_set = r->ram[R_B] & B_SET;
+		bool aie_on = (v & B_AIE) && !(r->ram[R_B] & B_AIE);
 		if (v & B_SET)
 			v &= ~B_UIE;                /* SET clears UIE, as on the MC146818A */
 		if ((v & B_SET) && !was_set)
@@ -322,6 +344,8 @@ static void rtc__write(struct rtc *r, uint8_t v, int64_t host_s)
 		r->ram[R_B] = v;
 		if (was_set && !(v & B_SET))
 			rtc__commit(r, host_s);
+		if (aie_on)
+			rtc__late_alarm(r, host_s);
 		rtc__update_irq(r);
 		pthread_cond_signal(&r->cond);  /* the next event may have moved */
 		return;

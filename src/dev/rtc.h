@@ -16,7 +16,13 @@
  * none) — and IRQF with them when an enabled flag is set; the IRQ line
  * is high while IRQF is, and reading C returns the flags, clears them and
  * lowers the line; IRQF is set exactly while a flag is whose interrupt is
- * enabled.  SET clears UIE, as on the MC146818A.  rtc__start runs the
+ * enabled.  SET clears UIE, as on the MC146818A.  One departure from the
+ * part, for guests whose vCPUs a migration stops (throttle sleeps, the
+ * switchover): when AIE turns on and the alarm bytes match a second of
+ * the last 3 (the current one included), AF comes at once, not a day
+ * later; an alarm seconds late is an alarm armed by a guest stopped
+ * between reading the clock and writing the alarm (Linux never arms one
+ * for the current second: it fires those itself).  rtc__start runs the
  * thread that does this at each event's time; rtc__tick_at is its step,
  * pure but for the irq callback, which runs with the RTC's lock held and
  * must not call back into the RTC.  Register B's data mode (BCD or binary) and hour

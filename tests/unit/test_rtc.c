@@ -155,6 +155,38 @@ static void t_alarm_late(struct t *t)
 	rtc__destroy(&d);
 }
 
+/* AIE turned on with the alarm for a second that has just passed (the
+ * guest stopped between reading the clock and arming it): AF at once; one
+ * more than 3 seconds back, or one still ahead, waits for its second. */
+static void t_alarm_armed_late(struct t *t)
+{
+	struct rtc r;
+	struct line l;
+	irq_rtc(&r, &l);
+	rtc__tick_at(&r, (T0 + 3) * NS + 500000000);
+	wr(&r, 0x01, 0x10, T0 + 3);                 /* 13:45:10 = T0 + 3: this second */
+	wr(&r, 0x03, 0x45, T0 + 3);
+	wr(&r, 0x05, 0x13, T0 + 3);
+	wr(&r, 0x0b, 0x02 | 0x20, T0 + 3);
+	T_CHECK(t, l.level == 1 && l.raises == 1);
+	T_CHECK_EQ(t, rd(&r, 0x0c, T0 + 3), 0xa0);  /* IRQF | AF */
+	wr(&r, 0x0b, 0x02, T0 + 5);                 /* AIE off, armed again 2 s late */
+	wr(&r, 0x0b, 0x02 | 0x20, T0 + 5);
+	T_CHECK_EQ(t, l.raises, 2);
+	rd(&r, 0x0c, T0 + 5);
+	wr(&r, 0x0b, 0x02, T0 + 7);                 /* 4 s late: a day away, as on the part */
+	wr(&r, 0x0b, 0x02 | 0x20, T0 + 7);
+	T_CHECK(t, l.level == 0 && l.raises == 2);
+	wr(&r, 0x0b, 0x02, T0 + 7);                 /* ahead: at its second, not before */
+	wr(&r, 0x01, 0x15, T0 + 7);                 /* 13:45:15 = T0 + 8 */
+	wr(&r, 0x0b, 0x02 | 0x20, T0 + 7);
+	T_CHECK_EQ(t, l.raises, 2);
+	rtc__tick_at(&r, (T0 + 7) * NS + 600000000);
+	rtc__tick_at(&r, (T0 + 8) * NS);
+	T_CHECK(t, l.level == 1 && l.raises == 3);
+	rtc__destroy(&r);
+}
+
 /* Saved with the line high (an alarm the guest has not acknowledged: the
  * VM stopped for the switchover just after it): the destination's
  * irqchip holds that level, so the destination's RTC must lower the line
@@ -371,6 +403,7 @@ int main(void)
 	T_RUN(&t, t_update_irq);
 	T_RUN(&t, t_alarm_irq);
 	T_RUN(&t, t_alarm_late);
+	T_RUN(&t, t_alarm_armed_late);
 	T_RUN(&t, t_load_line_high);
 	T_RUN(&t, t_periodic_irq);
 	return T_DONE(&t);
