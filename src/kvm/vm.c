@@ -403,6 +403,10 @@ static void vm__hold_devices(struct vm *vm, bool parked, uint64_t wait_ns)
 	if (held == n && vm_blk__drain(vm, wait_ns))
 		log_warn("pause: the disk's requests did not all complete or flush (a page not "
 			 "here yet?)");
+	/* the console file holds all the guest wrote, also a line it has not
+	 * ended (after a migration the destination's console goes on with it) */
+	if (parked)
+		serial__flush(&vm->serial);
 	if (held == n)
 		return;
 	while (held)

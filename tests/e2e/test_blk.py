@@ -13,6 +13,10 @@ raw image (one host here: shared storage as NFS would give it).
       source none, and the guest's rounds go on there with no block
       wrong (every write the source acknowledged is in the image: the
       device drained and flushed before the final sync);
+  shared_postcopy  the same, switched to post-copy part way (x-verify):
+      the destination takes the write lock at the switch, its workers
+      read and write guest pages it may still lack, and the guest's
+      rounds go on there with no block wrong;
   device_marks_negative_control  the same migration from the test build
       with the device's writes into guest RAM unreported
       (KMIG_FAULT=no-device-marks): the blocks read into guest memory
@@ -83,6 +87,37 @@ def test_shared_migration(d, vms, check):
     check("dst_active", b.get("x-image-lock") == "write" and b.get("x-active") is True, repr(b))
     check("src_gave_up", sb.get("x-image-lock") != "write" and sb.get("x-active") is False,
           repr(sb))
+    check("disk_goes_on", goes_on(dst, kt.slow(60)), kt.dump(dst))
+    bad = bad_lines(src) + bad_lines(dst)
+    check("no_block_wrong", not bad, " / ".join(bad[:4]))
+
+
+def test_shared_postcopy(d, vms, check):
+    img = image(d)
+    src = blkguest.start(d, vms, check, "src", img)
+    if not src:
+        return
+    uri = "tcp:127.0.0.1:%d" % kt.free_port()
+    dst = kt.kmig_vm(d, "dst", CMDLINE, memory="256M", extra=blk_args(img) + ["--incoming", uri])
+    vms.append(dst)
+    q = src.qmp()
+    kt.set_caps(dst.qmp(), postcopy_ram=True)
+    kt.set_caps(q, postcopy_ram=True, x_verify=True)
+    kt.set_params(q, max_bandwidth=16 << 20)
+    kt.wait_incoming(dst)
+    q.cmd("migrate", uri=uri)
+    deadline = time.time() + kt.slow(60)
+    while q.cmd("query-migrate").get("ram", {}).get("transferred", 0) < 32 << 20 and \
+            time.time() < deadline:
+        time.sleep(0.1)
+    q.cmd("migrate-start-postcopy")
+    r, seen = kt.follow(q, kt.slow(120))
+    if not check("completed", r.get("status") == "completed" and "postcopy-active" in seen,
+                 "%r %r; src %s; dst %s" % (r, seen, kt.dump(src), kt.dump(dst))):
+        return
+    b, sb = block(dst.qmp()), block(q)
+    check("dst_active", b.get("x-image-lock") == "write" and b.get("x-active") is True, repr(b))
+    check("src_gave_up", sb.get("x-image-lock") != "write", repr(sb))
     check("disk_goes_on", goes_on(dst, kt.slow(60)), kt.dump(dst))
     bad = bad_lines(src) + bad_lines(dst)
     check("no_block_wrong", not bad, " / ".join(bad[:4]))

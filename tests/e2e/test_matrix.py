@@ -8,7 +8,10 @@ Dimensions: tracking backend (bitmap, ring of 256, 4096, 65536 entries),
 convergence policy (none at unlimited bandwidth; auto-converge with the
 step or the computed throttle; dirty-limit, which needs the ring),
 parallel channels (off; multifd with 2 channels; multifd with zstd),
-free page hints (off; the balloon driver bound, hints on), 1 and 2 vCPUs.
+free page hints (off; the balloon driver bound, hints on), 1 and 2 vCPUs,
+the disk (none; virtio-blk on one image both sides open, shared storage;
+an image each, the disk in the stream with x-block-migration) with the
+guest's disk workload checking every block it wrote.
 MATRIX is a pairwise cut of them: every pair of values of two dimensions
 appears in some case (dirty-limit pairs only with the ring).  CI runs the
 cases marked ci (every value of every dimension at least once);
@@ -27,29 +30,34 @@ import time
 
 import pytest
 
+import blkguest
 import kmigtest as kt
 
 pytestmark = pytest.mark.kvm
 
-# name: backend, policy, multifd, hints, cpus, ci
+# name: backend, policy, multifd, hints, cpus, disk, ci
 MATRIX = [
-    ("bitmap",    "none",        "off",  False, 1, True),
-    ("ring256",   "step",        "off",  True,  2, True),
-    ("ring4096",  "computed",    "zstd", False, 2, True),
-    ("ring65536", "dirty-limit", "on",   True,  1, True),
-    ("bitmap",    "computed",    "on",   False, 2, True),
-    ("ring4096",  "dirty-limit", "off",  True,  2, True),
-    ("bitmap",    "step",        "zstd", True,  1, False),
-    ("bitmap",    "none",        "zstd", False, 2, False),
-    ("ring256",   "none",        "on",   False, 1, False),
-    ("ring256",   "computed",    "off",  True,  1, False),
-    ("ring256",   "dirty-limit", "zstd", False, 2, False),
-    ("ring4096",  "none",        "zstd", True,  1, False),
-    ("ring4096",  "step",        "on",   False, 1, False),
-    ("ring65536", "none",        "off",  True,  2, False),
-    ("ring65536", "step",        "zstd", False, 2, False),
-    ("ring65536", "computed",    "on",   True,  1, False),
+    ("bitmap",    "none",        "off",  False, 1, "stream", True),
+    ("ring256",   "step",        "off",  True,  2, "shared", True),
+    ("ring4096",  "computed",    "zstd", False, 2, "none",   True),
+    ("ring65536", "dirty-limit", "on",   True,  1, "stream", True),
+    ("bitmap",    "computed",    "on",   False, 2, "shared", True),
+    ("ring4096",  "dirty-limit", "off",  True,  2, "none",   True),
+    ("bitmap",    "step",        "zstd", True,  1, "none",   False),
+    ("bitmap",    "none",        "zstd", False, 2, "shared", False),
+    ("ring256",   "none",        "on",   False, 1, "none",   False),
+    ("ring256",   "computed",    "off",  True,  1, "stream", False),
+    ("ring256",   "dirty-limit", "zstd", False, 2, "shared", False),
+    ("ring4096",  "none",        "zstd", True,  1, "stream", False),
+    ("ring4096",  "step",        "on",   False, 1, "shared", False),
+    ("ring65536", "none",        "off",  True,  2, "shared", False),
+    ("ring65536", "step",        "zstd", False, 2, "stream", False),
+    ("ring65536", "computed",    "on",   True,  1, "none",   False),
 ]
+# the disk workload beside verify (docs/guest.md): 8 MiB of 4 KiB blocks,
+# each read, checked and rewritten, 200 a second (a steady writer, not a
+# flood the link could never keep up with)
+DISK_CMD = " disk=1 disk_mb=8 disk_rate=200"
 
 FULL = os.environ.get("KMIG_TEST_FULL") == "1"
 if not kt.emulated():
@@ -62,11 +70,12 @@ OK_RX = r"^verify ok round=(\d+) cpu=%d pages=\d+ max_gap_ms=(\d+) tsc_back_us=(
 
 
 def case_id(c):
-    return "%s-%s-mf_%s-%s-%dcpu" % (c[0], c[1], c[2], "hints" if c[3] else "nohints", c[4])
+    return "%s-%s-mf_%s-%s-%dcpu-disk_%s" % (c[0], c[1], c[2], "hints" if c[3] else "nohints",
+                                            c[4], c[5])
 
 
 def cases():
-    return [pytest.param(*c[:5], id=case_id(c)) for c in MATRIX if FULL or c[5]]
+    return [pytest.param(*c[:6], id=case_id(c)) for c in MATRIX if FULL or c[6]]
 
 
 def vmm_args(backend, hints):
@@ -74,10 +83,19 @@ def vmm_args(backend, hints):
     return args + (["--balloon"] if hints else [])
 
 
-def migration_settings(policy, multifd):
+def disk_args(d, disk, side):
+    """virtio-blk for one side: shared, one image; stream, one each."""
+    if disk == "none":
+        return []
+    return blkguest.blk_args(blkguest.image(d, "%s.img" % (side if disk == "stream" else "disk"),
+                                            32 << 20))
+
+
+def migration_settings(policy, multifd, disk="none"):
     # a fresh VM has every capability off: only those switched on are set
     on = {"x-verify": True, "auto-converge": policy in ("step", "computed"),
-          "dirty-limit": policy == "dirty-limit", "multifd": multifd != "off"}
+          "dirty-limit": policy == "dirty-limit", "multifd": multifd != "off",
+          "x-block-migration": disk == "stream"}
     caps = {k: True for k, v in on.items() if v}
     params = {"downtime-limit": DOWNTIME_LIMIT_MS,
               "max-bandwidth": 0 if policy == "none" else BANDWIDTH}
@@ -108,22 +126,28 @@ def dst_reports(dst, cpus, n=2, timeout=30):
     return [reports(dst, c) for c in range(cpus)]
 
 
-@pytest.mark.parametrize("backend,policy,multifd,hints,cpus", cases())
-def test_matrix(d, vms, check, backend, policy, multifd, hints, cpus):
-    cmd = "workload=verify mb=%d cpus=%d report_ms=300%s" % (
-        MB_PER_CPU, cpus, " balloon=1 balloon_hint=1" if hints else "")
+@pytest.mark.parametrize("backend,policy,multifd,hints,cpus,disk", cases())
+def test_matrix(d, vms, check, backend, policy, multifd, hints, cpus, disk):
+    cmd = "workload=verify mb=%d cpus=%d report_ms=300%s%s" % (
+        MB_PER_CPU, cpus, " balloon=1 balloon_hint=1" if hints else "",
+        DISK_CMD if disk != "none" else "")
     uri = "tcp:127.0.0.1:%d" % kt.free_port()
     extra = vmm_args(backend, hints)
-    src = kt.kmig_vm(d, "src", cmd, memory=MEMORY, cpus=cpus, extra=extra)
-    dst = kt.kmig_vm(d, "dst", cmd, memory=MEMORY, cpus=cpus, extra=extra + ["--incoming", uri])
+    src = kt.kmig_vm(d, "src", cmd, memory=MEMORY, cpus=cpus,
+                     extra=extra + disk_args(d, disk, "src"))
+    dst = kt.kmig_vm(d, "dst", cmd, memory=MEMORY, cpus=cpus,
+                     extra=extra + disk_args(d, disk, "dst") + ["--incoming", uri])
     vms += [src, dst]
     ready = all(src.console.wait(OK_RX % c, kt.slow(40), proc=src.proc) for c in range(cpus))
     if not check("boot", ready, kt.dump(src)):
         return
+    if disk != "none" and not check("disk_runs", src.console.wait(
+            r"^disk ok round=", kt.slow(40), proc=src.proc), kt.dump(src)):
+        return
     if hints and not check("balloon_bound", src.console.wait(r"^balloon bound", kt.slow(20),
                                                              proc=src.proc), kt.dump(src)):
         return
-    caps, params = migration_settings(policy, multifd)
+    caps, params = migration_settings(policy, multifd, disk)
     r = kt.migrate(src, dst, uri, caps=caps, params=params, timeout=kt.slow(90))
     if not check("completed", r.get("status") == "completed",
                  "query-migrate %r; src %s; dst %s" % (r, kt.dump(src), kt.dump(dst))):
@@ -133,8 +157,11 @@ def test_matrix(d, vms, check, backend, policy, multifd, hints, cpus):
     check("dst_verifies", all(len(a) >= 2 and a[0][0] >= s for a, s in zip(after, src_last)),
           "source's last rounds %r, destination's reports %r; %s"
           % (src_last, after, kt.dump(dst)))
+    if disk != "none":
+        check("disk_goes_on", blkguest.goes_on(dst, kt.slow(30)), kt.dump(dst))
     bad = [ln for ln in (src.console.text() + dst.console.text()).splitlines()
-           if "verify BAD" in ln or "bad_pages" in ln]
+           if "verify BAD" in ln or "bad_pages" in ln] + blkguest.bad_lines(src) + \
+        blkguest.bad_lines(dst)
     check("no_bad", not bad, " / ".join(bad[:4]))
     back = [x[2] for c in range(cpus) for x in reports(dst, c) + reports(src, c)]
     check("clock_never_back", not any(back), "a vCPU's TSC went back (us): %r" % back)
@@ -145,10 +172,11 @@ def test_matrix(d, vms, check, backend, policy, multifd, hints, cpus):
     gap = max([a[0][1] for a in after if a] or [-1])
     down = r.get("downtime", -1)
     print("# matrix %s: total %s ms, downtime %s ms (guest saw %d ms), rounds %s, "
-          "throttle %s%%, transferred %.1f MiB, hinted-skipped %s"
-          % (case_id((backend, policy, multifd, hints, cpus)), r.get("total-time"), down, gap,
+          "throttle %s%%, transferred %.1f MiB, hinted-skipped %s, disk %s"
+          % (case_id((backend, policy, multifd, hints, cpus, disk)), r.get("total-time"), down, gap,
              r.get("ram", {}).get("dirty-sync-count"), r.get("cpu-throttle-percentage"),
-             r.get("ram", {}).get("transferred", 0) / 2 ** 20, r.get("x-free-pages-skipped")))
+             r.get("ram", {}).get("transferred", 0) / 2 ** 20, r.get("x-free-pages-skipped"),
+             r.get("disk")))
     # The guest cannot see much less than the pause (its clock runs on
     # across it), nor, beyond its progress granularity and scheduling,
     # more.  A throttled vCPU also sleeps up to THROTTLE_SLEEP_MS in one

@@ -147,7 +147,9 @@ class Run:
                 " ".join(argv), self.proc.stderr.read()[-500:]))
         self.ready = json.loads(line)["ready"]
 
-    def stop(self, timeout=15.0):
+    def stop(self, timeout=60.0):
+        # generous: an emulated machine (scripts/kvm-vm) under two
+        # migrations stalled a prober's exit past 15 s once
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.wait(timeout)
