@@ -46,10 +46,10 @@ def bad_lines(vm):
             if "disk BAD" in l or "verify BAD" in l or "disk error" in l]
 
 
-def start(d, vms, check, name, img, **kw):
+def start(d, vms, check, name, img, cmdline=CMDLINE, **kw):
     """A kmig VM running the workload on img (kw: kmig_vm's); None, with
     the check failed, if its disk rounds do not start."""
-    vm = kt.kmig_vm(d, name, CMDLINE, memory="256M", extra=blk_args(img), **kw)
+    vm = kt.kmig_vm(d, name, cmdline, memory="256M", extra=blk_args(img), **kw)
     vms.append(vm)
     ok = vm.console.wait(r"^disk ok round=", kt.slow(90), proc=vm.proc) is not None
     return vm if check("disk_runs", ok, kt.dump(vm)) else None
