@@ -3,6 +3,7 @@
 #include <errno.h>
 
 #include "ctl/control.h"
+#include "kvm/vm_blk.h"
 
 static json_t *cmd_query_status(void *ctx, json_t *args, struct qmp_error *err)
 {
@@ -26,8 +27,18 @@ static json_t *cmd_stop(void *ctx, json_t *args, struct qmp_error *err)
 static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct control *c = ctx;
+	char why[512];
 	if (qmp_arg__check_known(args, NULL, err))
 		return NULL;
+	/* a source whose migration gave its image up (completed, or failed
+	 * after the last state went) takes it back first, as QEMU does: not
+	 * while another process (the destination) holds it */
+	enum vm_status st = vm__status(c->vm);
+	if ((st == VM_STATUS_PAUSED || st == VM_STATUS_POSTMIGRATE) &&
+	    vm_blk__activate(c->vm, why, sizeof(why))) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: %s", why);
+		return NULL;
+	}
 	if (control__cont_vm(c))
 		return NULL;
 	switch (vm__status(c->vm)) {

@@ -10,7 +10,8 @@ raw image (one host here: shared storage as NFS would give it).
       I/O); a migration cancelled in its bulk pass leaves the source
       writing (lock kept, rounds go on, no error); the migration with
       x-verify completes, the destination holds the write lock and the
-      source none, and the guest's rounds go on there with no block
+      source none (a `cont` there is refused: it would take the image
+      back), and the guest's rounds go on there with no block
       wrong (every write the source acknowledged is in the image: the
       device drained and flushed before the final sync);
   shared_postcopy  the same, switched to post-copy part way (x-verify):
@@ -87,6 +88,15 @@ def test_shared_migration(d, vms, check):
     check("dst_active", b.get("x-image-lock") == "write" and b.get("x-active") is True, repr(b))
     check("src_gave_up", sb.get("x-image-lock") != "write" and sb.get("x-active") is False,
           repr(sb))
+    # cont on the source would take the image back: not while the
+    # destination holds it
+    try:
+        q.cmd("cont")
+        refused = ""
+    except RuntimeError as e:
+        refused = str(e)
+    check("cont_refused", "in use by another process" in refused and
+          q.cmd("query-status").get("status") == "postmigrate", refused)
     check("disk_goes_on", goes_on(dst, kt.slow(60)), kt.dump(dst))
     bad = bad_lines(src) + bad_lines(dst)
     check("no_block_wrong", not bad, " / ".join(bad[:4]))

@@ -40,8 +40,8 @@ CI runs the cells in CI_CELLS; KMIG_TEST_FULL=1 runs all 45.
 """
 import pytest
 
-from faultmatrix import (CI_CELLS, FAULTS, FULL, PHASES, VerifyGuest,  # noqa: F401
-                         run_cell)
+from faultmatrix import (CI_CELLS, FAULTS, FULL, PHASES, DiskGuest,  # noqa: F401
+                         VerifyGuest, run_cell)
 
 pytestmark = pytest.mark.kvm
 
@@ -54,5 +54,23 @@ def cells():
 @pytest.mark.parametrize("phase,fault", cells())
 def test_fault(d, vms, check, phase, fault):
     run_cell(VerifyGuest(d), vms, check, phase, fault)
+
+
+# the disk in the stream (x-block-migration): the link cut or the
+# destination killed in the disk's bulk pass, the link cut at the
+# switchover with the guest's disk requests in flight when it stopped
+DISK_CELLS = [("disk-bulk", "cut"), ("disk-bulk", "kill-dst"), ("switchover", "cut")]
+
+
+@pytest.mark.parametrize("phase,fault", [pytest.param(p, f, id="%s-%s" % (p, f))
+                                         for p, f in DISK_CELLS])
+def test_disk_fault(d, vms, check, phase, fault):
+    """As test_fault, with the disk workload on an image each side; the
+    guest the test ends with finds no block wrong."""
+    vm = run_cell(DiskGuest(d), vms, check, phase, fault)
+    bad = [ln for v in vms for ln in v.console.text().splitlines()
+           if "disk BAD" in ln or "disk error" in ln]
+    check("no_block_wrong", not bad, " / ".join(bad[:4]))
+    check("ends_running", vm is not None, "no VM runs the guest at the end")
 
 

@@ -12,7 +12,7 @@ import time
 import kmigtest as kt
 from faultproxy import FaultProxy
 
-START, PAGES, STATE = 1, 2, 4
+START, PAGES, STATE, DISK = 1, 2, 4, 12
 CMD = "workload=verify mb=8 report_ms=200"
 MEMORY = "128M"
 BANDWIDTH = 8000000          # bytes/s: a bulk pass of ~1.5 s, dirty rounds
@@ -22,7 +22,8 @@ FAULTS = ["stall", "cut", "truncate", "duplicate", "corrupt",
           "kill-src", "kill-dst", "stop-src", "stop-dst"]
 LINK = ("stall", "cut", "truncate", "duplicate", "corrupt")
 AT = {"setup": ("record", START, 1), "bulk": ("record", PAGES, 5), "dirty": ("manual",),
-      "switchover": ("record", STATE, 3), "after-end": ("after-end",)}
+      "switchover": ("record", STATE, 3), "after-end": ("after-end",),
+      "disk-bulk": ("record", DISK, 8)}     # DiskGuest: in the disk's bulk pass
 
 # the expected outcome of each cell (docs/protocol.md has the same table)
 EXPECT = {}
@@ -32,6 +33,7 @@ for _p in ("setup", "bulk", "dirty"):
                    (_p, "kill-src"): "dst-fails", (_p, "kill-dst"): "runs",
                    (_p, "stop-src"): "completes", (_p, "stop-dst"): "completes"})
 EXPECT[("setup", "duplicate")] = "runs"       # a second START is refused
+EXPECT.update({("disk-bulk", f): EXPECT[("bulk", f)] for f in FAULTS})
 # before START reaches it the destination holds no migration: a connection
 # that sends nothing and closes, or whose first record is not START (a
 # corrupt type), is a stray to it (dropped, counted in
@@ -83,12 +85,32 @@ class VerifyGuest:
     test_linux_faults.py has a Linux one with the same methods."""
     ok_rx = OK_RX        # a line the running guest prints again and again
     boot_s = 40
+    caps = {}            # capabilities every migration of it needs
 
     def __init__(self, d):
         self.d = d
 
     def vm(self, name, extra=()):
         vm = kt.kmig_vm(self.d, name, CMD, memory=MEMORY, extra=list(extra))
+        vm.ok_rx = self.ok_rx
+        return vm
+
+
+class DiskGuest(VerifyGuest):
+    """The test guest with its disk workload (docs/guest.md, disk=1) on an
+    image of each VM's own, the disk carried in the stream
+    (x-block-migration); its progress lines are the disk's reports."""
+    ok_rx = r"^disk ok round="
+    caps = {"x-block-migration": True}
+    cmd = CMD + " disk=1 disk_mb=2 disk_rate=0"
+
+    def vm(self, name, extra=()):
+        img = os.path.join(self.d, name + ".img")
+        with open(img, "wb") as f:
+            f.truncate(16 << 20)
+        blk = ["--drive", "file=%s,format=raw,if=none,id=d0" % img,
+               "--device", "virtio-blk-pci,drive=d0"]
+        vm = kt.kmig_vm(self.d, name, self.cmd, memory=MEMORY, extra=blk + list(extra))
         vm.ok_rx = self.ok_rx
         return vm
 
@@ -124,7 +146,8 @@ def retry(guest, vms, check, src, name="retry"):
     vms.append(dst)
     q = src.qmp()
     q.cmd("migrate-set-parameters", **{"max-bandwidth": 0, "downtime-limit": 10000})
-    r = kt.migrate(src, dst, uri, caps={"x-verify": True}, timeout=kt.slow(60))
+    r = kt.migrate(src, dst, uri, caps=dict(guest.caps, **{"x-verify": True}),
+                   timeout=kt.slow(60))
     check("retry_completes", r.get("status") == "completed", "query-migrate %r; %s; %s"
           % (r, dump(src), dump(dst)))
     check("retry_guest_goes_on", goes_on(dst), dump(dst))
@@ -142,6 +165,7 @@ class Cell:
         """src: a VM running the guest already (else a new one); tag: a
         suffix for the new VMs' names."""
         self.phase, self.fault = phase, fault
+        self.caps = guest.caps
         self.dst_uri_port = kt.free_port()
         self.src = src or guest.vm("src" + tag)
         self.dst = guest.vm("dst" + tag, ["--incoming", "tcp:127.0.0.1:%d" % self.dst_uri_port])
@@ -172,7 +196,7 @@ class Cell:
         # the late phases need a migration that converges; the early ones
         # one that does not yet (raised after the fault when it must end)
         converge = self.phase in ("switchover", "after-end")
-        kt.set_caps(q, x_verify=True)
+        kt.set_caps(q, x_verify=True, **{k.replace("-", "_"): v for k, v in self.caps.items()})
         q.cmd("migrate-set-parameters", **{"max-bandwidth": BANDWIDTH,
                                            "downtime-limit": 10000 if converge else 1})
         q.cmd("migrate", uri="tcp:127.0.0.1:%d" % self.proxy.port)
