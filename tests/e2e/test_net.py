@@ -6,7 +6,7 @@ them, the client probing the guest from its own namespace on A's bridge.
 
   udp_across_migration  a guest under verify load answers probes (one
       every 10 ms) before, during and after a migration A -> B with
-      x-verify: completed, every echo intact, replies after the switchover
+      x-verify over TLS (PSK, on both sides): completed, every echo intact, replies after the switchover
       come through B (A's bridge learned the guest's MAC on the wire from
       the destination's RARP announcements, 5 rounds counted), the source
       counted the frames it dropped at the switchover; set_link down stops
@@ -27,7 +27,9 @@ them, the client probing the guest from its own namespace on A's bridge.
 Longest gap in replies, probes lost and the first reply after the
 switchover are printed (timings under emulation are not performance).
 """
+import os
 import re
+import subprocess
 import time
 
 import pytest
@@ -52,18 +54,28 @@ def hosts():
         yield h
 
 
-def start_pair(d, vms, h, kmig=None, env=None):
-    src = kt.kmig_vm(d, "src", CMDLINE, memory="256M", extra=NET, kmig=kmig, env=env,
-                     netns=h["a"])
+def psk(d):
+    """--object arguments of a PSK credential "k0" (tests/lib/make-certs.sh)."""
+    keys = os.path.join(d, "keys")
+    subprocess.run([os.path.join(kt.ROOT, "tests/lib/make-certs.sh"), keys], check=True)
+    return ["--object", "tls-creds-psk,id=k0,dir=%s/psk" % keys]
+
+
+def start_pair(d, vms, h, kmig=None, env=None, tls=()):
+    """tls: --object arguments for both sides; the destination then takes
+    only TLS (--tls-creds k0)."""
+    src = kt.kmig_vm(d, "src", CMDLINE, memory="256M", extra=NET + list(tls), kmig=kmig,
+                     env=env, netns=h["a"])
     vms.append(src)
-    dst, uri = start_dst(d, vms, h, "dst", 4444, kmig=kmig)
+    dst, uri = start_dst(d, vms, h, "dst", 4444, kmig=kmig,
+                         extra=list(tls) + (["--tls-creds", "k0"] if tls else []))
     return src, dst, uri
 
 
-def start_dst(d, vms, h, name, port, kmig=None):
+def start_dst(d, vms, h, name, port, kmig=None, extra=()):
     uri = "tcp:%s:%d" % (h["KMIG_NET_B"], port)
-    dst = kt.kmig_vm(d, name, CMDLINE, memory="256M", extra=NET + ["--incoming", uri],
-                     kmig=kmig, netns=h["b"])
+    dst = kt.kmig_vm(d, name, CMDLINE, memory="256M",
+                     extra=NET + list(extra) + ["--incoming", uri], kmig=kmig, netns=h["b"])
     vms.append(dst)
     return dst, uri
 
@@ -87,7 +99,7 @@ def counters(vm):
 
 def test_udp_across_migration(d, vms, check, hosts):
     h = hosts
-    src, dst, uri = start_pair(d, vms, h)
+    src, dst, uri = start_pair(d, vms, h, tls=psk(d))
     if not check("link_up", link_up(src), kt.dump(src)):
         return
     q = src.qmp()
@@ -125,7 +137,7 @@ def test_udp_across_migration(d, vms, check, hosts):
     p = netprobe.probe(GUEST_IP, PORT, interval_ms=10, netns=h["c"])
     time.sleep(0.5)
     r = kt.migrate(src, dst, uri, caps={"x-verify": True},
-                   params={"max-bandwidth": 64 << 20}, timeout=kt.slow(120))
+                   params={"max-bandwidth": 64 << 20, "tls-creds": "k0"}, timeout=kt.slow(120))
     done = time.monotonic()
     time.sleep(kt.slow(3))
     pr = p.stop()
@@ -137,6 +149,8 @@ def test_udp_across_migration(d, vms, check, hosts):
           "%d of %d probes lost, first reply %.0f ms after completion" %
           (r.get("downtime"), pr.max_gap()[0] * 1000, pr.lost, len(pr.sent),
            (first - done) * 1000 if first else -1))
+    check("tls_on_both", "TLS 1.3 with 'k0'" in src.output() and
+          "TLS 1.3 with 'k0'" in dst.output(), src.output()[-300:] + dst.output()[-300:])
     check("echo_after", first is not None, pr.summary())
     check("echo_intact", not pr.mismatched, pr.summary())
     # the destination announced the guest: 5 rounds, and A's bridge now

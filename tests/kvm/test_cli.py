@@ -113,7 +113,7 @@ def test_version(check, args):
 # (command line, words the help on stdout must hold)
 HELP = [(["--help"], ["kmig run", "kmig migrate"]), (["-h"], ["kmig run"]),
         (["run", "--help"], ["--kernel", "--incoming"]),
-        (["migrate", "--help"], ["--qmp", "URI", "--bandwidth", "--postcopy"])]
+        (["migrate", "--help"], ["--qmp", "URI", "--bandwidth", "--postcopy", "--disk"])]
 
 
 @pytest.mark.parametrize("args, words", HELP, ids=[" ".join(a) for a, _ in HELP])
@@ -129,6 +129,8 @@ BAD_MIGRATE = [
     ("no_uri", ["--qmp", "unix:/nonexistent"], ["URI", "missing"]),
     ("two_uris", ["--qmp", "unix:/nonexistent", "a", "b"], ["more than one"]),
     ("bad_bandwidth", ["--qmp", "unix:/x", "--bandwidth", "fast", "tcp:h:1"], ["--bandwidth"]),
+    ("disk_postcopy", ["--qmp", "unix:/x", "--disk", "--postcopy", "auto", "tcp:h:1"],
+     ["--disk", "post-copy"]),
 ]
 
 
