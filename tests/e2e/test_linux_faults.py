@@ -30,6 +30,7 @@ class LinuxGuest:
     """Linux with memcheck verify over 64 MiB, 1 vCPU, 512 MiB."""
     ok_rx = lg.REPORT_OK
     boot_s = 120
+    caps = {}            # capabilities every migration of it needs (none)
 
     def __init__(self, d):
         self.d = d

@@ -146,8 +146,8 @@ def retry(guest, vms, check, src, name="retry"):
     vms.append(dst)
     q = src.qmp()
     q.cmd("migrate-set-parameters", **{"max-bandwidth": 0, "downtime-limit": 10000})
-    r = kt.migrate(src, dst, uri, caps=dict(guest.caps, **{"x-verify": True}),
-                   timeout=kt.slow(60))
+    caps = dict(guest.caps, **{"x-verify": True})
+    r = kt.migrate(src, dst, uri, caps=caps, timeout=kt.slow(60))
     check("retry_completes", r.get("status") == "completed", "query-migrate %r; %s; %s"
           % (r, dump(src), dump(dst)))
     check("retry_guest_goes_on", goes_on(dst), dump(dst))
