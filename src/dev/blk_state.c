@@ -3,7 +3,8 @@
  *   u64 image size in bytes, u32 logical block size, u8 flags (1 read-only,
  *   2 write cache, 4 discard), u8[3] 0, serial[20].
  * No request is carried: the source drained before the save (a request
- * still in flight is waited for here).  The destination's device must be
+ * still in flight is waited for here), and a save is refused while
+ * requests are kept after an I/O error (werror/rerror=stop).  The destination's device must be
  * configured alike and its image be of the same size. */
 #include <errno.h>
 #include <stdio.h>
@@ -29,6 +30,12 @@ int blk__save(struct blk *b, state_put_fn put, void *ctx)
 	pthread_mutex_lock(&b->vp.lock);
 	while (b->inflight)
 		pthread_cond_wait(&b->idle, &b->vp.lock);
+	if (b->nkept) {
+		log_err("virtio-blk state: %u requests are kept after an I/O error (werror/rerror="
+			"stop) and would be lost: not saved", b->nkept);
+		pthread_mutex_unlock(&b->vp.lock);
+		return -EBUSY;
+	}
 	long tl = virtio_pci__save(&b->vp, buf + 8, VIRTIO_PCI_STATE_MAX);
 	size_t pos = 0;
 	if (tl >= 0) {
@@ -99,6 +106,7 @@ int blk__load(struct blk *b, const void *data, size_t len, char *why, size_t why
 			rc = -EINVAL;
 		} else {
 			b->gen++;           /* nothing older may be returned */
+			blk__drop_kept(b);
 		}
 	}
 	pthread_mutex_unlock(&b->vp.lock);

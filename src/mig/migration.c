@@ -10,6 +10,7 @@
 #include "base/timeutil.h"
 #include "ctl/control.h"
 #include "kvm/vm.h"
+#include "kvm/vm_blk.h"
 #include "mem/dirty.h"
 
 #define MIG_DEFAULT_BANDWIDTH (128ull << 20) /* QEMU's default max-bandwidth */
@@ -169,10 +170,12 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 		snprintf(err, errlen, "There's a migration process in progress");
 		return -EBUSY;
 	}
-	if (vs != VM_STATUS_RUNNING && vs != VM_STATUS_PAUSED) {
+	if (vs != VM_STATUS_RUNNING && vs != VM_STATUS_PAUSED && vs != VM_STATUS_IO_ERROR) {
 		snprintf(err, errlen, "Cannot migrate a VM that is %s", vm_status__name(vs));
 		return -EINVAL;
 	}
+	if (vm_blk__check_kept(m->vm, err, errlen))
+		return -EBUSY;
 	if (calcrate__measuring_bitmap(&m->calc)) {
 		snprintf(err, errlen, "a dirty-bitmap calc-dirty-rate is measuring; retry when it is done");
 		return -EBUSY;
