@@ -44,10 +44,10 @@
  * when the VM runs again, marks them for the next queue notification,
  * which submits them again, in order, before it takes new chains (so a
  * retry runs on the thread that notifies, never while the VM's devices
- * are held).  A driver reset or a state load drops them.  A state save
- * is refused while any is kept (-EBUSY): they live only here.  Requests
- * the backend refuses at submission (an inactive image, a write to a
- * read-only one) and malformed ones are answered IOERR, no policy. */
+ * are held).  A driver reset drops them; the state section carries them
+ * (a migration's destination retries them when the guest runs there).
+ * Requests the backend refuses at submission (an inactive image, a write
+ * to a read-only one) and malformed ones are answered IOERR, no policy. */
 #ifndef KMIG_DEV_BLK_H
 #define KMIG_DEV_BLK_H
 
@@ -167,10 +167,19 @@ enum blk_io_status blk__io_status(struct blk *b);
 bool blk__restart(struct blk *b);
 
 /* STATE_DEV_BLK (instance 0): transport, configuration, the image's size
- * (the destination's must be the same).  Waits for requests in flight
- * (a save happens with the VM paused and drained: there are none).
- * -EBUSY while requests are kept after an error (they would be lost). */
+ * (the destination's must be the same), and the requests kept after an
+ * I/O error (section version BLK_STATE_VERSION_KEPT, only while there
+ * are some; else BLK_STATE_VERSION_PLAIN, the layout of kmig before
+ * them).  Waits for requests in flight (a save happens with the VM paused
+ * and drained: there are none).  blk__load takes either version; the
+ * kept requests are read again from guest RAM (loaded first) and kept
+ * here, retried at the first blk__restart. */
+#define BLK_STATE_VERSION_PLAIN 1
+#define BLK_STATE_VERSION_KEPT 2
 int blk__save(struct blk *b, state_put_fn put, void *ctx) KMIG_MUST_CHECK;
-int blk__load(struct blk *b, const void *data, size_t len, char *why, size_t whylen) KMIG_MUST_CHECK;
+int blk__load(struct blk *b, uint32_t version, const void *data, size_t len, char *why,
+	      size_t whylen) KMIG_MUST_CHECK;
+/* Requests kept now (never takes vp.lock). */
+unsigned blk__kept(struct blk *b);
 
 #endif

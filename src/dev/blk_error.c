@@ -110,6 +110,11 @@ bool blk__restart(struct blk *b)
 	return some;
 }
 
+unsigned blk__kept(struct blk *b)
+{
+	return (unsigned)__atomic_load_n(&b->stats.kept, __ATOMIC_RELAXED);
+}
+
 enum blk_io_status blk__io_status(struct blk *b)
 {
 	return (enum blk_io_status)__atomic_load_n(&b->io_status, __ATOMIC_RELAXED);

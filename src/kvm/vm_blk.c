@@ -144,17 +144,7 @@ void vm_blk__restart(struct vm *vm)
 		ioevent__signal(vm->blk_notify, 0);
 }
 
-int vm_blk__check_kept(struct vm *vm, char *err, size_t errlen)
+unsigned vm_blk__kept(struct vm *vm)
 {
-	struct blk_stats st;
-	if (!vm->blk)
-		return 0;
-	blk__get_stats(vm->blk, &st);
-	if (!st.kept)
-		return 0;
-	snprintf(err, errlen, "virtio-blk keeps %llu requests that failed with action stop "
-		 "(werror/rerror) for a retry, which a migration would lose: make the image "
-		 "writable again and resume the guest with cont first",
-		 (unsigned long long)st.kept);
-	return -EBUSY;
+	return vm->blk ? blk__kept(vm->blk) : 0;
 }

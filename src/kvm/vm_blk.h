@@ -44,8 +44,9 @@ int vm_blk__inactivate(struct vm *vm) KMIG_MUST_CHECK;
  * requests it kept after an I/O error with action stop, in order, on its
  * notification thread.  No-op without a disk or such requests. */
 void vm_blk__restart(struct vm *vm);
-/* -EBUSY with err set while the disk keeps such requests: a migration
- * would lose them (they are not in the device's state section). */
-int vm_blk__check_kept(struct vm *vm, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* How many such requests the disk keeps (0 without a disk).  They
+ * migrate in its state section: a destination loaded with some stays in
+ * io-error until cont, unless the source was running. */
+unsigned vm_blk__kept(struct vm *vm);
 
 #endif

@@ -10,7 +10,6 @@
 #include "base/timeutil.h"
 #include "ctl/control.h"
 #include "kvm/vm.h"
-#include "kvm/vm_blk.h"
 #include "mem/dirty.h"
 
 #define MIG_DEFAULT_BANDWIDTH (128ull << 20) /* QEMU's default max-bandwidth */
@@ -174,8 +173,6 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 		snprintf(err, errlen, "Cannot migrate a VM that is %s", vm_status__name(vs));
 		return -EINVAL;
 	}
-	if (vm_blk__check_kept(m->vm, err, errlen))
-		return -EBUSY;
 	if (calcrate__measuring_bitmap(&m->calc)) {
 		snprintf(err, errlen, "a dirty-bitmap calc-dirty-rate is measuring; retry when it is done");
 		return -EBUSY;

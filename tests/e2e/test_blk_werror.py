@@ -5,15 +5,16 @@ rewritten) on a sparse 4 MiB image that lives on a tmpfs of 1 MiB, so
 that the first round's writes run out of space (ENOSPC).  Needs root
 (it mounts the tmpfs); without it the test fails, it does not skip.
 
-  enospc_stop_cont  with werror's default (enospc) the VM stops in
-      io-error: BLOCK_IO_ERROR with QEMU's fields (operation write,
+  enospc_stop_migrate_cont  with werror's default (enospc) the VM stops
+      in io-error: BLOCK_IO_ERROR with QEMU's fields (operation write,
       action stop, nospace, the reason), STOP, query-status io-error
       (running false), query-block io-status nospace with requests kept;
-      a migration is refused while they are kept (they would be lost);
-      after the tmpfs is grown, cont resumes the VM, the kept writes are
-      retried, and the guest's own rounds go on with no error: the next
-      round reads every block back (each retried write included) and
-      finds none lost or wrong.
+      cont with the disk still full retries them and the VM stops again;
+      the VM in io-error migrates (x-verify; shared image) and the
+      destination comes up in io-error holding the same kept requests;
+      after the tmpfs is grown, cont there retries them and the guest's
+      rounds go on with no error: the next round reads every block back
+      (the retried writes included) and finds none lost or wrong.
 """
 import os
 import re
@@ -38,67 +39,84 @@ def bad_lines(vm):
             if "disk BAD" in line or "disk error" in line]
 
 
-def mount_small(path, size):
-    os.makedirs(path, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size, "kmig-werror", path],
-                   check=True)
+def blk_args(img):
+    return ["--drive", "file=%s,format=raw,if=none,id=d0" % img,
+            "--device", "virtio-blk-pci,drive=d0,rerror=report"]
 
 
-def test_enospc_stop_cont(d, vms, check):
+def test_enospc_stop_migrate_cont(d, vms, check):
     assert os.geteuid() == 0, "needs root: it mounts a small tmpfs for the image"
     small = os.path.join(d, "small")
-    mount_small(small, "1M")
+    os.makedirs(small)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "kmig-werror", small], check=True)
     try:
-        run_enospc(d, small, vms, check)
+        run(d, small, vms, check)
     finally:
         subprocess.run(["umount", "-l", small], check=False)
 
 
-def run_enospc(d, small, vms, check):
-    img = os.path.join(small, "disk.img")
-    subprocess.run(["truncate", "-s", "4M", img], check=True)
-    vm = kt.kmig_vm(d, "vm", CMDLINE, memory="128M", extra=[
-        "--drive", "file=%s,format=raw,if=none,id=d0" % img,
-        "--device", "virtio-blk-pci,drive=d0,rerror=report"])
-    vms.append(vm)
-    q = vm.qmp()
+def stopped(q, vm, check, name):
+    """Waits for BLOCK_IO_ERROR (action stop, ENOSPC) and STOP: io-error."""
     ev = q.wait_event("BLOCK_IO_ERROR", kt.slow(60))
-    if not check("io_error_event", ev is not None, kt.dump(vm)):
-        return
+    if not check(name + "_event", ev is not None, kt.dump(vm)):
+        return False
     data = ev.get("data", {})
-    check("event_fields", data.get("device") == "d0" and data.get("node-name") == "d0" and
+    check(name + "_fields", data.get("device") == "d0" and data.get("node-name") == "d0" and
           data.get("operation") == "write" and data.get("action") == "stop" and
           data.get("nospace") is True and data.get("reason") == os.strerror(28), repr(ev))
-    check("stop_event", q.wait_event("STOP", kt.slow(10)) is not None, repr(q.events))
+    check(name + "_stop", q.wait_event("STOP", kt.slow(10)) is not None, repr(q.events))
     st = q.cmd("query-status")
-    check("io_error_status", st.get("status") == "io-error" and st.get("running") is False,
-          repr(st))
+    return check(name + "_io_error", st.get("status") == "io-error" and
+                 st.get("running") is False, repr(st))
+
+
+def kept(q):
     b = q.cmd("query-block")[0]
-    kept = b.get("x-counters", {}).get("kept", 0)
-    check("io_status", b.get("io-status") == "nospace" and kept > 0, repr(b))
-    # a migration would lose the kept writes: refused
-    r = q.cmd_full("migrate", uri="tcp:127.0.0.1:%d" % kt.free_port())
-    desc = r.get("error", {}).get("desc", "")
-    check("migrate_refused", "keeps" in desc and "cont" in desc, repr(r))
-    before = len(reports(vm))
-    # room again: cont retries the kept writes and the guest goes on
-    subprocess.run(["mount", "-o", "remount,size=16M", small], check=True)
+    return b.get("io-status"), b.get("x-counters", {}).get("kept", 0)
+
+
+def run(d, small, vms, check):
+    img = os.path.join(small, "disk.img")
+    subprocess.run(["truncate", "-s", "4M", img], check=True)
+    src = kt.kmig_vm(d, "src", CMDLINE, memory="128M", extra=blk_args(img))
+    vms.append(src)
+    q = src.qmp()
+    if not stopped(q, src, check, "first"):
+        return
+    ios, n = kept(q)
+    check("io_status", ios == "nospace" and n > 0, "%r %r" % (ios, n))
+    # cont with the disk still full: retried, failed again, stopped again
     q.events.clear()
     q.cmd("cont")
-    check("resume_event", q.wait_event("RESUME", kt.slow(10)) is not None, repr(q.events))
-    st = q.cmd("query-status")
-    check("running", st.get("status") == "running", repr(st))
-    # round 2 reads back every block the first round wrote (the retried
-    # writes among them): a report of round 3 means it has checked them all
-    got = vm.console.wait(r"^disk \w+ round=3 ", kt.slow(90), proc=vm.proc)
-    check("round_2_done", got is not None, kt.dump(vm))
-    r = reports(vm)
+    check("resume", q.wait_event("RESUME", kt.slow(10)) is not None, repr(q.events))
+    if not stopped(q, src, check, "again"):
+        return
+    # the VM in io-error migrates with its kept requests
+    ios, n = kept(q)
+    uri = "tcp:127.0.0.1:%d" % kt.free_port()
+    dst = kt.kmig_vm(d, "dst", CMDLINE, memory="128M", extra=blk_args(img) + ["--incoming", uri])
+    vms.append(dst)
+    r = kt.migrate(src, dst, uri, caps={"x-verify": True}, timeout=kt.slow(60))
+    if not check("completed", r.get("status") == "completed",
+                 "%r; src %s; dst %s" % (r, kt.dump(src), kt.dump(dst))):
+        return
+    dq = dst.qmp()
+    st = dq.cmd("query-status")
+    check("dst_io_error", st.get("status") == "io-error", repr(st))
+    check("dst_kept", kept(dq) == (ios, n), "%r, source had %r" % (kept(dq), (ios, n)))
+    before = len(reports(dst))
+    # room again: cont on the destination retries them, the guest goes on
+    subprocess.run(["mount", "-o", "remount,size=16M", small], check=True)
+    dq.cmd("cont")
+    check("dst_running", dq.cmd("query-status").get("status") == "running", "")
+    # round 2 reads back every block round 1 wrote (the retried writes
+    # among them): a report of round 3 means it has checked them all
+    got = dst.console.wait(r"^disk \w+ round=3 ", kt.slow(90), proc=dst.proc)
+    check("round_2_done", got is not None, kt.dump(dst))
+    r = reports(dst)
     check("reports_ok", len(r) > before and all(x[0] == "ok" for x in r), repr(r[-6:]))
-    bad = bad_lines(vm)
+    bad = bad_lines(src) + bad_lines(dst)
     check("no_block_wrong", not bad, " / ".join(bad[:4]))
-    b = q.cmd("query-block")[0]
-    c = b.get("x-counters", {})
-    check("retried", b.get("io-status") == "ok" and c.get("kept") == 0 and
-          c.get("io-errors", 0) >= kept, repr(b))
-    check("no_second_stop", q.cmd("query-status").get("status") == "running",
-          repr(q.events))
+    check("retried", kept(dq) == ("ok", 0), repr(kept(dq)))
+    check("no_other_stop", dq.cmd("query-status").get("status") == "running",
+          repr(dq.events))

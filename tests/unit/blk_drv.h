@@ -1,6 +1,8 @@
 /* The fake virtio-blk driver of the blk unit tests (test_blk.c): fake
  * guest RAM, a PCI bus with the device, a queue the test fills by hand,
- * a real image file in a temporary directory.  No KVM. */
+ * a real image file in a temporary directory; for the error policy a
+ * recorder of the device's error reports and a tmpfs of 1 MiB that the
+ * writes fill (mounted here: root only).  No KVM. */
 #ifndef KMIG_TESTS_BLK_DRV_H
 #define KMIG_TESTS_BLK_DRV_H
 
@@ -8,6 +10,8 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/timeutil.h"
@@ -315,6 +319,121 @@ static void file_read(struct drv *d, uint64_t off, void *buf, size_t len)
 	if (fd < 0 || pread(fd, buf, len, (off_t)off) != (ssize_t)len)
 		abort();
 	close(fd);
+}
+
+/* ---- the error policy: events, a file system that fills up ---- */
+
+struct errs {
+	pthread_mutex_t lock;
+	struct blk_io_error e[64];
+	unsigned n;
+};
+
+static void on_err(void *ctx, const struct blk_io_error *e)
+{
+	struct errs *x = ctx;
+	pthread_mutex_lock(&x->lock);
+	if (x->n < 64)
+		x->e[x->n] = *e;
+	x->n++;
+	pthread_mutex_unlock(&x->lock);
+}
+
+/* Events so far; *all_like: each is (write, action, error). */
+static unsigned errs_like(struct errs *x, bool write, enum blk_err_action a, int error,
+			  bool *all_like)
+{
+	pthread_mutex_lock(&x->lock);
+	unsigned n = x->n;
+	*all_like = n > 0;
+	for (unsigned i = 0; i < n && i < 64; i++)
+		*all_like &= x->e[i].write == write && x->e[i].action == a && x->e[i].error == error;
+	pthread_mutex_unlock(&x->lock);
+	return n;
+}
+
+#define SMALL_SIZE "size=1M"
+#define NFILL 8                      /* writes of FILL bytes: twice the small tmpfs */
+#define FILL (256u << 10)
+
+static char small_dir[96];
+
+/* A tmpfs of 1 MiB at tmpdir/small (empty, or regrown to MiB when > 0). */
+static int small_fs(unsigned mib)
+{
+	char opt[32];
+	snprintf(small_dir, sizeof(small_dir), "%s/small", tmpdir);
+	if (!mib) {
+		(void)umount2(small_dir, MNT_DETACH);
+		if (mkdir(small_dir, 0700) && errno != EEXIST)
+			return -errno;
+		return mount("kmig-test", small_dir, "tmpfs", 0, SMALL_SIZE) ? -errno : 0;
+	}
+	snprintf(opt, sizeof(opt), "size=%uM", mib);
+	return mount("kmig-test", small_dir, "tmpfs", MS_REMOUNT, opt) ? -errno : 0;
+}
+
+/* A device over a sparse 4 MiB image on a fresh small tmpfs, started:
+ * 0, or the failure (checked: not root, the mount is refused). */
+static int full_disk(struct t *t, struct drv *d, struct dopts *o, const char *name)
+{
+	int rc = small_fs(0);
+	T_CHECK_EQ(t, rc, 0);
+	if (rc)
+		return rc;
+	o->dir = small_dir;
+	o->size = 4u << 20;
+	rc = drv_init(d, name, o, true);
+	T_CHECK_EQ(t, rc, 0);
+	if (!rc)
+		drv_start(d);
+	return rc;
+}
+
+/* NFILL writes of FILL bytes, each its own data (request k at byte
+ * k * FILL), kicked; waits until each was answered or kept.  The count
+ * kept. */
+static unsigned fill(struct drv *d, uint16_t *k0)
+{
+	*k0 = d->nreq;
+	for (unsigned i = 0; i < NFILL; i++) {
+		memset(host(d, DATA + (uint64_t)i * FILL), 0x61 + (int)i, FILL);
+		req(d, BLK_T_OUT, (uint64_t)i * FILL / 512, DATA + (uint64_t)i * FILL, FILL, false,
+		    NULL);
+	}
+	kick(d);
+	struct blk_stats st = { 0 };
+	for (int i = 0; i < 5000; i++) {
+		blk__get_stats(d->b, &st);
+		if (used_idx(d) + st.kept == d->avail_idx && !st.inflight)
+			break;
+		time__sleep_ns(1000000);
+	}
+	return (unsigned)st.kept;
+}
+
+/* Whether the image holds every request of fill() (none lost). */
+static bool filled(struct drv *d)
+{
+	static uint8_t buf[FILL];
+	bool ok = true;
+	for (unsigned i = 0; i < NFILL && ok; i++) {
+		file_read(d, (uint64_t)i * FILL, buf, FILL);
+		ok = !memcmp(buf, host(d, DATA + (uint64_t)i * FILL), FILL);
+	}
+	return ok;
+}
+
+/* The guest RAM the device and the fake driver use, a to b (what a
+ * migration's pages carry). */
+static void copy_ram(struct drv *a, struct drv *b)
+{
+	static const uint64_t r[][2] = { { QDESC, 0x3000 }, { HDRS, 0x1000 }, { STATS, 0x1000 },
+					 { DATA, (uint64_t)NFILL * FILL } };
+	for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++)
+		memcpy(ram__gpa_to_host(&b->ram, r[i][0], r[i][1]),
+		       ram__gpa_to_host(&a->ram, r[i][0], r[i][1]), r[i][1]);
+	b->avail_idx = a->avail_idx, b->next_desc = a->next_desc, b->nreq = a->nreq;
 }
 
 #endif

@@ -11,9 +11,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/mount.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -306,19 +304,20 @@ static void t_drain(struct t *t)
 struct saved {
 	uint8_t buf[4096];
 	size_t len;
-	uint32_t id;
+	uint32_t id, version;
 };
 
 static int put_state(void *ctx, uint32_t id, uint32_t version, uint32_t instance,
 		     const void *data, size_t len)
 {
 	struct saved *s = ctx;
-	(void)version, (void)instance;
+	(void)instance;
 	if (len > sizeof(s->buf))
 		return -ENOSPC;
 	memcpy(s->buf, data, len);
 	s->len = len;
 	s->id = id;
+	s->version = version;
 	return 0;
 }
 
@@ -332,38 +331,39 @@ static void t_state(struct t *t)
 	struct saved s = { 0 };
 	T_CHECK_EQ(t, blk__save(a.b, put_state, &s), 0);
 	T_CHECK_EQ(t, s.id, STATE_DEV_BLK);
+	T_CHECK_EQ(t, s.version, BLK_STATE_VERSION_PLAIN);   /* nothing kept: the old layout */
 	/* the destination: the same image, shared and inactive (the lock
 	 * stays with the source until the hand-over) */
 	struct dopts od = o;
 	od.inactive = true;
 	T_CHECK_EQ(t, drv_init(&b, "st.img", &od, false), 0);
 	char why[256] = "";
-	T_CHECK_EQ(t, blk__load(b.b, s.buf, s.len, why, sizeof(why)), 0);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, s.buf, s.len, why, sizeof(why)), 0);
 	T_CHECK(t, dev_status(&b) & VIRTIO_STATUS_DRIVER_OK);
 	/* hostile sections: refused with a reason, the device as it was */
 	uint8_t st0 = dev_status(&b);
 	uint8_t bad[4096];
 	memcpy(bad, s.buf, s.len);
 	bad[0] ^= 1;
-	T_CHECK_EQ(t, blk__load(b.b, bad, s.len, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, bad, s.len, why, sizeof(why)), -EINVAL);
 	T_CHECK(t, strstr(why, "bad header"));
-	T_CHECK_EQ(t, blk__load(b.b, s.buf, 7, why, sizeof(why)), -EINVAL);
-	T_CHECK_EQ(t, blk__load(b.b, s.buf, s.len - 1, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, s.buf, 7, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, s.buf, s.len - 1, why, sizeof(why)), -EINVAL);
 	memcpy(bad, s.buf, s.len);
 	uint32_t huge = 0xffffff00u;
 	memcpy(bad + 4, &huge, 4);
-	T_CHECK_EQ(t, blk__load(b.b, bad, s.len, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, bad, s.len, why, sizeof(why)), -EINVAL);
 	memcpy(bad, s.buf, s.len);
 	bad[s.len - 36 + 3] ^= 0x10;              /* the image size */
-	T_CHECK_EQ(t, blk__load(b.b, bad, s.len, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, bad, s.len, why, sizeof(why)), -EINVAL);
 	T_CHECK(t, strstr(why, "same size"));
 	memcpy(bad, s.buf, s.len);
 	bad[s.len - 1] ^= 1;                      /* the serial */
-	T_CHECK_EQ(t, blk__load(b.b, bad, s.len, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, bad, s.len, why, sizeof(why)), -EINVAL);
 	T_CHECK(t, strstr(why, "configured otherwise"));
 	memcpy(bad, s.buf, s.len);
 	bad[8 + 12] ^= 0xff;                      /* inside the transport */
-	int rc = blk__load(b.b, bad, s.len, why, sizeof(why));
+	int rc = blk__load(b.b, s.version, bad, s.len, why, sizeof(why));
 	T_CHECK(t, rc == 0 || rc == -EINVAL);
 	if (rc)
 		T_CHECK_EQ(t, dev_status(&b), st0);
@@ -379,7 +379,7 @@ static void t_state(struct t *t)
 	T_CHECK_EQ(t, drv_init(&b, "st2.img", &od, false), -ENOENT);
 	mkimage(b.path, IMG_SIZE * 2);
 	T_CHECK_EQ(t, drv_init(&b, "st2.img", &od, false), 0);
-	T_CHECK_EQ(t, blk__load(b.b, s.buf, s.len, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, s.buf, s.len, why, sizeof(why)), -EINVAL);
 	T_CHECK(t, strstr(why, "same size"));
 	drv_fini(&b);
 	/* the source takes its image back once the destination is gone */
@@ -388,35 +388,6 @@ static void t_state(struct t *t)
 }
 
 /* ---- I/O errors: werror / rerror ---- */
-
-struct errs {
-	pthread_mutex_t lock;
-	struct blk_io_error e[64];
-	unsigned n;
-};
-
-static void on_err(void *ctx, const struct blk_io_error *e)
-{
-	struct errs *x = ctx;
-	pthread_mutex_lock(&x->lock);
-	if (x->n < 64)
-		x->e[x->n] = *e;
-	x->n++;
-	pthread_mutex_unlock(&x->lock);
-}
-
-/* Events so far; *all_like: each is (write, action, error). */
-static unsigned errs_like(struct errs *x, bool write, enum blk_err_action a, int error,
-			  bool *all_like)
-{
-	pthread_mutex_lock(&x->lock);
-	unsigned n = x->n;
-	*all_like = n > 0;
-	for (unsigned i = 0; i < n && i < 64; i++)
-		*all_like &= x->e[i].write == write && x->e[i].action == a && x->e[i].error == error;
-	pthread_mutex_unlock(&x->lock);
-	return n;
-}
 
 static void t_error_action(struct t *t)
 {
@@ -433,61 +404,6 @@ static void t_error_action(struct t *t)
 	T_CHECK(t, !strcmp(blk_io_status__name(BLK_IOS_NOSPACE), "nospace"));
 }
 
-#define SMALL_SIZE "size=1M"
-#define NFILL 8                      /* writes of FILL bytes: twice the small tmpfs */
-#define FILL (256u << 10)
-
-static char small_dir[96];
-
-/* A tmpfs of 1 MiB at tmpdir/small (empty, or regrown to MiB when > 0). */
-static int small_fs(unsigned mib)
-{
-	char opt[32];
-	snprintf(small_dir, sizeof(small_dir), "%s/small", tmpdir);
-	if (!mib) {
-		(void)umount2(small_dir, MNT_DETACH);
-		if (mkdir(small_dir, 0700) && errno != EEXIST)
-			return -errno;
-		return mount("kmig-test", small_dir, "tmpfs", 0, SMALL_SIZE) ? -errno : 0;
-	}
-	snprintf(opt, sizeof(opt), "size=%uM", mib);
-	return mount("kmig-test", small_dir, "tmpfs", MS_REMOUNT, opt) ? -errno : 0;
-}
-
-/* NFILL writes of FILL bytes, each its own data (request k at byte
- * k * FILL), kicked; waits until each was answered or kept.  The count
- * kept. */
-static unsigned fill(struct drv *d, uint16_t *k0)
-{
-	*k0 = d->nreq;
-	for (unsigned i = 0; i < NFILL; i++) {
-		memset(host(d, DATA + (uint64_t)i * FILL), 0x61 + (int)i, FILL);
-		req(d, BLK_T_OUT, (uint64_t)i * FILL / 512, DATA + (uint64_t)i * FILL, FILL, false,
-		    NULL);
-	}
-	kick(d);
-	struct blk_stats st = { 0 };
-	for (int i = 0; i < 5000; i++) {
-		blk__get_stats(d->b, &st);
-		if (used_idx(d) + st.kept == d->avail_idx && !st.inflight)
-			break;
-		time__sleep_ns(1000000);
-	}
-	return (unsigned)st.kept;
-}
-
-/* Whether the image holds every request of fill() (none lost). */
-static bool filled(struct drv *d)
-{
-	static uint8_t buf[FILL];
-	bool ok = true;
-	for (unsigned i = 0; i < NFILL && ok; i++) {
-		file_read(d, (uint64_t)i * FILL, buf, FILL);
-		ok = !memcmp(buf, host(d, DATA + (uint64_t)i * FILL), FILL);
-	}
-	return ok;
-}
-
 /* werror=enospc on a full tmpfs: the failed writes are kept, unanswered,
  * the VM is told to stop; after the file system grows, the retry writes
  * them all. */
@@ -496,14 +412,9 @@ static void t_enospc_stop(struct t *t)
 	struct drv d;
 	struct errs x = { .lock = PTHREAD_MUTEX_INITIALIZER };
 	struct dopts o = { .wb = true, .werror = BLK_ON_ERR_ENOSPC, .on_error = on_err,
-			   .error_ctx = &x, .size = 4u << 20 };
-	int rc = small_fs(0);
-	T_CHECK_EQ(t, rc, 0);
-	if (rc)
-		return;                      /* not root: mount refused (the test fails) */
-	o.dir = small_dir;
-	T_CHECK_EQ(t, drv_init(&d, "full.img", &o, true), 0);
-	drv_start(&d);
+			   .error_ctx = &x };
+	if (full_disk(t, &d, &o, "full.img"))
+		return;
 	uint16_t k0;
 	unsigned kept = fill(&d, &k0);
 	bool like;
@@ -516,14 +427,23 @@ static void t_enospc_stop(struct t *t)
 	for (unsigned i = 0; i < NFILL; i++)
 		waiting += *host(&d, st_gpa((uint16_t)(k0 + i))) == 0xee;
 	T_CHECK_EQ(t, waiting, kept);        /* kept ones have no status yet */
-	/* a drain does not wait for them; a state save refuses them */
+	/* a drain does not wait for them */
 	T_CHECK_EQ(t, blk__drain(d.b, 1000000000ull), 0);
-	struct saved sv = { 0 };
-	T_CHECK_EQ(t, blk__save(d.b, put_state, &sv), -EBUSY);
 	/* a notification before the VM runs again submits nothing */
 	kick(&d);
 	time__sleep_ns(20000000);
 	T_CHECK_EQ(t, used_idx(&d), NFILL - kept);
+	/* the VM runs, still no room: they fail again, and are kept again */
+	T_CHECK(t, blk__restart(d.b));
+	kick(&d);
+	struct blk_stats st = { 0 };
+	for (int i = 0; i < 5000 && errs_like(&x, true, BLK_ACT_STOP, ENOSPC, &like) < 2 * kept; i++)
+		time__sleep_ns(1000000);
+	for (int i = 0; i < 5000 && (blk__get_stats(d.b, &st), st.inflight); i++)
+		time__sleep_ns(1000000);
+	T_CHECK_EQ(t, st.kept, kept);
+	T_CHECK_EQ(t, errs_like(&x, true, BLK_ACT_STOP, ENOSPC, &like), 2 * kept);
+	T_CHECK_EQ(t, blk__io_status(d.b), BLK_IOS_NOSPACE);
 	/* room again; the VM runs: every write lands, nothing lost */
 	T_CHECK_EQ(t, small_fs(16), 0);
 	T_CHECK(t, blk__restart(d.b));
@@ -533,13 +453,78 @@ static void t_enospc_stop(struct t *t)
 	for (unsigned i = 0; i < NFILL; i++)
 		T_CHECK_EQ(t, *host(&d, st_gpa((uint16_t)(k0 + i))), BLK_S_OK);
 	T_CHECK(t, filled(&d));
-	struct blk_stats st;
 	blk__get_stats(d.b, &st);
 	T_CHECK_EQ(t, st.kept, 0);
 	T_CHECK_EQ(t, st.wr_ops, NFILL);
 	T_CHECK(t, !blk__restart(d.b));
-	T_CHECK_EQ(t, blk__save(d.b, put_state, &sv), 0);
 	drv_fini(&d);
+	(void)umount2(small_dir, MNT_DETACH);
+}
+
+/* Hostile version-2 sections: each refused with a reason. */
+static void kept_hostile(struct t *t, struct drv *b, const struct saved *sv)
+{
+	uint8_t bad[4096];
+	char why[256];
+	size_t n = sv->len;
+	uint16_t big = 300;
+	/* one head short of the count; the other version's layout */
+	T_CHECK_EQ(t, blk__load(b->b, BLK_STATE_VERSION_KEPT, sv->buf, n - 2, why, sizeof(why)),
+		   -EINVAL);
+	T_CHECK(t, strstr(why, "malformed kept requests"));
+	T_CHECK_EQ(t, blk__load(b->b, BLK_STATE_VERSION_PLAIN, sv->buf, n, why, sizeof(why)),
+		   -EINVAL);
+	T_CHECK_EQ(t, blk__load(b->b, 3, sv->buf, n, why, sizeof(why)), -EINVAL);
+	/* a head out of range, a head twice */
+	memcpy(bad, sv->buf, n);
+	memcpy(bad + n - 2, &big, 2);
+	T_CHECK_EQ(t, blk__load(b->b, BLK_STATE_VERSION_KEPT, bad, n, why, sizeof(why)), -EINVAL);
+	T_CHECK(t, strstr(why, "out of range or twice"));
+	memcpy(bad + n - 2, sv->buf + n - 4, 2);
+	T_CHECK_EQ(t, blk__load(b->b, BLK_STATE_VERSION_KEPT, bad, n, why, sizeof(why)), -EINVAL);
+	T_CHECK(t, strstr(why, "out of range or twice"));
+	T_CHECK_EQ(t, blk__kept(b->b), 0);
+}
+
+/* The kept writes migrate: the destination (the same image, shared)
+ * keeps them, and once the file system has room and the guest runs
+ * there, every write lands. */
+static void t_enospc_migrate(struct t *t)
+{
+	struct drv a, b;
+	struct errs x = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	struct dopts o = { .wb = true, .werror = BLK_ON_ERR_ENOSPC, .on_error = on_err,
+			   .error_ctx = &x };
+	if (full_disk(t, &a, &o, "mig.img"))
+		return;
+	uint16_t k0;
+	unsigned kept = fill(&a, &k0);
+	T_CHECK(t, kept >= NFILL / 2);
+	struct saved sv = { 0 };
+	T_CHECK_EQ(t, blk__save(a.b, put_state, &sv), 0);
+	T_CHECK_EQ(t, sv.version, BLK_STATE_VERSION_KEPT);
+	struct dopts od = o;
+	od.inactive = true;
+	T_CHECK_EQ(t, drv_init(&b, "mig.img", &od, false), 0);
+	copy_ram(&a, &b);
+	kept_hostile(t, &b, &sv);
+	char why[256] = "";
+	T_CHECK_EQ(t, blk__load(b.b, sv.version, sv.buf, sv.len, why, sizeof(why)), 0);
+	T_CHECK_EQ(t, blk__kept(b.b), kept);
+	T_CHECK_EQ(t, blk__io_status(b.b), BLK_IOS_NOSPACE);
+	/* the hand-over; room again; the guest runs on the destination */
+	T_CHECK_EQ(t, blkfile__inactivate(a.f), 0);
+	T_CHECK_EQ(t, blkfile__activate(b.f, why, sizeof(why)), 0);
+	T_CHECK_EQ(t, small_fs(16), 0);
+	T_CHECK(t, blk__restart(b.b));
+	kick(&b);
+	T_CHECK(t, wait_used(&b, NFILL));
+	for (unsigned i = 0; i < NFILL; i++)
+		T_CHECK_EQ(t, *host(&b, st_gpa((uint16_t)(k0 + i))), BLK_S_OK);
+	T_CHECK(t, filled(&b));
+	T_CHECK_EQ(t, blk__kept(b.b), 0);
+	drv_fini(&b);
+	drv_fini(&a);
 	(void)umount2(small_dir, MNT_DETACH);
 }
 
@@ -551,15 +536,9 @@ static void t_enospc_other(struct t *t)
 	for (size_t p = 0; p < 3; p++) {
 		struct drv d;
 		struct errs x = { .lock = PTHREAD_MUTEX_INITIALIZER };
-		struct dopts o = { .wb = true, .werror = pol[p], .on_error = on_err, .error_ctx = &x,
-				   .size = 4u << 20 };
-		int rc = small_fs(0);
-		T_CHECK_EQ(t, rc, 0);
-		if (rc)
+		struct dopts o = { .wb = true, .werror = pol[p], .on_error = on_err, .error_ctx = &x };
+		if (full_disk(t, &d, &o, "full.img"))
 			return;
-		o.dir = small_dir;
-		T_CHECK_EQ(t, drv_init(&d, "full.img", &o, true), 0);
-		drv_start(&d);
 		uint16_t k0;
 		unsigned kept = fill(&d, &k0), ioerr = 0, okst = 0;
 		for (unsigned i = 0; i < NFILL; i++) {
@@ -783,6 +762,7 @@ int main(void)
 	T_RUN(&t, t_state);
 	T_RUN(&t, t_error_action);
 	T_RUN(&t, t_enospc_stop);
+	T_RUN(&t, t_enospc_migrate);
 	T_RUN(&t, t_enospc_other);
 	T_RUN(&t, t_read_error);
 	T_RUN(&t, t_locks);

@@ -420,15 +420,12 @@ int sender__take_back_image(struct sender *s, char *err, size_t errlen)
 int sender__switchover(struct sender *s)
 {
 	struct vm *vm = s->m->vm;
-	char why[512];
 	uint64_t t0, bytes0 = sender__bytes(s);
 	int rc = sender__stop_guest(s, true, &t0);
 	if (!rc)
 		rc = sender__pass(s);
 	if (!rc)
 		rc = sender__fault_extra(s);
-	if (!rc && (rc = vm_blk__check_kept(vm, why, sizeof(why))))
-		migration__set_error(s->m, "%s", why);   /* an error in the final drain */
 	if (!rc)
 		rc = state__save(vm, sender__put_state, s);
 	if (!rc)
