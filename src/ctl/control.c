@@ -13,6 +13,7 @@
 #include "ctl/balloon_cmds.h"
 #include "ctl/blk_cmds.h"
 #include "ctl/net_cmds.h"
+#include "kvm/vm_blk.h"
 
 
 #define KMIG_VERSION_MAJOR 0
@@ -214,10 +215,14 @@ void control__stop_vm(struct control *c)
 
 /* A disk error with action stop: a running VM stops (a stopped one
  * keeps its status, as QEMU's; its resume retries the requests all the
- * same). */
+ * same).  Not if nothing is kept any more: a request kept while a
+ * migration's switchover held the VM, retried (and done) when the failed
+ * migration resumed it before this loop came round (one that fails
+ * again asks again). */
 void control__stop_io_error(struct control *c)
 {
-	control__stop_into(c, VM_STATUS_IO_ERROR);
+	if (vm_blk__kept(c->vm))
+		control__stop_into(c, VM_STATUS_IO_ERROR);
 }
 
 bool control__cont_vm(struct control *c)
