@@ -1,8 +1,8 @@
 """virtio-blk's error policy (werror/rerror, QEMU's) with a real guest:
 the test guest's disk workload (disk=1, docs/guest.md: every block of
 the region read, checked against the generation the guest last wrote,
-rewritten) on a sparse 4 MiB image that lives on a tmpfs of 1 MiB, so
-that the first round's writes run out of space (ENOSPC).  Needs root
+rewritten) on a sparse 1 MiB image that lives on a tmpfs of 512 KiB, so
+that the first round's writes run out of space half-way (ENOSPC).  Needs root
 (it mounts the tmpfs); without it the test fails, it does not skip.
 
   enospc_stop_migrate_cont  with werror's default (enospc) the VM stops
@@ -26,7 +26,7 @@ import kmigtest as kt
 
 pytestmark = pytest.mark.kvm
 
-CMDLINE = "workload=disk disk_mb=4 disk_rate=0 report_ms=300"
+CMDLINE = "workload=disk disk_mb=1 disk_rate=0 report_ms=300"
 
 
 def reports(vm):
@@ -48,7 +48,7 @@ def test_enospc_stop_migrate_cont(d, vms, check):
     assert os.geteuid() == 0, "needs root: it mounts a small tmpfs for the image"
     small = os.path.join(d, "small")
     os.makedirs(small)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "kmig-werror", small], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "kmig-werror", small], check=True)
     try:
         run(d, small, vms, check)
     finally:
@@ -77,7 +77,7 @@ def kept(q):
 
 def run(d, small, vms, check):
     img = os.path.join(small, "disk.img")
-    subprocess.run(["truncate", "-s", "4M", img], check=True)
+    subprocess.run(["truncate", "-s", "1M", img], check=True)
     src = kt.kmig_vm(d, "src", CMDLINE, memory="128M", extra=blk_args(img))
     vms.append(src)
     q = src.qmp()
@@ -106,12 +106,12 @@ def run(d, small, vms, check):
     check("dst_kept", kept(dq) == (ios, n), "%r, source had %r" % (kept(dq), (ios, n)))
     before = len(reports(dst))
     # room again: cont on the destination retries them, the guest goes on
-    subprocess.run(["mount", "-o", "remount,size=16M", small], check=True)
+    subprocess.run(["mount", "-o", "remount,size=8M", small], check=True)
     dq.cmd("cont")
     check("dst_running", dq.cmd("query-status").get("status") == "running", "")
     # round 2 reads back every block round 1 wrote (the retried writes
     # among them): a report of round 3 means it has checked them all
-    got = dst.console.wait(r"^disk \w+ round=3 ", kt.slow(90), proc=dst.proc)
+    got = dst.console.wait(r"^disk \w+ round=3 ", kt.slow(30), proc=dst.proc)
     check("round_2_done", got is not None, kt.dump(dst))
     r = reports(dst)
     check("reports_ok", len(r) > before and all(x[0] == "ok" for x in r), repr(r[-6:]))
