@@ -62,10 +62,13 @@ static void blk__complete(struct blkfile_req *io, int res)
 			virtio_pci__queue_used(&b->vp, 0);
 		}
 	}
+	/* copied under the lock: once r is done a destroy may free b */
+	void (*on_error)(void *, const struct blk_io_error *) = failed ? b->on_error : NULL;
+	void *error_ctx = b->error_ctx;
 	blk__req_done(b, r, keep);
 	pthread_mutex_unlock(&b->vp.lock);
-	if (failed && b->on_error)
-		b->on_error(b->error_ctx, &e);
+	if (on_error)
+		on_error(error_ctx, &e);
 }
 
 /* ---------------- the queue ---------------- */
