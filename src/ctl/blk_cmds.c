@@ -1,5 +1,6 @@
 #include "ctl/blk_cmds.h"
 
+#include <errno.h>
 #include <string.h>
 
 #include "ctl/control.h"
@@ -14,7 +15,7 @@ static json_t *blk_cmds__counters(struct vm *vm)
 	struct blkfile_stats f;
 	blk__get_stats(vm->blk, &s);
 	blkfile__get_stats(vm->blkfile, &f);
-	return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
+	return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
 			 "rd-operations", (json_int_t)s.rd_ops, "rd-bytes", (json_int_t)s.rd_bytes,
 			 "wr-operations", (json_int_t)s.wr_ops, "wr-bytes", (json_int_t)s.wr_bytes,
 			 "flush-operations", (json_int_t)s.flush_ops,
@@ -26,6 +27,7 @@ static json_t *blk_cmds__counters(struct vm *vm)
 			 "unsupported", (json_int_t)s.unsupported,
 			 "no-status", (json_int_t)s.no_status,
 			 "in-flight", (json_int_t)s.inflight,
+			 "kept", (json_int_t)s.kept,
 			 "fdatasyncs", (json_int_t)f.flushes);
 }
 
@@ -51,7 +53,8 @@ static json_t *blk_cmds__info(struct vm *vm)
 	return json_pack("{s:s,s:s,s:b,s:b,s:s,s:o,s:s,s:b,s:o}",
 			 "device", bc->legacy_drive ? bc->node_name : "",
 			 "qdev", bc->device_id[0] ? bc->device_id : BLK_DEV_DEFAULT_NAME,
-			 "locked", 0, "removable", 0, "io-status", "ok",
+			 "locked", 0, "removable", 0,
+			 "io-status", blk_io_status__name(blk__io_status(vm->blk)),
 			 "inserted", blk_cmds__inserted(vm),
 			 "x-image-lock", blkfile__lock_name(vm->blkfile),
 			 "x-active", blkfile__active(vm->blkfile),
@@ -73,4 +76,22 @@ static json_t *cmd_query_block(void *ctx, json_t *args, struct qmp_error *err)
 int control__register_blk(struct control *c)
 {
 	return qmp__register(c->qmp, "query-block", cmd_query_block, c);
+}
+
+void control__on_io_error(void *ctx, const struct blk_io_error *e)
+{
+	struct control *c = ctx;
+	const struct vm_blk_config *bc = &c->vm->cfg.blkc;
+	char reason[128];
+	const char *r = strerror_r(e->error, reason, sizeof(reason));   /* GNU's */
+	control__event(c, "BLOCK_IO_ERROR",
+		       json_pack("{s:s,s:s,s:s,s:s,s:b,s:s}",
+				 "device", bc->legacy_drive ? bc->node_name : "",
+				 "node-name", bc->node_name, "operation", e->write ? "write" : "read",
+				 "action", blk_err_action__name(e->action), "nospace", e->error == ENOSPC,
+				 "reason", r));
+	if (e->action == BLK_ACT_STOP) {
+		atomic_store(&c->io_error_stop, true);
+		control__wake(c);
+	}
 }

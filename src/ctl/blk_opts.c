@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dev/blk.h"
+
 #define BLK_OPTS_SPEC_MAX 2048
 
 void blk_opts__init(struct blk_opts *o)
@@ -12,6 +14,7 @@ void blk_opts__init(struct blk_opts *o)
 	memset(o, 0, sizeof(*o));
 	o->write_cache = -1;
 	o->discard = -1;
+	o->drive_werror = o->drive_rerror = o->device_werror = o->device_rerror = -1;
 }
 
 bool blk_opts__is_device(const char *spec)
@@ -91,6 +94,29 @@ static int blk_opts__discard(struct blk_opts *o, const char *opt, const char *va
 	return 0;
 }
 
+/* werror= / rerror= into *out (enum blk_on_error; auto, where allowed:
+ * -1).  0, or -EINVAL with err set. */
+static int blk_opts__on_error(const char *opt, const char *key, const char *val, bool with_auto,
+			      int *out, char *err, size_t errlen)
+{
+	static const struct { const char *name; int v; } acts[] = {
+		{ "report", BLK_ON_ERR_REPORT }, { "ignore", BLK_ON_ERR_IGNORE },
+		{ "stop", BLK_ON_ERR_STOP }, { "enospc", BLK_ON_ERR_ENOSPC }, { "auto", -1 },
+	};
+	bool rd = !strcmp(key, "rerror");
+	for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++) {
+		if (strcmp(val, acts[i].name) || (rd && acts[i].v == BLK_ON_ERR_ENOSPC) ||
+		    (!with_auto && acts[i].v < 0))
+			continue;
+		*out = acts[i].v;
+		return 0;
+	}
+	snprintf(err, errlen, "%s: %s=%s: invalid %s error action (expected %s%s)", opt, key, val,
+		 rd ? "read" : "write", with_auto ? "auto, " : "",
+		 rd ? "report, ignore or stop" : "enospc, report, ignore or stop");
+	return -EINVAL;
+}
+
 static int blk_opts__blockdev_kv(struct blk_opts *o, const char *key, const char *val, char *err,
 				 size_t errlen)
 {
@@ -159,8 +185,11 @@ static int blk_opts__drive_kv(struct blk_opts *o, const char *key, const char *v
 		return blk_opts__cache(o, val, err, errlen);
 	if (!strcmp(key, "discard"))
 		return blk_opts__discard(o, opt, val, err, errlen);
+	if (!strcmp(key, "werror") || !strcmp(key, "rerror"))
+		return blk_opts__on_error(opt, key, val, false, key[0] == 'w' ? &o->drive_werror :
+					  &o->drive_rerror, err, errlen);
 	snprintf(err, errlen, "%s: unknown or unsupported property %s=%s (file, format=raw, if=none, "
-		 "id, readonly, cache, discard)", opt, key, val);
+		 "id, readonly, cache, discard, werror, rerror)", opt, key, val);
 	return -EINVAL;
 }
 
@@ -233,8 +262,11 @@ static int blk_opts__device_kv(struct blk_opts *o, const char *key, const char *
 		return blk_opts__lbs(o, val, err, errlen);
 	if (!strcmp(key, "discard"))
 		return blk_opts__discard(o, opt, val, err, errlen);
+	if (!strcmp(key, "werror") || !strcmp(key, "rerror"))
+		return blk_opts__on_error(opt, key, val, true, key[0] == 'w' ? &o->device_werror :
+					  &o->device_rerror, err, errlen);
 	snprintf(err, errlen, "%s: unknown or unsupported property %s=%s (drive, id, serial, "
-		 "write-cache, logical_block_size, discard)", opt, key, val);
+		 "write-cache, logical_block_size, discard, werror, rerror)", opt, key, val);
 	return -EINVAL;
 }
 
@@ -281,6 +313,10 @@ int blk_opts__finish(const struct blk_opts *o, struct vm_blk_config *out, bool *
 	if (!out->lbs)
 		out->lbs = 512;
 	out->legacy_drive = !strcmp(o->drive_opt, "--drive");
+	out->werror = o->device_werror >= 0 ? o->device_werror :
+		      o->drive_werror >= 0 ? o->drive_werror : BLK_ON_ERR_ENOSPC;
+	out->rerror = o->device_rerror >= 0 ? o->device_rerror :
+		      o->drive_rerror >= 0 ? o->drive_rerror : BLK_ON_ERR_REPORT;
 	*on = true;
 	return 0;
 }

@@ -3,12 +3,17 @@
  *              [,read-only=on|off][,discard=unmap|ignore]
  *   --drive file=PATH,format=raw,if=none,id=ID[,readonly=on|off]
  *           [,cache=writeback|none|writethrough|directsync][,discard=unmap|ignore]
+ *           [,werror=enospc|report|ignore|stop][,rerror=report|ignore|stop]
  *   --device virtio-blk-pci,drive=ID[,id=DEVID][,serial=S][,write-cache=on|off]
  *            [,logical_block_size=N][,discard=unmap|ignore]
+ *            [,werror=auto|enospc|report|ignore|stop][,rerror=auto|report|ignore|stop]
  * A comma inside a value is written twice (",,"), as QEMU has it.  Raw
  * images only (format=raw), one disk.  --drive's cache= maps as QEMU's:
  * none is cache.direct=on, writethrough is write-cache=off, directsync
- * both.  Every error names the option and the value it refuses; the image
+ * both.  werror/rerror (dev/blk.h): the device's win over the drive's
+ * (auto, --device only: the drive's); defaults enospc and report, as
+ * QEMU's; rerror=enospc is refused, as QEMU's --drive refuses it.  Every
+ * error names the option and the value it refuses; the image
  * itself is opened and checked later, by the VM (kvm/vm_blk.h). */
 #ifndef KMIG_CTL_BLK_OPTS_H
 #define KMIG_CTL_BLK_OPTS_H
@@ -21,6 +26,8 @@
 
 struct blk_opts {
 	bool have_drive, have_device;
+	int drive_werror, drive_rerror;   /* enum blk_on_error; -1: not given */
+	int device_werror, device_rerror; /* -1: not given (or auto) */
 	char drive_opt[12];          /* "--blockdev" or "--drive" */
 	char device_drive[32];       /* --device ...,drive= */
 	int write_cache;             /* -1: not given */

@@ -34,7 +34,7 @@ static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
 	 * after the last state went) takes it back first, as QEMU does: not
 	 * while another process (the destination) holds it */
 	enum vm_status st = vm__status(c->vm);
-	if ((st == VM_STATUS_PAUSED || st == VM_STATUS_POSTMIGRATE) &&
+	if ((st == VM_STATUS_PAUSED || st == VM_STATUS_POSTMIGRATE || st == VM_STATUS_IO_ERROR) &&
 	    vm_blk__activate(c->vm, why, sizeof(why))) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: %s", why);
 		return NULL;

@@ -13,6 +13,7 @@
 #include "ctl/balloon_cmds.h"
 #include "ctl/blk_cmds.h"
 #include "ctl/net_cmds.h"
+#include "kvm/vm_blk.h"
 
 
 #define KMIG_VERSION_MAJOR 0
@@ -94,6 +95,7 @@ int control__init(struct control *c, struct vm *vm, const char *qmp_path,
 	sigaction(SIGTERM, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	vm->on_event = control__on_vm_event;
+	vm->on_io_error = control__on_io_error;
 	vm->event_ctx = c;
 	c->exit_on_failure = !qmp_path;
 	if (!qmp_path)
@@ -158,6 +160,8 @@ int control__run(struct control *c)
 	uint64_t halt_check_ms = time__now_ms();
 	while (!control__done(c)) {
 		control__check_halt(c, &halt_check_ms);
+		if (atomic_exchange(&c->io_error_stop, false))
+			control__stop_io_error(c);
 		json_t *held = ev_throttle__due(&c->balloon_change, time__now_ms());
 		if (held)
 			control__event(c, "BALLOON_CHANGE", held);
@@ -196,18 +200,35 @@ void control__destroy(struct control *c)
  * parks only once it has come, which must not hold up the QMP loop */
 #define CONTROL_STOP_WAIT_NS 1000000000ull
 
-void control__stop_vm(struct control *c)
+static void control__stop_into(struct control *c, enum vm_status to)
 {
 	bool done;
-	vm__pause_into(c->vm, VM_STATUS_BIT(VM_STATUS_RUNNING), VM_STATUS_PAUSED,
-		       CONTROL_STOP_WAIT_NS, &done);
+	vm__pause_into(c->vm, VM_STATUS_BIT(VM_STATUS_RUNNING), to, CONTROL_STOP_WAIT_NS, &done);
 	if (done)
 		control__event(c, "STOP", NULL);
 }
 
+void control__stop_vm(struct control *c)
+{
+	control__stop_into(c, VM_STATUS_PAUSED);
+}
+
+/* A disk error with action stop: a running VM stops (a stopped one
+ * keeps its status, as QEMU's; its resume retries the requests all the
+ * same).  Not if nothing is kept any more: a request kept while a
+ * migration's switchover held the VM, retried (and done) when the failed
+ * migration resumed it before this loop came round (one that fails
+ * again asks again). */
+void control__stop_io_error(struct control *c)
+{
+	if (vm_blk__kept(c->vm))
+		control__stop_into(c, VM_STATUS_IO_ERROR);
+}
+
 bool control__cont_vm(struct control *c)
 {
-	unsigned from = VM_STATUS_BIT(VM_STATUS_PAUSED) | VM_STATUS_BIT(VM_STATUS_POSTMIGRATE);
+	unsigned from = VM_STATUS_BIT(VM_STATUS_PAUSED) | VM_STATUS_BIT(VM_STATUS_POSTMIGRATE) |
+			VM_STATUS_BIT(VM_STATUS_IO_ERROR);
 	if (!vm__resume_from(c->vm, from, VM_STATUS_RUNNING))
 		return false;
 	control__event(c, "RESUME", NULL);

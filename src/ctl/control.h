@@ -24,6 +24,7 @@ struct control {
 	atomic_bool shutdown_seen;   /* the guest powered off */
 	atomic_bool failed_seen;     /* a guest failure parked the VM */
 	atomic_bool incoming_failed; /* the incoming migration failed: exit non-zero */
+	atomic_bool io_error_stop;   /* a disk error asks for the stop into io-error */
 	bool exit_on_failure;        /* without QMP nobody can inspect a failed VM */
 	struct ev_throttle balloon_change; /* BALLOON_CHANGE: one per second, as QEMU */
 };
@@ -43,8 +44,10 @@ void control__wake(struct control *c);
 /* QMP stop: a running VM is paused, in one step with the status check
  * (vm__pause_into); any other status is left alone. */
 void control__stop_vm(struct control *c);
-/* QMP cont: a paused or post-migrate VM runs again; false for any other
- * status.  Loop thread. */
+/* The same into io-error (a disk error with action stop).  Loop thread. */
+void control__stop_io_error(struct control *c);
+/* QMP cont: a paused, io-error or post-migrate VM runs again (the disk
+ * then retries what it kept); false for any other status.  Loop thread. */
 bool control__cont_vm(struct control *c);
 
 /* Registers the VM commands (ctl/commands.c). */

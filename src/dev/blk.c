@@ -9,10 +9,15 @@
 
 /* ---------------- completion ---------------- */
 
-static void blk__req_free(struct blk *b, struct blk_req *r)
+/* r is no longer in flight: back to the free list, or kept. */
+static void blk__req_done(struct blk *b, struct blk_req *r, bool keep)
 {
-	r->next_free = b->free;
-	b->free = r;
+	if (keep) {
+		blk__keep(b, r);
+	} else {
+		r->next_free = b->free;
+		b->free = r;
+	}
 	if (!--b->inflight)
 		pthread_cond_broadcast(&b->idle);
 	BLK_STAT_ADD(b, inflight, (uint64_t)-1);
@@ -38,26 +43,37 @@ static void blk__complete(struct blkfile_req *io, int res)
 {
 	struct blk_req *r = (struct blk_req *)io;
 	struct blk *b = r->b;
+	struct blk_io_error e = { .action = BLK_ACT_REPORT };
+	bool failed = false, keep = false;
 	pthread_mutex_lock(&b->vp.lock);
 	blk__count_done(b, r, res);
 	if (r->gen == b->gen) {
+		failed = res != 0;
+		keep = failed && blk__on_failure(b, r, res, &e) == BLK_ACT_STOP;
 		uint32_t len = 1;
 		if (r->type == BLK_T_IN) {  /* the data is in guest memory, even on failure */
 			for (unsigned i = 0; b->mem.mark && i < r->niov; i++)
 				b->mem.mark(b->mem.mark_ctx, r->gpa[i], r->iov[i].iov_len);
 			len += (uint32_t)r->bytes;
 		}
-		blk__answer(b, r->head, r->status, r->status_gpa, res ? BLK_S_IOERR : BLK_S_OK, len);
-		virtio_pci__queue_used(&b->vp, 0);
+		if (!keep) {
+			uint8_t s = failed && e.action == BLK_ACT_REPORT ? BLK_S_IOERR : BLK_S_OK;
+			blk__answer(b, r->head, r->status, r->status_gpa, s, len);
+			virtio_pci__queue_used(&b->vp, 0);
+		}
 	}
-	blk__req_free(b, r);
+	/* copied under the lock: once r is done a destroy may free b */
+	void (*on_error)(void *, const struct blk_io_error *) = failed ? b->on_error : NULL;
+	void *error_ctx = b->error_ctx;
+	blk__req_done(b, r, keep);
 	pthread_mutex_unlock(&b->vp.lock);
+	if (on_error)
+		on_error(error_ctx, &e);
 }
 
 /* ---------------- the queue ---------------- */
 
-/* Lock held: hands r to the backend, or answers it if refused. */
-static bool blk__submit(struct blk *b, struct blk_req *r)
+bool blk__submit(struct blk *b, struct blk_req *r)
 {
 	r->gen = b->gen;
 	r->io.iov = r->iov;
@@ -70,7 +86,7 @@ static bool blk__submit(struct blk *b, struct blk_req *r)
 		return false;
 	BLK_STAT_ADD(b, io_errors, 1);
 	blk__answer(b, r->head, r->status, r->status_gpa, BLK_S_IOERR, 1);
-	blk__req_free(b, r);
+	blk__req_done(b, r, false);
 	return true;
 }
 
@@ -83,6 +99,7 @@ static void blk__notify(void *ctx, unsigned qi)
 	int rc = 0;
 	if (qi != 0)
 		return;
+	blk__resubmit_kept(b, &used);
 	while (b->free && (rc = virtq__pop(q, &b->mem, &b->chain, &why)) == 1) {
 		struct blk_req *r = b->free;
 		bool answered;
@@ -163,6 +180,7 @@ static void blk__reset(void *ctx)
 {
 	struct blk *b = ctx;
 	b->gen++;
+	blk__drop_kept(b);
 	(void)blk__wait_idle(b, 0);
 }
 
@@ -203,6 +221,10 @@ int blk__create(struct blk **out, const struct blk_conf *conf)
 	b->read_only = blkfile__read_only(conf->file);
 	b->writeback = conf->writeback;
 	b->discard = conf->discard;
+	b->werror = conf->werror;
+	b->rerror = conf->rerror;
+	b->on_error = conf->on_error;
+	b->error_ctx = conf->error_ctx;
 	memcpy(b->serial, conf->serial, strnlen(conf->serial, BLK_ID_LEN));
 	for (unsigned i = 0; i < BLK_QUEUE_SIZE; i++) {
 		b->reqs[i].next_free = b->free;

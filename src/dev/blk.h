@@ -29,7 +29,25 @@
  * interrupt.  A driver reset waits for the requests in flight (their
  * data goes where the driver had said; their chains are not returned).
  * The counters are atomics: QMP never takes vp.lock (a device thread may
- * hold it while it waits for a page a post-copy destination lacks). */
+ * hold it while it waits for a page a post-copy destination lacks).
+ *
+ * Errors of the image (QEMU's werror/rerror): when a worker's request
+ * fails in the kernel, the policy of its direction (rerror for IN,
+ * werror for OUT, FLUSH, DISCARD and WRITE_ZEROES) picks the action
+ * (blk__error_action): REPORT answers IOERR, IGNORE answers OK (the data
+ * of a failed read is whatever reached guest memory), STOP keeps the
+ * request unanswered, in the order the failures came, and sets the
+ * io-status (failed, or nospace for ENOSPC).  Each calls conf.on_error
+ * on the worker, with no lock of this module held: whoever drives the VM
+ * emits BLOCK_IO_ERROR and, for STOP, stops the VM.  Kept requests are
+ * not in flight (a drain does not wait for them); blk__restart, called
+ * when the VM runs again, marks them for the next queue notification,
+ * which submits them again, in order, before it takes new chains (so a
+ * retry runs on the thread that notifies, never while the VM's devices
+ * are held).  A driver reset drops them; the state section carries them
+ * (a migration's destination retries them when the guest runs there).
+ * Requests the backend refuses at submission (an inactive image, a write
+ * to a read-only one) and malformed ones are answered IOERR, no policy. */
 #ifndef KMIG_DEV_BLK_H
 #define KMIG_DEV_BLK_H
 
@@ -81,7 +99,29 @@ struct blk_stats {
 	uint64_t unsupported;        /* UNSUPP */
 	uint64_t no_status;          /* chains with no byte for a status */
 	uint64_t inflight;           /* now */
+	uint64_t kept;               /* now: failed with action STOP, waiting for a retry */
 };
+
+/* QEMU's BlockdevOnError: what a failed request does.  werror takes all
+ * four (default ENOSPC), rerror all but ENOSPC (default REPORT). */
+enum blk_on_error { BLK_ON_ERR_REPORT, BLK_ON_ERR_IGNORE, BLK_ON_ERR_STOP, BLK_ON_ERR_ENOSPC };
+/* QEMU's BlockErrorAction: what one failure did. */
+enum blk_err_action { BLK_ACT_REPORT, BLK_ACT_IGNORE, BLK_ACT_STOP };
+/* QEMU's BlockDeviceIoStatus (query-block io-status). */
+enum blk_io_status { BLK_IOS_OK, BLK_IOS_FAILED, BLK_IOS_NOSPACE };
+
+/* One failure, as BLOCK_IO_ERROR reports it. */
+struct blk_io_error {
+	bool write;                  /* operation: "write" (OUT, FLUSH, DISCARD, WRITE_ZEROES) or "read" */
+	enum blk_err_action action;
+	int error;                   /* positive errno: nospace is error == ENOSPC */
+};
+
+/* ENOSPC stops on ENOSPC and reports anything else.  Pure. */
+enum blk_err_action blk__error_action(enum blk_on_error on, int error);
+const char *blk_on_error__name(enum blk_on_error on);
+const char *blk_err_action__name(enum blk_err_action a);
+const char *blk_io_status__name(enum blk_io_status s);
 
 struct blk_conf {
 	struct ram *ram;
@@ -96,6 +136,10 @@ struct blk_conf {
 	bool writeback;              /* offer FLUSH (write-cache=on) */
 	bool discard;                /* offer DISCARD (discard=unmap) */
 	char serial[BLK_ID_LEN + 1];
+	enum blk_on_error werror, rerror;   /* zero: REPORT */
+	/* On a worker, no lock of this module held; may be NULL. */
+	void (*on_error)(void *ctx, const struct blk_io_error *e);
+	void *error_ctx;
 };
 
 struct blk;
@@ -114,11 +158,28 @@ struct virtio_pci *blk__transport(struct blk *b);
 int blk__drain(struct blk *b, uint64_t timeout_ns) KMIG_MUST_CHECK;
 /* Never takes vp.lock. */
 void blk__get_stats(struct blk *b, struct blk_stats *out);
+/* Never takes vp.lock. */
+enum blk_io_status blk__io_status(struct blk *b);
+/* The VM runs again: the io-status goes back to ok and the kept requests
+ * (if any) are submitted again at the next queue notification.  True
+ * when there are some: the caller then notifies queue 0 (through the
+ * thread that handles the device's notifications). */
+bool blk__restart(struct blk *b);
 
 /* STATE_DEV_BLK (instance 0): transport, configuration, the image's size
- * (the destination's must be the same).  Waits for requests in flight
- * (a save happens with the VM paused and drained: there are none). */
+ * (the destination's must be the same), and the requests kept after an
+ * I/O error (section version BLK_STATE_VERSION_KEPT, only while there
+ * are some; else BLK_STATE_VERSION_PLAIN, the layout of kmig before
+ * them).  Waits for requests in flight (a save happens with the VM paused
+ * and drained: there are none).  blk__load takes either version; the
+ * kept requests are read again from guest RAM (loaded first) and kept
+ * here, retried at the first blk__restart. */
+#define BLK_STATE_VERSION_PLAIN 1
+#define BLK_STATE_VERSION_KEPT 2
 int blk__save(struct blk *b, state_put_fn put, void *ctx) KMIG_MUST_CHECK;
-int blk__load(struct blk *b, const void *data, size_t len, char *why, size_t whylen) KMIG_MUST_CHECK;
+int blk__load(struct blk *b, uint32_t version, const void *data, size_t len, char *why,
+	      size_t whylen) KMIG_MUST_CHECK;
+/* Requests kept now (never takes vp.lock). */
+unsigned blk__kept(struct blk *b);
 
 #endif

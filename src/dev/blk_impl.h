@@ -38,6 +38,13 @@ struct blk {
 	pthread_cond_t idle;           /* with vp.lock: inflight reached 0 */
 	struct blk_req *reqs;          /* BLK_QUEUE_SIZE of them */
 	struct blk_req *free;
+	enum blk_on_error werror, rerror;
+	void (*on_error)(void *ctx, const struct blk_io_error *e);
+	void *error_ctx;
+	struct blk_req *kept, *kept_tail; /* failed with STOP, in order (next_free links them) */
+	unsigned nkept;
+	bool restart;                  /* submit the kept ones at the next notification */
+	int io_status;                 /* atomic: enum blk_io_status */
 	struct virtq_chain chain;      /* the one being parsed */
 	struct blk_stats stats;        /* atomics: BLK_STAT_ADD */
 };
@@ -53,5 +60,21 @@ int blk__parse(struct blk *b, const struct virtq_chain *c, struct blk_req *r, bo
  * with len bytes written. */
 void blk__answer(struct blk *b, uint16_t head, uint8_t *status, uint64_t status_gpa,
 		 uint8_t s, uint32_t len);
+
+/* blk.c, lock held: hands r to the backend, or answers it if refused
+ * (true: a chain was returned). */
+bool blk__submit(struct blk *b, struct blk_req *r);
+
+/* blk_error.c, lock held. */
+/* r failed with res (-errno): fills e, sets the io-status for STOP. */
+enum blk_err_action blk__on_failure(struct blk *b, const struct blk_req *r, int res,
+				    struct blk_io_error *e);
+/* r joins the end of the kept list, unanswered. */
+void blk__keep(struct blk *b, struct blk_req *r);
+/* A reset or a state load: the kept requests go back to the free list. */
+void blk__drop_kept(struct blk *b);
+/* After blk__restart: submits the kept requests, in order (*used: a
+ * chain was returned). */
+void blk__resubmit_kept(struct blk *b, bool *used);
 
 #endif

@@ -116,6 +116,16 @@ int virtq__pop(struct virtq *q, const struct virtio_mem *mem, struct virtq_chain
 	return 1;
 }
 
+int virtq__chain_at(const struct virtq *q, const struct virtio_mem *mem, uint16_t head,
+		    struct virtq_chain *c, const char **why)
+{
+	if (!q->ready) {
+		*why = "queue not ready";
+		return -EINVAL;
+	}
+	return virtq__walk(q, mem, head, c, why);
+}
+
 bool virtq__has_avail(const struct virtq *q)
 {
 	return q->ready && virtq__load16(q->avail_h + 2) != q->last_avail;

@@ -79,6 +79,10 @@ int virtq__enable(struct virtq *q, const struct virtio_mem *mem, const char **wh
  * malformed. */
 int virtq__pop(struct virtq *q, const struct virtio_mem *mem, struct virtq_chain *c,
 	       const char **why) KMIG_MUST_CHECK;
+/* Reads and checks the chain at head again (one taken before, not yet
+ * returned: a request a migration carried): 0, or -EINVAL with *why. */
+int virtq__chain_at(const struct virtq *q, const struct virtio_mem *mem, uint16_t head,
+		    struct virtq_chain *c, const char **why) KMIG_MUST_CHECK;
 /* Whether the driver has made buffers available that are not taken yet
  * (false when not ready). */
 bool virtq__has_avail(const struct virtq *q);

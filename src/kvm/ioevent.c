@@ -232,3 +232,10 @@ void ioevent__destroy(struct ioevent *io)
 	pthread_cond_destroy(&io->cond);
 	pthread_mutex_destroy(&io->lock);
 }
+
+void ioevent__signal(struct ioevent *io, unsigned i)
+{
+	uint64_t one = 1;
+	if (i < io->n && io->fds[i] >= 0 && write(io->fds[i], &one, sizeof(one)) != sizeof(one))
+		log_warn("ioevent: cannot signal eventfd %u: %s", i, strerror(errno));
+}

@@ -72,6 +72,9 @@ int ioevent__start(struct ioevent *io) KMIG_MUST_CHECK;
 bool ioevent__hold(struct ioevent *io, uint64_t timeout_ns);
 void ioevent__release(struct ioevent *io);
 uint64_t ioevent__events(struct ioevent *io);
+/* Signals eventfd i as KVM would (any thread): the set's thread calls
+ * fn(ctx, i) for it, once it is not held. */
+void ioevent__signal(struct ioevent *io, unsigned i);
 /* Stops the thread, unregisters, closes the eventfds.  Safe after any
  * ioevent__init, failed or not. */
 void ioevent__destroy(struct ioevent *io);

@@ -28,7 +28,7 @@ const char *vm_status__name(enum vm_status s)
 {
 	static const char *const names[] = {
 		"prelaunch", "running", "paused", "inmigrate", "finish-migrate",
-		"postmigrate", "guest-panicked", "internal-error", "shutdown",
+		"postmigrate", "guest-panicked", "internal-error", "shutdown", "io-error",
 	};
 	return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "unknown";
 }
@@ -471,9 +471,12 @@ bool vm__resume_from(struct vm *vm, unsigned from, enum vm_status to)
 			vm->pause_depth--;
 		pthread_cond_broadcast(&vm->cond);
 	}
+	bool runs = resumed && !vm->pause_depth;
 	pthread_mutex_unlock(&vm->lock);
 	if (resumed)
 		vm__release_devices(vm);
+	if (runs)
+		vm_blk__restart(vm);
 	return ok;
 }
 
@@ -484,9 +487,12 @@ void vm__resume_vcpus(struct vm *vm)
 	if (resumed)
 		vm->pause_depth--;
 	pthread_cond_broadcast(&vm->cond);
+	bool runs = resumed && !vm->pause_depth;
 	pthread_mutex_unlock(&vm->lock);
 	if (resumed)
 		vm__release_devices(vm);
+	if (runs)
+		vm_blk__restart(vm);
 }
 
 void vm__kick_all(struct vm *vm)

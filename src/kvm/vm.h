@@ -42,6 +42,7 @@ enum vm_status {
 	VM_STATUS_GUEST_PANICKED,
 	VM_STATUS_INTERNAL_ERROR,
 	VM_STATUS_SHUTDOWN,
+	VM_STATUS_IO_ERROR,      /* "io-error": a disk error whose action is stop */
 };
 const char *vm_status__name(enum vm_status s);
 
@@ -85,6 +86,7 @@ struct vm_config {
 		bool discard;        /* discard=unmap */
 		uint32_t lbs;        /* logical_block_size (512 by default) */
 		bool legacy_drive;   /* given as --drive (QMP's device is its id) */
+		int werror, rerror;  /* enum blk_on_error (dev/blk.h) */
 	} blkc;
 };
 
@@ -99,6 +101,7 @@ struct tap;                      /* dev/tap.h */
 struct announcer;                /* dev/announce.h */
 struct blk;                      /* dev/blk.h */
 struct blkfile;                  /* dev/blkfile.h */
+struct blk_io_error;             /* dev/blk.h */
 struct vcpu;
 
 /* Events the VM reports to whoever drives it (the control loop). */
@@ -155,6 +158,9 @@ struct vm {
 
 	vm_event_fn on_event;
 	void *event_ctx;
+	/* The disk failed a request (dev/blk.h): on a disk worker, any
+	 * time; event_ctx is its ctx.  Set before vm__start; may be NULL. */
+	void (*on_io_error)(void *ctx, const struct blk_io_error *e);
 };
 
 /* Opens /dev/kvm, creates the VM, RAM, irqchip, PIT, devices and vCPUs
@@ -170,6 +176,8 @@ void vm__request_quit(struct vm *vm);
 void vm__destroy(struct vm *vm);
 
 void vm__pause_vcpus(struct vm *vm);
+/* Undoes one pause level; the last one also lets the disk retry the
+ * requests it kept after an I/O error (vm_blk__restart). */
 void vm__resume_vcpus(struct vm *vm);
 /* Waits, at most timeout_ns, until every throttled vCPU that runs has
  * just begun a throttle sleep (it then sleeps on, so a pause that follows

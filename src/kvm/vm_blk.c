@@ -43,6 +43,14 @@ static void vm_blk__notify_map(void *ctx, uint64_t gpa)
 			 (unsigned long long)gpa, strerror(-rc));
 }
 
+/* On a disk worker: to whoever drives the VM (BLOCK_IO_ERROR, the stop). */
+static void vm_blk__on_error(void *ctx, const struct blk_io_error *e)
+{
+	struct vm *vm = ctx;
+	if (vm->on_io_error)
+		vm->on_io_error(vm->event_ctx, e);
+}
+
 static int vm_blk__open(struct vm *vm, char *err, size_t errlen)
 {
 	const struct vm_blk_config *bc = &vm->cfg.blkc;
@@ -91,7 +99,8 @@ int vm_blk__attach(struct vm *vm, char *err, size_t errlen)
 		.ram = &vm->ram, .mark = vm_blk__mark, .mark_ctx = vm, .irq = vm_blk__irq,
 		.irq_ctx = vm, .irq_line = BLK_IRQ, .bar_gpa = BLK_BAR_GPA, .file = vm->blkfile,
 		.logical_block_size = bc->lbs ? bc->lbs : 512, .writeback = bc->writeback,
-		.discard = bc->discard,
+		.discard = bc->discard, .werror = (enum blk_on_error)bc->werror,
+		.rerror = (enum blk_on_error)bc->rerror, .on_error = vm_blk__on_error, .error_ctx = vm,
 	};
 	memcpy(c.serial, bc->serial, sizeof(c.serial));
 	rc = blk__create(&vm->blk, &c);
@@ -134,4 +143,15 @@ int vm_blk__inactivate(struct vm *vm)
 		return 0;
 	int rc = vm_blk__drain(vm, 0);
 	return rc ? rc : blkfile__inactivate(vm->blkfile);
+}
+
+void vm_blk__restart(struct vm *vm)
+{
+	if (vm->blk && blk__restart(vm->blk))
+		ioevent__signal(vm->blk_notify, 0);
+}
+
+unsigned vm_blk__kept(struct vm *vm)
+{
+	return vm->blk ? blk__kept(vm->blk) : 0;
 }

@@ -10,6 +10,10 @@
  * guest memory or the image while the VM is stopped (before the final
  * dirty sync of a migration).
  *
+ * I/O errors (werror/rerror): each failure goes to vm->on_io_error;
+ * for action stop that stops the VM (status io-error), and the last
+ * resume lets the device retry what it kept (vm_blk__restart).
+ *
  * A VM started with --incoming opens its image inactive (shared lock, no
  * I/O) and takes the write lock in vm_blk__activate when the guest
  * becomes its own; a source gives it up in vm_blk__inactivate at the
@@ -36,5 +40,13 @@ int vm_blk__drain(struct vm *vm, uint64_t wait_ns) KMIG_MUST_CHECK;
 /* Hand-over of the image lock (dev/blkfile.h); 0 without a disk. */
 int vm_blk__activate(struct vm *vm, char *err, size_t errlen) KMIG_MUST_CHECK;
 int vm_blk__inactivate(struct vm *vm) KMIG_MUST_CHECK;
+/* The VM runs again (its last pause level went): the disk retries the
+ * requests it kept after an I/O error with action stop, in order, on its
+ * notification thread.  No-op without a disk or such requests. */
+void vm_blk__restart(struct vm *vm);
+/* How many such requests the disk keeps (0 without a disk).  They
+ * migrate in its state section: a destination loaded with some stays in
+ * io-error until cont, unless the source was running. */
+unsigned vm_blk__kept(struct vm *vm);
 
 #endif

@@ -170,7 +170,7 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 		snprintf(err, errlen, "There's a migration process in progress");
 		return -EBUSY;
 	}
-	if (vs != VM_STATUS_RUNNING && vs != VM_STATUS_PAUSED) {
+	if (vs != VM_STATUS_RUNNING && vs != VM_STATUS_PAUSED && vs != VM_STATUS_IO_ERROR) {
 		snprintf(err, errlen, "Cannot migrate a VM that is %s", vm_status__name(vs));
 		return -EINVAL;
 	}

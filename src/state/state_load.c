@@ -110,7 +110,9 @@ static int state__load_vm(struct vm *vm, uint32_t id, const void *data, size_t l
 int state__load(struct vm *vm, uint32_t id, uint32_t version, uint32_t instance,
 		const void *data, size_t len, char *why, size_t whylen)
 {
-	if (version != STATE_VERSION) {
+	/* virtio-blk's section has a version 2 (requests kept after an I/O error) */
+	bool blk_version = id == STATE_DEV_BLK && version == BLK_STATE_VERSION_KEPT;
+	if (version != STATE_VERSION && !blk_version) {
 		snprintf(why, whylen, "state section %u has version %u, this kmig knows %u",
 			 id, version, STATE_VERSION);
 		return -EINVAL;
@@ -149,7 +151,7 @@ int state__load(struct vm *vm, uint32_t id, uint32_t version, uint32_t instance,
 			snprintf(why, whylen, "virtio-blk state, but this VM has no virtio-blk-pci device");
 			return -EINVAL;
 		}
-		return blk__load(vm->blk, data, len, why, whylen);
+		return blk__load(vm->blk, version, data, len, why, whylen);
 	}
 	bool vm_wide = (id >= STATE_VM_IRQCHIP && id <= STATE_VM_CLOCK) || id == STATE_DEV_SERIAL ||
 		       id == STATE_DEV_RTC;

@@ -91,10 +91,10 @@ static int put(void *ctx, uint32_t id, uint32_t ver, uint32_t inst, const void *
 {
 	struct drv *d = ctx;
 	char why[256];
-	(void)id, (void)ver, (void)inst;
+	(void)id, (void)inst;
 	void *copy = malloc(len);
 	memcpy(copy, data, len);
-	if (blk__load(d->b, copy, len, why, sizeof(why))) {
+	if (blk__load(d->b, ver, copy, len, why, sizeof(why))) {
 		fprintf(stderr, "saved state does not load back: %s\n", why);
 		abort();
 	}

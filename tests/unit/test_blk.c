@@ -3,10 +3,15 @@
  * land at the right offsets and in the right buffers, flush, discard and
  * write-zeroes (holes seen with SEEK_HOLE), GET_ID, every refusal, every
  * guest write reported, the drain, the state section (hostile ones too),
- * the option parser and the OFD image locks with their hand-over.  No KVM. */
+ * the option parser and the OFD image locks with their hand-over, the
+ * error policy (werror/rerror) on a tmpfs of 1 MiB that fills up (ENOSPC;
+ * the test mounts it: it needs root), a file cut short under the device
+ * (a read error) and a file size limit (EFBIG).  No KVM. */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -15,295 +20,7 @@
 #include "dev/blk.h"
 #include "dev/blkfile.h"
 #include "dev/pci.h"
-#include "harness.h"
-
-#define RAM_SIZE (128ull << 20)
-#define QDESC 0x100000ull
-#define QAVAIL 0x101000ull
-#define QUSED 0x102000ull
-#define QSIZE 128
-#define SLOT 5
-#define BAR 0xe0008000ull
-#define HDRS 0x200000ull      /* request headers, 16 bytes each */
-#define STATS 0x300000ull     /* status bytes */
-#define DATA 0x400000ull      /* data buffers */
-#define IMG_SIZE (4ull << 20)
-
-struct mark_rec {
-	uint64_t gpa, len;
-};
-
-struct drv {
-	struct ram ram;
-	struct pci_bus bus;
-	struct blkfile *f;
-	struct blk *b;
-	char path[160];
-	uint16_t avail_idx, next_desc, nreq;
-	struct mark_rec marks[1024];
-	unsigned nmarks;
-	pthread_mutex_t mlock;
-	int irq_level;
-};
-
-static char tmpdir[64];
-
-static void mark(void *ctx, uint64_t gpa, uint64_t len)
-{
-	struct drv *d = ctx;
-	pthread_mutex_lock(&d->mlock);
-	if (d->nmarks < 1024)
-		d->marks[d->nmarks++] = (struct mark_rec){ gpa, len };
-	pthread_mutex_unlock(&d->mlock);
-}
-
-/* The marks come from the device's workers: read and reset under mlock
- * (a worker may still be reporting the used index of a request the test
- * already saw completed). */
-static bool marked(struct drv *d, uint64_t gpa, uint64_t len)
-{
-	bool all = true;
-	pthread_mutex_lock(&d->mlock);
-	for (uint64_t a = gpa; a < gpa + len && all; a++) {
-		bool in = false;
-		for (unsigned i = 0; i < d->nmarks && !in; i++)
-			in = a >= d->marks[i].gpa && a < d->marks[i].gpa + d->marks[i].len;
-		all = in;
-	}
-	pthread_mutex_unlock(&d->mlock);
-	return all;
-}
-
-static void marks_reset(struct drv *d)
-{
-	pthread_mutex_lock(&d->mlock);
-	d->nmarks = 0;
-	pthread_mutex_unlock(&d->mlock);
-}
-
-static void irq(void *ctx, bool level)
-{
-	((struct drv *)ctx)->irq_level = level;
-}
-
-static void mkimage(const char *path, uint64_t size)
-{
-	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
-	uint8_t buf[4096];
-	for (uint64_t off = 0; fd >= 0 && off < size; off += sizeof(buf)) {
-		memset(buf, (int)(0x40 + off / 4096 % 64), sizeof(buf));
-		if (pwrite(fd, buf, sizeof(buf), (off_t)off) != (ssize_t)sizeof(buf))
-			abort();
-	}
-	if (fd < 0 || ftruncate(fd, (off_t)size))
-		abort();
-	close(fd);
-}
-
-struct dopts {
-	bool ro, wb, discard, inactive;
-	uint32_t lbs;
-	const char *serial;
-};
-
-static int drv_init(struct drv *d, const char *name, const struct dopts *o, bool create)
-{
-	memset(d, 0, sizeof(*d));
-	pthread_mutex_init(&d->mlock, NULL);
-	snprintf(d->path, sizeof(d->path), "%s/%s", tmpdir, name);
-	if (create)
-		mkimage(d->path, IMG_SIZE);
-	if (ram__create(&d->ram, -1, RAM_SIZE))
-		abort();
-	pci__init(&d->bus);
-	char err[256];
-	struct blkfile_conf fc = { .path = d->path, .read_only = o->ro, .writethrough = !o->wb,
-				   .discard_unmap = o->discard, .inactive = o->inactive };
-	int rc = blkfile__open(&d->f, &fc, err, sizeof(err));
-	if (rc)
-		return rc;
-	struct blk_conf c = {
-		.ram = &d->ram, .mark = mark, .mark_ctx = d, .irq = irq, .irq_ctx = d,
-		.irq_line = 5, .bar_gpa = BAR, .file = d->f,
-		.logical_block_size = o->lbs ? o->lbs : 512, .writeback = o->wb, .discard = o->discard,
-	};
-	snprintf(c.serial, sizeof(c.serial), "%s", o->serial ? o->serial : "");
-	if (blk__create(&d->b, &c) || pci__add(&d->bus, SLOT, blk__pci(d->b)))
-		abort();
-	return 0;
-}
-
-static void drv_fini(struct drv *d)
-{
-	blk__destroy(d->b);
-	blkfile__close(d->f);
-	pci__destroy(&d->bus);
-	ram__destroy(&d->ram);
-}
-
-static uint64_t mr(struct drv *d, uint64_t off, unsigned len)
-{
-	uint64_t v = 0;
-	if (!pci__mmio(&d->bus, BAR + off, false, &v, len))
-		return ~0ull;
-	return v;
-}
-
-static void mw(struct drv *d, uint64_t off, uint64_t v, unsigned len)
-{
-	if (!pci__mmio(&d->bus, BAR + off, true, &v, len))
-		abort();
-}
-
-static uint8_t *host(struct drv *d, uint64_t gpa)
-{
-	return ram__gpa_to_host(&d->ram, gpa, 1);
-}
-
-static uint8_t dev_status(struct drv *d)
-{
-	return (uint8_t)mr(d, VIRTIO_PCI_COMMON + VIRTIO_PCI_STATUS, 1);
-}
-
-static uint64_t offered(struct drv *d)
-{
-	mw(d, VIRTIO_PCI_DFSELECT, 0, 4);
-	uint64_t f = mr(d, VIRTIO_PCI_DF, 4);
-	mw(d, VIRTIO_PCI_DFSELECT, 1, 4);
-	return f | mr(d, VIRTIO_PCI_DF, 4) << 32;
-}
-
-/* Accepts everything offered, enables the queue. */
-static uint8_t drv_start(struct drv *d)
-{
-	uint64_t features = offered(d);
-	mw(d, VIRTIO_PCI_STATUS, 0, 1);
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER, 1);
-	mw(d, VIRTIO_PCI_GFSELECT, 0, 4);
-	mw(d, VIRTIO_PCI_GF, features & 0xffffffff, 4);
-	mw(d, VIRTIO_PCI_GFSELECT, 1, 4);
-	mw(d, VIRTIO_PCI_GF, features >> 32, 4);
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER |
-	   VIRTIO_STATUS_FEATURES_OK, 1);
-	d->avail_idx = d->next_desc = d->nreq = 0;
-	memset(host(d, QDESC), 0, 0x3000);
-	mw(d, VIRTIO_PCI_Q_SELECT, 0, 2);
-	mw(d, VIRTIO_PCI_Q_SIZE, QSIZE, 2);
-	mw(d, VIRTIO_PCI_Q_DESC, QDESC, 8);
-	mw(d, VIRTIO_PCI_Q_AVAIL, QAVAIL, 8);
-	mw(d, VIRTIO_PCI_Q_USED, QUSED, 8);
-	mw(d, VIRTIO_PCI_Q_ENABLE, 1, 2);
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER |
-	   VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK, 1);
-	return dev_status(d);
-}
-
-struct seg {
-	uint64_t gpa;
-	uint32_t len;
-	bool w;
-};
-
-static uint16_t add_chain(struct drv *d, const struct seg *s, unsigned n)
-{
-	uint16_t head = d->next_desc;
-	for (unsigned i = 0; i < n; i++) {
-		uint16_t idx = (uint16_t)((head + i) % QSIZE);
-		uint8_t *p = host(d, QDESC + 16u * idx);
-		uint16_t flags = (uint16_t)((s[i].w ? VIRTQ_DESC_F_WRITE : 0) |
-					    (i + 1 < n ? VIRTQ_DESC_F_NEXT : 0));
-		uint16_t next = (uint16_t)((idx + 1) % QSIZE);
-		memcpy(p, &s[i].gpa, 8);
-		memcpy(p + 8, &s[i].len, 4);
-		memcpy(p + 12, &flags, 2);
-		memcpy(p + 14, &next, 2);
-	}
-	d->next_desc = (uint16_t)((head + n) % QSIZE);
-	uint16_t slot = d->avail_idx % QSIZE;
-	memcpy(host(d, QAVAIL + 4 + 2u * slot), &head, 2);
-	d->avail_idx++;
-	__atomic_store_n((uint16_t *)host(d, QAVAIL + 2), d->avail_idx, __ATOMIC_RELEASE);
-	return head;
-}
-
-static void kick(struct drv *d)
-{
-	mw(d, VIRTIO_PCI_NOTIFY, 0, 2);
-}
-
-static uint16_t used_idx(struct drv *d)
-{
-	return __atomic_load_n((uint16_t *)host(d, QUSED + 2), __ATOMIC_ACQUIRE);
-}
-
-/* Waits (5 s at most) until n chains in all were returned. */
-static bool wait_used(struct drv *d, uint16_t n)
-{
-	for (int i = 0; i < 5000 && used_idx(d) != n; i++)
-		time__sleep_ns(1000000);
-	return used_idx(d) == n;
-}
-
-static uint32_t used_len_of(struct drv *d, uint16_t head)
-{
-	uint16_t n = used_idx(d);
-	for (uint16_t i = 0; i < n; i++) {
-		uint32_t e[2];
-		memcpy(e, host(d, QUSED + 4 + 8u * (i % QSIZE)), 8);
-		if (e[0] == head)
-			return e[1];
-	}
-	return ~0u;
-}
-
-static uint64_t hdr_gpa(uint16_t k) { return HDRS + 16ull * k; }
-static uint64_t st_gpa(uint16_t k) { return STATS + k; }
-
-static void put_hdr(struct drv *d, uint16_t k, uint32_t type, uint64_t sector)
-{
-	uint8_t *h = host(d, hdr_gpa(k));
-	memset(h, 0, 16);
-	memcpy(h, &type, 4);
-	memcpy(h + 8, &sector, 8);
-	*host(d, st_gpa(k)) = 0xee;
-}
-
-/* One request: header, optional data buffer, status; returns the request
- * number (its header and status slots); *head its chain. */
-static uint16_t req(struct drv *d, uint32_t type, uint64_t sector, uint64_t data, uint32_t len,
-		    bool data_w, uint16_t *head)
-{
-	uint16_t k = d->nreq++;
-	put_hdr(d, k, type, sector);
-	struct seg s[3] = { { hdr_gpa(k), 16, false } };
-	unsigned n = 1;
-	if (len)
-		s[n++] = (struct seg){ data, len, data_w };
-	s[n++] = (struct seg){ st_gpa(k), 1, true };
-	uint16_t h = add_chain(d, s, n);
-	if (head)
-		*head = h;
-	return k;
-}
-
-/* One request, kicked and waited for: its status byte. */
-static uint8_t do_req(struct drv *d, uint32_t type, uint64_t sector, uint64_t data, uint32_t len,
-		      bool data_w)
-{
-	uint16_t k = req(d, type, sector, data, len, data_w, NULL);
-	kick(d);
-	if (!wait_used(d, d->avail_idx))
-		return 0xfe;
-	return *host(d, st_gpa(k));
-}
-
-static void file_read(struct drv *d, uint64_t off, void *buf, size_t len)
-{
-	int fd = open(d->path, O_RDONLY);
-	if (fd < 0 || pread(fd, buf, len, (off_t)off) != (ssize_t)len)
-		abort();
-	close(fd);
-}
+#include "blk_drv.h"
 
 /* ---------------- tests ---------------- */
 
@@ -587,19 +304,20 @@ static void t_drain(struct t *t)
 struct saved {
 	uint8_t buf[4096];
 	size_t len;
-	uint32_t id;
+	uint32_t id, version;
 };
 
 static int put_state(void *ctx, uint32_t id, uint32_t version, uint32_t instance,
 		     const void *data, size_t len)
 {
 	struct saved *s = ctx;
-	(void)version, (void)instance;
+	(void)instance;
 	if (len > sizeof(s->buf))
 		return -ENOSPC;
 	memcpy(s->buf, data, len);
 	s->len = len;
 	s->id = id;
+	s->version = version;
 	return 0;
 }
 
@@ -613,38 +331,39 @@ static void t_state(struct t *t)
 	struct saved s = { 0 };
 	T_CHECK_EQ(t, blk__save(a.b, put_state, &s), 0);
 	T_CHECK_EQ(t, s.id, STATE_DEV_BLK);
+	T_CHECK_EQ(t, s.version, BLK_STATE_VERSION_PLAIN);   /* nothing kept: the old layout */
 	/* the destination: the same image, shared and inactive (the lock
 	 * stays with the source until the hand-over) */
 	struct dopts od = o;
 	od.inactive = true;
 	T_CHECK_EQ(t, drv_init(&b, "st.img", &od, false), 0);
 	char why[256] = "";
-	T_CHECK_EQ(t, blk__load(b.b, s.buf, s.len, why, sizeof(why)), 0);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, s.buf, s.len, why, sizeof(why)), 0);
 	T_CHECK(t, dev_status(&b) & VIRTIO_STATUS_DRIVER_OK);
 	/* hostile sections: refused with a reason, the device as it was */
 	uint8_t st0 = dev_status(&b);
 	uint8_t bad[4096];
 	memcpy(bad, s.buf, s.len);
 	bad[0] ^= 1;
-	T_CHECK_EQ(t, blk__load(b.b, bad, s.len, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, bad, s.len, why, sizeof(why)), -EINVAL);
 	T_CHECK(t, strstr(why, "bad header"));
-	T_CHECK_EQ(t, blk__load(b.b, s.buf, 7, why, sizeof(why)), -EINVAL);
-	T_CHECK_EQ(t, blk__load(b.b, s.buf, s.len - 1, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, s.buf, 7, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, s.buf, s.len - 1, why, sizeof(why)), -EINVAL);
 	memcpy(bad, s.buf, s.len);
 	uint32_t huge = 0xffffff00u;
 	memcpy(bad + 4, &huge, 4);
-	T_CHECK_EQ(t, blk__load(b.b, bad, s.len, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, bad, s.len, why, sizeof(why)), -EINVAL);
 	memcpy(bad, s.buf, s.len);
 	bad[s.len - 36 + 3] ^= 0x10;              /* the image size */
-	T_CHECK_EQ(t, blk__load(b.b, bad, s.len, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, bad, s.len, why, sizeof(why)), -EINVAL);
 	T_CHECK(t, strstr(why, "same size"));
 	memcpy(bad, s.buf, s.len);
 	bad[s.len - 1] ^= 1;                      /* the serial */
-	T_CHECK_EQ(t, blk__load(b.b, bad, s.len, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, bad, s.len, why, sizeof(why)), -EINVAL);
 	T_CHECK(t, strstr(why, "configured otherwise"));
 	memcpy(bad, s.buf, s.len);
 	bad[8 + 12] ^= 0xff;                      /* inside the transport */
-	int rc = blk__load(b.b, bad, s.len, why, sizeof(why));
+	int rc = blk__load(b.b, s.version, bad, s.len, why, sizeof(why));
 	T_CHECK(t, rc == 0 || rc == -EINVAL);
 	if (rc)
 		T_CHECK_EQ(t, dev_status(&b), st0);
@@ -660,12 +379,234 @@ static void t_state(struct t *t)
 	T_CHECK_EQ(t, drv_init(&b, "st2.img", &od, false), -ENOENT);
 	mkimage(b.path, IMG_SIZE * 2);
 	T_CHECK_EQ(t, drv_init(&b, "st2.img", &od, false), 0);
-	T_CHECK_EQ(t, blk__load(b.b, s.buf, s.len, why, sizeof(why)), -EINVAL);
+	T_CHECK_EQ(t, blk__load(b.b, s.version, s.buf, s.len, why, sizeof(why)), -EINVAL);
 	T_CHECK(t, strstr(why, "same size"));
 	drv_fini(&b);
 	/* the source takes its image back once the destination is gone */
 	T_CHECK_EQ(t, blkfile__activate(a.f, err, sizeof(err)), 0);
 	drv_fini(&a);
+}
+
+/* ---- I/O errors: werror / rerror ---- */
+
+static void t_error_action(struct t *t)
+{
+	static const struct { enum blk_on_error on; int error; enum blk_err_action want; } tab[] = {
+		{ BLK_ON_ERR_ENOSPC, ENOSPC, BLK_ACT_STOP }, { BLK_ON_ERR_ENOSPC, EIO, BLK_ACT_REPORT },
+		{ BLK_ON_ERR_ENOSPC, EFBIG, BLK_ACT_REPORT }, { BLK_ON_ERR_REPORT, ENOSPC, BLK_ACT_REPORT },
+		{ BLK_ON_ERR_IGNORE, ENOSPC, BLK_ACT_IGNORE }, { BLK_ON_ERR_IGNORE, EIO, BLK_ACT_IGNORE },
+		{ BLK_ON_ERR_STOP, EIO, BLK_ACT_STOP }, { BLK_ON_ERR_STOP, ENOSPC, BLK_ACT_STOP },
+	};
+	for (size_t i = 0; i < sizeof(tab) / sizeof(tab[0]); i++)
+		T_CHECK_EQ(t, blk__error_action(tab[i].on, tab[i].error), tab[i].want);
+	T_CHECK(t, !strcmp(blk_err_action__name(BLK_ACT_STOP), "stop"));
+	T_CHECK(t, !strcmp(blk_on_error__name(BLK_ON_ERR_ENOSPC), "enospc"));
+	T_CHECK(t, !strcmp(blk_io_status__name(BLK_IOS_NOSPACE), "nospace"));
+}
+
+/* werror=enospc on a full tmpfs: the failed writes are kept, unanswered,
+ * the VM is told to stop; after the file system grows, the retry writes
+ * them all. */
+static void t_enospc_stop(struct t *t)
+{
+	struct drv d;
+	struct errs x = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	struct dopts o = { .wb = true, .werror = BLK_ON_ERR_ENOSPC, .on_error = on_err,
+			   .error_ctx = &x };
+	if (full_disk(t, &d, &o, "full.img"))
+		return;
+	uint16_t k0;
+	unsigned kept = fill(&d, &k0);
+	bool like;
+	T_CHECK(t, kept >= NFILL / 2);
+	T_CHECK_EQ(t, used_idx(&d), NFILL - kept);
+	T_CHECK_EQ(t, errs_like(&x, true, BLK_ACT_STOP, ENOSPC, &like), kept);
+	T_CHECK(t, like);
+	T_CHECK_EQ(t, blk__io_status(d.b), BLK_IOS_NOSPACE);
+	unsigned waiting = 0;
+	for (unsigned i = 0; i < NFILL; i++)
+		waiting += *host(&d, st_gpa((uint16_t)(k0 + i))) == 0xee;
+	T_CHECK_EQ(t, waiting, kept);        /* kept ones have no status yet */
+	/* a drain does not wait for them */
+	T_CHECK_EQ(t, blk__drain(d.b, 1000000000ull), 0);
+	/* a notification before the VM runs again submits nothing */
+	kick(&d);
+	time__sleep_ns(20000000);
+	T_CHECK_EQ(t, used_idx(&d), NFILL - kept);
+	/* the VM runs, still no room: they fail again, and are kept again */
+	T_CHECK(t, blk__restart(d.b));
+	kick(&d);
+	struct blk_stats st = { 0 };
+	for (int i = 0; i < 5000 && errs_like(&x, true, BLK_ACT_STOP, ENOSPC, &like) < 2 * kept; i++)
+		time__sleep_ns(1000000);
+	for (int i = 0; i < 5000 && (blk__get_stats(d.b, &st), st.inflight); i++)
+		time__sleep_ns(1000000);
+	T_CHECK_EQ(t, st.kept, kept);
+	T_CHECK_EQ(t, errs_like(&x, true, BLK_ACT_STOP, ENOSPC, &like), 2 * kept);
+	T_CHECK_EQ(t, blk__io_status(d.b), BLK_IOS_NOSPACE);
+	/* room again; the VM runs: every write lands, nothing lost */
+	T_CHECK_EQ(t, small_fs(16), 0);
+	T_CHECK(t, blk__restart(d.b));
+	T_CHECK_EQ(t, blk__io_status(d.b), BLK_IOS_OK);
+	kick(&d);
+	T_CHECK(t, wait_used(&d, NFILL));
+	for (unsigned i = 0; i < NFILL; i++)
+		T_CHECK_EQ(t, *host(&d, st_gpa((uint16_t)(k0 + i))), BLK_S_OK);
+	T_CHECK(t, filled(&d));
+	blk__get_stats(d.b, &st);
+	T_CHECK_EQ(t, st.kept, 0);
+	T_CHECK_EQ(t, st.wr_ops, NFILL);
+	T_CHECK(t, !blk__restart(d.b));
+	drv_fini(&d);
+	(void)umount2(small_dir, MNT_DETACH);
+}
+
+/* Hostile version-2 sections: each refused with a reason. */
+static void kept_hostile(struct t *t, struct drv *b, const struct saved *sv)
+{
+	uint8_t bad[4096];
+	char why[256];
+	size_t n = sv->len;
+	uint16_t big = 300;
+	/* one head short of the count; the other version's layout */
+	T_CHECK_EQ(t, blk__load(b->b, BLK_STATE_VERSION_KEPT, sv->buf, n - 2, why, sizeof(why)),
+		   -EINVAL);
+	T_CHECK(t, strstr(why, "malformed kept requests"));
+	T_CHECK_EQ(t, blk__load(b->b, BLK_STATE_VERSION_PLAIN, sv->buf, n, why, sizeof(why)),
+		   -EINVAL);
+	T_CHECK_EQ(t, blk__load(b->b, 3, sv->buf, n, why, sizeof(why)), -EINVAL);
+	/* a head out of range, a head twice */
+	memcpy(bad, sv->buf, n);
+	memcpy(bad + n - 2, &big, 2);
+	T_CHECK_EQ(t, blk__load(b->b, BLK_STATE_VERSION_KEPT, bad, n, why, sizeof(why)), -EINVAL);
+	T_CHECK(t, strstr(why, "out of range or twice"));
+	memcpy(bad + n - 2, sv->buf + n - 4, 2);
+	T_CHECK_EQ(t, blk__load(b->b, BLK_STATE_VERSION_KEPT, bad, n, why, sizeof(why)), -EINVAL);
+	T_CHECK(t, strstr(why, "out of range or twice"));
+	T_CHECK_EQ(t, blk__kept(b->b), 0);
+}
+
+/* The kept writes migrate: the destination (the same image, shared)
+ * keeps them, and once the file system has room and the guest runs
+ * there, every write lands. */
+static void t_enospc_migrate(struct t *t)
+{
+	struct drv a, b;
+	struct errs x = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	struct dopts o = { .wb = true, .werror = BLK_ON_ERR_ENOSPC, .on_error = on_err,
+			   .error_ctx = &x };
+	if (full_disk(t, &a, &o, "mig.img"))
+		return;
+	uint16_t k0;
+	unsigned kept = fill(&a, &k0);
+	T_CHECK(t, kept >= NFILL / 2);
+	struct saved sv = { 0 };
+	T_CHECK_EQ(t, blk__save(a.b, put_state, &sv), 0);
+	T_CHECK_EQ(t, sv.version, BLK_STATE_VERSION_KEPT);
+	struct dopts od = o;
+	od.inactive = true;
+	T_CHECK_EQ(t, drv_init(&b, "mig.img", &od, false), 0);
+	copy_ram(&a, &b);
+	kept_hostile(t, &b, &sv);
+	char why[256] = "";
+	T_CHECK_EQ(t, blk__load(b.b, sv.version, sv.buf, sv.len, why, sizeof(why)), 0);
+	T_CHECK_EQ(t, blk__kept(b.b), kept);
+	T_CHECK_EQ(t, blk__io_status(b.b), BLK_IOS_NOSPACE);
+	/* the hand-over; room again; the guest runs on the destination */
+	T_CHECK_EQ(t, blkfile__inactivate(a.f), 0);
+	T_CHECK_EQ(t, blkfile__activate(b.f, why, sizeof(why)), 0);
+	T_CHECK_EQ(t, small_fs(16), 0);
+	T_CHECK(t, blk__restart(b.b));
+	kick(&b);
+	T_CHECK(t, wait_used(&b, NFILL));
+	for (unsigned i = 0; i < NFILL; i++)
+		T_CHECK_EQ(t, *host(&b, st_gpa((uint16_t)(k0 + i))), BLK_S_OK);
+	T_CHECK(t, filled(&b));
+	T_CHECK_EQ(t, blk__kept(b.b), 0);
+	drv_fini(&b);
+	drv_fini(&a);
+	(void)umount2(small_dir, MNT_DETACH);
+}
+
+/* report, ignore, and a driver reset dropping what stop kept. */
+static void t_enospc_other(struct t *t)
+{
+	static const enum blk_on_error pol[] = { BLK_ON_ERR_REPORT, BLK_ON_ERR_IGNORE,
+						 BLK_ON_ERR_STOP };
+	for (size_t p = 0; p < 3; p++) {
+		struct drv d;
+		struct errs x = { .lock = PTHREAD_MUTEX_INITIALIZER };
+		struct dopts o = { .wb = true, .werror = pol[p], .on_error = on_err, .error_ctx = &x };
+		if (full_disk(t, &d, &o, "full.img"))
+			return;
+		uint16_t k0;
+		unsigned kept = fill(&d, &k0), ioerr = 0, okst = 0;
+		for (unsigned i = 0; i < NFILL; i++) {
+			uint8_t s = *host(&d, st_gpa((uint16_t)(k0 + i)));
+			ioerr += s == BLK_S_IOERR;
+			okst += s == BLK_S_OK;
+		}
+		bool like;
+		unsigned n = errs_like(&x, true, blk__error_action(pol[p], ENOSPC), ENOSPC, &like);
+		T_CHECK(t, like && n >= NFILL / 2);
+		T_CHECK_EQ(t, kept, pol[p] == BLK_ON_ERR_STOP ? n : 0);
+		T_CHECK_EQ(t, ioerr, pol[p] == BLK_ON_ERR_REPORT ? n : 0);
+		T_CHECK_EQ(t, okst, pol[p] == BLK_ON_ERR_IGNORE ? NFILL : NFILL - n);
+		T_CHECK_EQ(t, blk__io_status(d.b), pol[p] == BLK_ON_ERR_STOP ? BLK_IOS_NOSPACE :
+			   BLK_IOS_OK);
+		if (pol[p] == BLK_ON_ERR_STOP) {     /* a reset drops the kept ones */
+			mw(&d, VIRTIO_PCI_STATUS, 0, 1);
+			struct blk_stats st;
+			blk__get_stats(d.b, &st);
+			T_CHECK_EQ(t, st.kept, 0);
+			T_CHECK(t, !blk__restart(d.b));
+		}
+		drv_fini(&d);
+	}
+	(void)umount2(small_dir, MNT_DETACH);
+}
+
+/* A read past the end of a file cut short under the device (-EIO) goes
+ * by rerror; a write past RLIMIT_FSIZE (EFBIG) is no ENOSPC. */
+static void t_read_error(struct t *t)
+{
+	struct drv d;
+	struct errs x = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	struct dopts o = { .wb = true, .rerror = BLK_ON_ERR_STOP, .werror = BLK_ON_ERR_ENOSPC,
+			   .on_error = on_err, .error_ctx = &x };
+	T_CHECK_EQ(t, drv_init(&d, "short.img", &o, true), 0);
+	drv_start(&d);
+	T_CHECK_EQ(t, truncate(d.path, 1 << 20), 0);
+	uint16_t k = req(&d, BLK_T_IN, (2u << 20) / 512, DATA, 4096, true, NULL);
+	kick(&d);
+	struct blk_stats st = { 0 };
+	for (int i = 0; i < 5000 && !st.kept; i++, time__sleep_ns(1000000))
+		blk__get_stats(d.b, &st);
+	bool like;
+	T_CHECK_EQ(t, st.kept, 1);
+	T_CHECK_EQ(t, errs_like(&x, false, BLK_ACT_STOP, EIO, &like), 1);
+	T_CHECK(t, like);
+	T_CHECK_EQ(t, blk__io_status(d.b), BLK_IOS_FAILED);
+	T_CHECK_EQ(t, truncate(d.path, IMG_SIZE), 0);
+	T_CHECK(t, blk__restart(d.b));
+	kick(&d);
+	T_CHECK(t, wait_used(&d, 1));
+	T_CHECK_EQ(t, *host(&d, st_gpa(k)), BLK_S_OK);
+	/* EFBIG: werror=enospc reports it */
+	struct rlimit old, lim;
+	void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+	T_CHECK_EQ(t, getrlimit(RLIMIT_FSIZE, &old), 0);
+	lim = (struct rlimit){ 1 << 20, old.rlim_max };   /* the soft limit only */
+	T_CHECK_EQ(t, setrlimit(RLIMIT_FSIZE, &lim), 0);
+	T_CHECK_EQ(t, do_req(&d, BLK_T_OUT, (2u << 20) / 512, DATA, 4096, false), BLK_S_IOERR);
+	T_CHECK_EQ(t, setrlimit(RLIMIT_FSIZE, &old), 0);
+	signal(SIGXFSZ, prev);
+	pthread_mutex_lock(&x.lock);
+	T_CHECK(t, x.n == 2 && x.e[1].write && x.e[1].action == BLK_ACT_REPORT &&
+		x.e[1].error == EFBIG);
+	pthread_mutex_unlock(&x.lock);
+	T_CHECK_EQ(t, blk__io_status(d.b), BLK_IOS_OK);
+	drv_fini(&d);
 }
 
 /* ---- locks ---- */
@@ -744,6 +685,27 @@ static void t_opts(struct t *t)
 	T_CHECK_EQ(t, blk_opts__device(&o, "virtio-blk-pci,drive=hd", err, sizeof(err)), 0);
 	T_CHECK_EQ(t, blk_opts__finish(&o, &c, &on, err, sizeof(err)), 0);
 	T_CHECK(t, c.direct && c.writeback && !c.read_only && c.lbs == 512 && c.legacy_drive);
+	/* werror / rerror: QEMU's defaults; the device's win; auto is the drive's */
+	T_CHECK(t, c.werror == BLK_ON_ERR_ENOSPC && c.rerror == BLK_ON_ERR_REPORT);
+	blk_opts__init(&o);
+	T_CHECK_EQ(t, blk_opts__drive(&o, "file=/i.img,id=hd,werror=stop,rerror=ignore", err,
+				      sizeof(err)), 0);
+	T_CHECK_EQ(t, blk_opts__device(&o, "virtio-blk-pci,drive=hd,werror=report,rerror=auto", err,
+				       sizeof(err)), 0);
+	T_CHECK_EQ(t, blk_opts__finish(&o, &c, &on, err, sizeof(err)), 0);
+	T_CHECK(t, c.werror == BLK_ON_ERR_REPORT && c.rerror == BLK_ON_ERR_IGNORE);
+	blk_opts__init(&o);
+	T_CHECK_EQ(t, blk_opts__blockdev(&o, "driver=file,filename=/a,node-name=n", err,
+					 sizeof(err)), 0);
+	T_CHECK_EQ(t, blk_opts__device(&o, "virtio-blk-pci,drive=n,werror=ignore,rerror=stop", err,
+				       sizeof(err)), 0);
+	T_CHECK_EQ(t, blk_opts__finish(&o, &c, &on, err, sizeof(err)), 0);
+	T_CHECK(t, c.werror == BLK_ON_ERR_IGNORE && c.rerror == BLK_ON_ERR_STOP);
+	blk_opts__init(&o);
+	T_CHECK_EQ(t, blk_opts__drive(&o, "file=/a,id=x,rerror=enospc", err, sizeof(err)), -EINVAL);
+	T_CHECK(t, strstr(err, "rerror=enospc: invalid read error action"));
+	blk_opts__init(&o);
+	T_CHECK_EQ(t, blk_opts__drive(&o, "file=/a,id=x,werror=auto", err, sizeof(err)), -EINVAL);
 	/* refusals */
 	static const char *const bad_bd[] = {
 		"driver=qcow2,filename=/a,node-name=x", "driver=file,filename=/a",
@@ -761,7 +723,8 @@ static void t_opts(struct t *t)
 		"virtio-blk-pci", "virtio-blk-pci,drive=x,serial=123456789012345678901",
 		"virtio-blk-pci,drive=x,logical_block_size=1000",
 		"virtio-blk-pci,drive=x,logical_block_size=256", "virtio-blk-pci,drive=x,foo=1",
-		"virtio-blk-pci,drive=x,write-cache=maybe",
+		"virtio-blk-pci,drive=x,write-cache=maybe", "virtio-blk-pci,drive=x,werror=halt",
+		"virtio-blk-pci,drive=x,rerror=enospc", "virtio-blk-pci,drive=x,werror=",
 	};
 	for (size_t i = 0; i < sizeof(bad_dev) / sizeof(bad_dev[0]); i++) {
 		blk_opts__init(&o);
@@ -797,6 +760,11 @@ int main(void)
 	T_RUN(&t, t_bad_requests);
 	T_RUN(&t, t_drain);
 	T_RUN(&t, t_state);
+	T_RUN(&t, t_error_action);
+	T_RUN(&t, t_enospc_stop);
+	T_RUN(&t, t_enospc_migrate);
+	T_RUN(&t, t_enospc_other);
+	T_RUN(&t, t_read_error);
 	T_RUN(&t, t_locks);
 	T_RUN(&t, t_opts);
 	char cmd[128];

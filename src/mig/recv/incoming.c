@@ -218,7 +218,8 @@ static bool incoming__resume(struct incoming *in)
 		return false;
 	}
 	if (!vm->run_after_migration) {
-		vm__set_status(vm, VM_STATUS_PAUSED);
+		/* as QEMU's: a source stopped by a disk error is so here too */
+		vm__set_status(vm, vm_blk__kept(vm) ? VM_STATUS_IO_ERROR : VM_STATUS_PAUSED);
 	} else {
 		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING))
 			return false;
