@@ -22,7 +22,8 @@
  *                       e.g. lapic) is not sent
  *   skip-disk-chunk     x-block-migration: the final pass (guest stopped)
  *                       does not send the first disk chunk the guest wrote
- *                       since the previous pass
+ *                       since the previous pass that holds data (one it
+ *                       zeroed may read as zero at the destination too)
  *   skip-disk-chunk@bulk  the same for the bulk pass's first chunk (a
  *                       chunk the guest does not write again is then
  *                       never sent)
