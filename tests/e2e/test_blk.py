@@ -116,10 +116,7 @@ def test_shared_postcopy(d, vms, check):
     kt.set_params(q, max_bandwidth=16 << 20)
     kt.wait_incoming(dst)
     q.cmd("migrate", uri=uri)
-    deadline = time.time() + kt.slow(60)
-    while q.cmd("query-migrate").get("ram", {}).get("transferred", 0) < 32 << 20 and \
-            time.time() < deadline:
-        time.sleep(0.1)
+    kt.wait_transferred(q, 32 << 20, kt.slow(60))
     q.cmd("migrate-start-postcopy")
     r, seen = kt.follow(q, kt.slow(120))
     if not check("completed", r.get("status") == "completed" and "postcopy-active" in seen,

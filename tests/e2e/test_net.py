@@ -206,10 +206,7 @@ def test_cancel_then_postcopy(d, vms, check, hosts):
     kt.wait_incoming(dst2)
     p = netprobe.probe(GUEST_IP, PORT, interval_ms=10, netns=h["c"])
     q.cmd("migrate", uri=uri2)
-    deadline = time.time() + kt.slow(60)
-    while q.cmd("query-migrate").get("ram", {}).get("transferred", 0) < 24 << 20 and \
-            time.time() < deadline:
-        time.sleep(0.1)
+    kt.wait_transferred(q, 24 << 20, kt.slow(60))
     q.cmd("migrate-start-postcopy")
     seen, st = set(), {}
     deadline = time.time() + kt.slow(120)

@@ -421,6 +421,15 @@ def wait_migration(qmp, timeout=60.0, statuses=MIG_FINAL, interval=0.1):
         time.sleep(interval)
 
 
+def wait_transferred(qmp, nbytes, timeout):
+    """Polls query-migrate until the RAM bytes sent reach nbytes (or the
+    timeout passed)."""
+    deadline = time.time() + timeout
+    while qmp.cmd("query-migrate").get("ram", {}).get("transferred", 0) < nbytes and \
+            time.time() < deadline:
+        time.sleep(0.1)
+
+
 def follow(qmp, timeout, interval=0.05):
     """Polls query-migrate until a final status or the timeout; returns
     (the last reply, the statuses seen in order)."""

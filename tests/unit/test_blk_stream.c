@@ -15,6 +15,7 @@
 #include "mig/recv/disk_in.h"
 #include "mig/send/disk_out.h"
 #include "mig/wire/proto.h"
+#include "mig/wire/proto_le.h"
 
 #define MIB (1u << 20)
 #define IMG (4 * MIB)
@@ -316,8 +317,7 @@ static void t_disk_sum(struct t *t)
 		uint64_t sum = 0;
 		T_CHECK_EQ(t, disk_out__sum(&o, &sum), 0);
 		uint8_t le[8];
-		for (int i = 0; i < 8; i++)
-			le[i] = (uint8_t)(sum >> (8 * i));
+		le__put64(le, sum);
 		struct proto_disk r = { .kind = PROTO_DISK_SUM, .length = IMG, .data = le };
 		int rc = disk_in__record(&in, &r, why, sizeof(why));
 		T_CHECK_EQ(t, rc, control ? -EBADMSG : 0);

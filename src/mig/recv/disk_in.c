@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dev/blkfile.h"
+#include "mig/wire/proto_le.h"
 
 void disk_in__init(struct disk_in *d, struct blkfile *file)
 {
@@ -77,9 +78,7 @@ static int disk_in__info(struct disk_in *d, const struct proto_disk *r, char *wh
 static int disk_in__check_sum(struct disk_in *d, const struct proto_disk *r, char *why,
 			      size_t n)
 {
-	uint64_t theirs = 0;
-	for (unsigned i = 0; i < PROTO_DISK_SUM_LEN; i++)
-		theirs |= (uint64_t)r->data[i] << (8 * i);
+	uint64_t theirs = le__get64(r->data);
 	if (!d->want_sum || d->sum_ok || r->length != blkfile__size(d->file)) {
 		snprintf(why, n, "DISK SUM not announced, twice, or for another size");
 		return -EPROTO;

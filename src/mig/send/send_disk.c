@@ -8,6 +8,7 @@
 #include "dev/blkfile.h"
 #include "kvm/vm.h"
 #include "mig/send/send_impl.h"
+#include "mig/wire/proto_le.h"
 
 #define SENDER_DISK_POLL_CHUNKS 16
 
@@ -120,8 +121,7 @@ int sender__disk_sum(struct sender *s)
 		return rc;
 	}
 	uint8_t le[PROTO_DISK_SUM_LEN];
-	for (unsigned i = 0; i < sizeof(le); i++)
-		le[i] = (uint8_t)(sum >> (8 * i));
+	le__put64(le, sum);
 	ssize_t n = proto__encode_disk_head(s->rec, s->rec_cap, PROTO_DISK_SUM, 0, s->disk.size);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 	return rc ? rc : mig_stream__write(s->stream, le, sizeof(le));
