@@ -20,12 +20,17 @@ Fixtures (all reap what they start, pass or fail):
   check  soft checks: check(name, cond, why) records a failure and returns
          cond; the test fails at its end with every failed check listed
          (kmigtest.R is the same object for helpers of the test module)
+  ext4   ext4(mib, name): a fresh ext4 file system of mib MiB on a loop
+         device, mounted in d (root): one that takes O_DIRECT, which the
+         emulated VM's tmpfs does not, and that fills up; unmounted at
+         teardown, after the test's VMs are killed
 
 For tests/run.sh the plugin prints one line per test: "ok NODEID",
 "not ok NODEID: why" or "skip NODEID: why".
 """
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -76,6 +81,26 @@ def vms():
     san = kt.sanitizer_reports(started)
     if san:
         pytest.fail("sanitizer reports: %r" % san, pytrace=False)
+
+
+@pytest.fixture
+def ext4(d, vms):
+    mounted = []
+
+    def make(mib, name="fs"):
+        assert os.geteuid() == 0, "needs root: it mounts a file system on a loop device"
+        img, path = os.path.join(d, name + ".ext4"), os.path.join(d, name)
+        os.mkdir(path)
+        subprocess.run(["truncate", "-s", "%dM" % mib, img], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True)
+        subprocess.run(["mount", "-o", "loop", img, path], check=True)
+        mounted.append(path)
+        return path
+    yield make
+    for vm in vms:
+        vm.kill()
+    for path in mounted:
+        subprocess.run(["umount", path], check=False)
 
 
 @pytest.fixture(autouse=True)

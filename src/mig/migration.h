@@ -116,7 +116,8 @@ struct mig_stats {
 	bool switchover_wait_timed_out;
 	/* x-block-migration (query-migrate's "disk"): the image's size, bytes
 	 * of DISK records, bytes still to send, chunks sent as data and as
-	 * zero, chunks the guest wrote after the bulk pass took them */
+	 * zero, chunks the guest wrote after the bulk pass took them; on the
+	 * destination, what came so far (remaining and dirtied stay 0) */
 	bool disk;
 	uint64_t disk_total, disk_transferred, disk_remaining;
 	uint64_t disk_normal, disk_duplicate, disk_dirtied;

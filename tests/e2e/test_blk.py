@@ -14,10 +14,13 @@ raw image (one host here: shared storage as NFS would give it).
       back), and the guest's rounds go on there with no block
       wrong (every write the source acknowledged is in the image: the
       device drained and flushed before the final sync);
-  shared_postcopy  the same, switched to post-copy part way (x-verify):
-      the destination takes the write lock at the switch, its workers
-      read and write guest pages it may still lack, and the guest's
-      rounds go on there with no block wrong;
+  shared_postcopy  the same, switched to post-copy part way (x-verify),
+      with cache.direct=on on both sides (O_DIRECT: neither side's page
+      cache holds a block; the image on an ext4 file system, since the
+      emulated VM's tmpfs takes no O_DIRECT): the destination takes the
+      write lock at the switch, its workers read and write guest pages
+      it may still lack, and the guest's rounds go on there with no
+      block wrong;
   device_marks_negative_control  the same migration from the test build
       with the device's writes into guest RAM unreported
       (KMIG_FAULT=no-device-marks): the blocks read into guest memory
@@ -102,13 +105,14 @@ def test_shared_migration(d, vms, check):
     check("no_block_wrong", not bad, " / ".join(bad[:4]))
 
 
-def test_shared_postcopy(d, vms, check):
-    img = image(d)
-    src = blkguest.start(d, vms, check, "src", img)
+def test_shared_postcopy(d, vms, check, ext4):
+    img = image(ext4(96), "disk.img")
+    src = blkguest.start(d, vms, check, "src", img, direct=True)
     if not src:
         return
     uri = "tcp:127.0.0.1:%d" % kt.free_port()
-    dst = kt.kmig_vm(d, "dst", CMDLINE, memory="256M", extra=blk_args(img) + ["--incoming", uri])
+    dst = kt.kmig_vm(d, "dst", CMDLINE, memory="256M",
+                     extra=blk_args(img, direct=True) + ["--incoming", uri])
     vms.append(dst)
     q = src.qmp()
     kt.set_caps(dst.qmp(), postcopy_ram=True)
@@ -124,6 +128,7 @@ def test_shared_postcopy(d, vms, check):
         return
     b, sb = block(dst.qmp()), block(q)
     check("dst_active", b.get("x-image-lock") == "write" and b.get("x-active") is True, repr(b))
+    check("direct", b.get("inserted", {}).get("cache", {}).get("direct") is True, repr(b))
     check("src_gave_up", sb.get("x-image-lock") != "write", repr(sb))
     check("disk_goes_on", goes_on(dst, kt.slow(60)), kt.dump(dst))
     bad = bad_lines(src) + bad_lines(dst)

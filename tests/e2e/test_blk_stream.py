@@ -15,6 +15,13 @@ test guest's disk workload (disk=1, as in test_blk.py) running all along.
       migrate --disk` and the two images are compared byte for byte.
   incomplete_marker  a destination killed in the middle keeps its
       image's marker, and `kmig run` refuses that image.
+  full_destination  the destination's image (cache.direct=on) lies on an
+      ext4 file system of 8 MiB, too small for the guest's 16 MiB: the
+      migration fails with the destination's ENOSPC as its reason, the
+      destination exits with its image marked, the source goes on as it
+      was.  The retry, to an image on a file system with room (also
+      cache.direct=on), sends the disk whole again and completes with
+      x-verify, the sums matching.
   stream_negative_control  from the test build, the bulk pass leaves out
       one chunk holding data (KMIG_FAULT=skip-disk-chunk@bulk) of a guest
       stopped first: with x-verify the sums differ and the migration fails
@@ -52,11 +59,11 @@ def image(d, name, size=SIZE, garbage=False):
     return path
 
 
-def incoming(d, vms, name, img, cmdline=CMDLINE, **kw):
+def incoming(d, vms, name, img, cmdline=CMDLINE, direct=False, **kw):
     """A destination on img, listening: (vm, uri)."""
     uri = "tcp:127.0.0.1:%d" % kt.free_port()
-    vm = kt.kmig_vm(d, name, cmdline, memory="256M", extra=blk_args(img) + ["--incoming", uri],
-                    **kw)
+    vm = kt.kmig_vm(d, name, cmdline, memory="256M",
+                    extra=blk_args(img, direct) + ["--incoming", uri], **kw)
     vms.append(vm)
     return vm, uri
 
@@ -98,6 +105,11 @@ def test_stream_migration(d, vms, check):
                  "%r; src %s; dst %s" % (r, kt.dump(src), kt.dump(dst))):
         return
     disk = r.get("disk", {})
+    # the destination counts what came as the source counts what it sent
+    dd = dst.qmp().cmd("query-migrate").get("disk", {})
+    check("dst_disk_stats", dd.get("total") == SIZE and dd.get("transferred") ==
+          disk.get("transferred") and dd.get("x-data-chunks") == disk.get("x-data-chunks") and
+          dd.get("x-zero-chunks") == disk.get("x-zero-chunks"), "%r / %r" % (dd, disk))
     sent = disk.get("x-data-chunks", 0) + disk.get("x-zero-chunks", 0)
     check("disk_stats", disk.get("total") == SIZE and disk.get("remaining") == 0 and
           0 < disk.get("transferred", 0) < SIZE, repr(disk))
@@ -151,6 +163,38 @@ def test_incomplete_marker(d, vms, check):
     rc = other.wait_exit(kt.slow(30))
     check("refused", rc == 1 and "did not complete" in other.output(),
           "rc %r: %s" % (rc, other.output()[-300:]))
+
+
+def test_full_destination(d, vms, check, ext4):
+    a = image(d, "a.img")
+    src = blkguest.start(d, vms, check, "src", a)
+    if not src:
+        return
+    full = image(ext4(8, "small"), "b.img")
+    dst, uri = incoming(d, vms, "dst", full, direct=True)
+    r = kt.migrate(src, dst, uri, caps={"x-block-migration": True, "x-verify": True},
+                   params={"max-bandwidth": 64 << 20}, timeout=kt.slow(180))
+    rc = dst.wait_exit(kt.slow(20))
+    check("failed", r.get("status") == "failed" and
+          "No space left on device" in r.get("error-desc", ""), repr(r))
+    check("dst_exits", rc == 1 and "No space left on device" in dst.output(),
+          "rc %r: %s" % (rc, dst.output()[-400:]))
+    check("dst_marked", os.path.exists(full + MARK), full + MARK)
+    check("src_unmarked", not os.path.exists(a + MARK), a + MARK)
+    check("src_goes_on", src.qmp().cmd("query-status").get("status") == "running" and
+          goes_on(src, kt.slow(30)), kt.dump(src))
+    # the retry, with room: the disk whole again, through O_DIRECT
+    b = image(ext4(96, "big"), "b.img")
+    dst, uri = incoming(d, vms, "dst2", b, direct=True)
+    r = kt.migrate(src, dst, uri, caps={"x-block-migration": True, "x-verify": True},
+                   params={"max-bandwidth": 64 << 20}, timeout=kt.slow(180))
+    if not check("retry_completed", r.get("status") == "completed",
+                 "%r; src %s; dst %s" % (r, kt.dump(src), kt.dump(dst))):
+        return
+    check("marker_gone", not os.path.exists(b + MARK), b + MARK)
+    check("disk_goes_on", goes_on(dst, kt.slow(60)), kt.dump(dst))
+    bad = bad_lines(src) + bad_lines(dst)
+    check("no_block_wrong", not bad, " / ".join(bad[:4]))
 
 
 def test_stream_negative_control(d, vms, check):

@@ -18,9 +18,14 @@ def image(d, name="disk.img", size=64 << 20):
     return path
 
 
-def blk_args(img):
-    return ["--drive", "file=%s,format=raw,if=none,id=d0" % img,
-            "--device", "virtio-blk-pci,drive=d0,serial=kmig-test"]
+def blk_args(img, direct=False):
+    """QEMU's older --drive form; with direct, --blockdev with
+    cache.direct=on (O_DIRECT: the host's page cache left out)."""
+    if direct:
+        drive = ["--blockdev", "driver=file,filename=%s,node-name=d0,cache.direct=on" % img]
+    else:
+        drive = ["--drive", "file=%s,format=raw,if=none,id=d0" % img]
+    return drive + ["--device", "virtio-blk-pci,drive=d0,serial=kmig-test"]
 
 
 def rounds(vm):
@@ -46,10 +51,10 @@ def bad_lines(vm):
             if "disk BAD" in l or "verify BAD" in l or "disk error" in l]
 
 
-def start(d, vms, check, name, img, cmdline=CMDLINE, **kw):
+def start(d, vms, check, name, img, cmdline=CMDLINE, direct=False, **kw):
     """A kmig VM running the workload on img (kw: kmig_vm's); None, with
     the check failed, if its disk rounds do not start."""
-    vm = kt.kmig_vm(d, name, cmdline, memory="256M", extra=blk_args(img), **kw)
+    vm = kt.kmig_vm(d, name, cmdline, memory="256M", extra=blk_args(img, direct), **kw)
     vms.append(vm)
     ok = vm.console.wait(r"^disk ok round=", kt.slow(90), proc=vm.proc) is not None
     return vm if check("disk_runs", ok, kt.dump(vm)) else None

@@ -93,8 +93,20 @@ static int disk_in__check_sum(struct disk_in *d, const struct proto_disk *r, cha
 	return 0;
 }
 
+void disk_in__stats(const struct disk_in *d, uint64_t *total, uint64_t *transferred,
+		    uint64_t *data_chunks, uint64_t *zero_chunks)
+{
+	*total = d->started ? blkfile__size(d->file) : 0;
+	*transferred = d->wire_bytes;
+	*data_chunks = d->data_chunks;
+	*zero_chunks = d->zero_chunks;
+}
+
 int disk_in__record(struct disk_in *d, const struct proto_disk *r, char *why, size_t whylen)
 {
+	/* as the source counts it: header, the record's fields, its data */
+	d->wire_bytes += PROTO_HDR_SIZE + PROTO_DISK_HDR +
+			 (r->kind == PROTO_DISK_DATA ? r->length : r->kind == PROTO_DISK_SUM ? PROTO_DISK_SUM_LEN : 0);
 	if (r->kind == PROTO_DISK_INFO)
 		return disk_in__info(d, r, why, whylen);
 	if (!d->started) {
@@ -120,12 +132,14 @@ int disk_in__record(struct disk_in *d, const struct proto_disk *r, char *why, si
 		memcpy(d->buf, r->data, r->length);
 		rc = blkfile__write_at(d->file, d->buf, r->length, r->offset);
 		d->data_bytes += rc ? 0 : r->length;
+		d->data_chunks += rc ? 0 : 1;
 		struct iovec one = { d->buf, (size_t)r->length };
 		if (!rc && d->want_sum)
 			disksum__set(&d->sum, first, nsec, &one, 1);
 	} else {
 		rc = blkfile__zero_at(d->file, r->offset, r->length);
 		d->zero_bytes += rc ? 0 : r->length;
+		d->zero_chunks += rc ? 0 : 1;
 		if (!rc && d->want_sum)
 			disksum__set(&d->sum, first, nsec, NULL, 0);
 	}

@@ -34,6 +34,8 @@ struct disk_in {
 	bool started;               /* INFO came */
 	uint8_t *buf;               /* PROTO_DISK_MAX_DATA, 4096-aligned (O_DIRECT) */
 	uint64_t data_bytes, zero_bytes, records;
+	uint64_t data_chunks, zero_chunks;  /* DATA and ZERO records written */
+	uint64_t wire_bytes;        /* every DISK record's size, header included */
 	bool want_sum, sum_ok;      /* INFO announced SUM; it came and matched */
 	struct disksum sum;
 };
@@ -43,6 +45,9 @@ void disk_in__free(struct disk_in *d);
 /* 0, or -errno with why set (nothing written for a record refused). */
 int disk_in__record(struct disk_in *d, const struct proto_disk *r, char *why,
 		    size_t whylen) KMIG_MUST_CHECK;
+/* query-migrate's "disk" on this side: the image's size and what came. */
+void disk_in__stats(const struct disk_in *d, uint64_t *total, uint64_t *transferred,
+		    uint64_t *data_chunks, uint64_t *zero_chunks);
 /* After the last record, the guest this VM's: flush, then no marker.  0
  * without INFO. */
 int disk_in__complete(struct disk_in *d, char *why, size_t whylen) KMIG_MUST_CHECK;

@@ -183,6 +183,12 @@ static int incoming__on_disk(void *ctx, const struct proto_disk *d)
 	struct incoming *in = ctx;
 	char why[768];
 	int rc = disk_in__record(&in->disk, d, why, sizeof(why));
+	struct mig_stats *st = &in->m->stats;
+	pthread_mutex_lock(&in->m->lock);      /* query-migrate's "disk" here */
+	st->disk = in->disk.started;
+	disk_in__stats(&in->disk, &st->disk_total, &st->disk_transferred, &st->disk_normal,
+		       &st->disk_duplicate);
+	pthread_mutex_unlock(&in->m->lock);
 	return rc ? mig_recv__fail(&in->recv, rc, "%s", why) : 0;
 }
 

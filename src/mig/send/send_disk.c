@@ -124,5 +124,9 @@ int sender__disk_sum(struct sender *s)
 	le__put64(le, sum);
 	ssize_t n = proto__encode_disk_head(s->rec, s->rec_cap, PROTO_DISK_SUM, 0, s->disk.size);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
-	return rc ? rc : mig_stream__write(s->stream, le, sizeof(le));
+	if (!rc)
+		rc = mig_stream__write(s->stream, le, sizeof(le));
+	if (!rc)
+		s->disk_bytes += (uint64_t)n + sizeof(le);
+	return rc;
 }
