@@ -71,11 +71,13 @@ fuzz: deps
 deps:
 	@scripts/setup-deps.sh
 
+# the builds use every core (JOBS); the tests run after them
+JOBS ?= $(shell nproc)
 test: deps
-	$(MAKE) all guest linux-guest unit
-	$(MAKE) SAN=1 all unit
-	$(MAKE) TSAN=1 all unit
-	$(MAKE) FUZZ=1 fuzz-bins
+	$(MAKE) -j$(JOBS) all guest linux-guest unit
+	$(MAKE) -j$(JOBS) SAN=1 all unit
+	$(MAKE) -j$(JOBS) TSAN=1 all unit
+	$(MAKE) -j$(JOBS) FUZZ=1 fuzz-bins
 	tests/run.sh $(BUILD)
 
 # every case of the verification matrix (tests/e2e/test_matrix.py) and the

@@ -49,9 +49,12 @@ run_one() {
 	local name=$1; shift
 	[ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && return
 	echo "== $name"
+	local t0=$SECONDS
 	# a hung test fails (status 124) instead of hanging the run
 	timeout -k 10 "${KMIG_C_TEST_TIMEOUT:-900}" "$@" 2>&1 | tee "$log"
 	count "${PIPESTATUS[0]}" "$name"
+	[ $((SECONDS - t0)) -ge 5 ] && echo "# $name: $((SECONDS - t0)) s"
+	return 0
 }
 
 pytest_files() {  # one per line
@@ -64,7 +67,7 @@ pytest_files() {  # one per line
 }
 
 run_pytest() {  # $1: marker expression, $2...: files
-	local expr=$1 extra=()
+	local expr=$1 extra=(--durations=0 --durations-min=15)  # the slow tests' seconds
 	shift
 	[ "${KMIG_TEST_EMULATED:-}" = 1 ] && extra+=(--timeout=1500)
 	[ $# -gt 0 ] || return 0
@@ -76,24 +79,61 @@ run_pytest() {  # $1: marker expression, $2...: files
 	count "$rc" "pytest $*"
 }
 
+# The C unit tests of the host part, KMIG_HOST_JOBS at a time (default
+# one per core): each one's output goes to a file of its own, shown (and
+# counted as run_one does) in the list's order once all have run.
+# $1: a file of lines "NAME BINARY ENV=VALUE..." (ENV optional).
+run_units() {
+	local list=$1 dir jobs=${KMIG_HOST_JOBS:-$(nproc)} running=0 i=0 name bin envs
+	dir=$(mktemp -d)
+	while read -r name bin envs; do
+		i=$((i + 1))
+		[ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
+		if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
+		{
+			local t0=$SECONDS
+			# shellcheck disable=SC2086
+			env $envs timeout -k 10 "${KMIG_C_TEST_TIMEOUT:-900}" "$bin" < /dev/null \
+				> "$dir/$i.out" 2>&1
+			echo "$? $((SECONDS - t0))" > "$dir/$i.rc"
+		} &
+		running=$((running + 1))
+	done < "$list"
+	wait
+	i=0
+	while read -r name bin envs; do
+		i=$((i + 1))
+		[ -f "$dir/$i.rc" ] || continue
+		local rc secs
+		read -r rc secs < "$dir/$i.rc"
+		echo "== $name"
+		tee "$log" < "$dir/$i.out"
+		count "$rc" "$name"
+		[ "$secs" -ge 5 ] && echo "# $name: $secs s"
+	done < "$list"
+	rm -rf "$dir"
+}
+
 run_host_part() {
-	local t
+	local t list
+	list=$(mktemp)
 	for t in "$build"/tests/test_*; do
 		[[ "$(basename "$t")" == test_kvm_* ]] && continue
-		[ -x "$t" ] && run_one "$(basename "$t")" "$t"
-	done
+		[ -x "$t" ] && echo "$(basename "$t") $t"
+	done >> "$list"
 	# the same unit tests built with ASan + UBSan (make SAN=1 unit): any
 	# report ends the test with a non-zero status
 	for t in build-san/tests/test_*; do
 		[[ "$(basename "$t")" == test_kvm_* ]] && continue
-		[ -x "$t" ] && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-			run_one "san:$(basename "$t")" "$t"
-	done
+		[ -x "$t" ] && echo "san:$(basename "$t") $t UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1"
+	done >> "$list"
 	# and with ThreadSanitizer (make TSAN=1 unit): a report fails the test
 	for t in build-tsan/tests/test_*; do
 		[[ "$(basename "$t")" == test_kvm_* ]] && continue
-		[ -x "$t" ] && TSAN_OPTIONS=halt_on_error=1 run_one "tsan:$(basename "$t")" "$t"
-	done
+		[ -x "$t" ] && echo "tsan:$(basename "$t") $t TSAN_OPTIONS=halt_on_error=1"
+	done >> "$list"
+	run_units "$list"
+	rm -f "$list"
 	# shellcheck disable=SC2046
 	run_pytest "not kvm and not qemu and not linux" $(pytest_files)
 	# each libFuzzer harness briefly (`make fuzz` runs them for longer)
