@@ -12,6 +12,7 @@
 #include "ctl/client.h"
 #include "ctl/control.h"
 #include "ctl/blk_opts.h"
+#include "ctl/kvopts.h"
 #include "ctl/net_opts.h"
 #include "kvm/vm.h"
 #include "mig/migration.h"
@@ -75,31 +76,32 @@ static int open_console(const char *spec, int *fd)
 	return 0;
 }
 
+static int balloon_kv(void *ctx, const char *key, const char *val, char *err, size_t errlen)
+{
+	struct vm_config *c = ctx;
+	bool *off = !strcmp(key, "free-page-hint") ? &c->balloon_no_hint :
+		    !strcmp(key, "free-page-reporting") ? &c->balloon_no_reporting :
+		    !strcmp(key, "ioeventfd") ? &c->balloon_no_ioeventfd : NULL;
+	if (!off) {
+		snprintf(err, errlen, "--balloon: unknown property %s (free-page-hint, "
+			 "free-page-reporting, ioeventfd)", key);
+		return -EINVAL;
+	}
+	if (strcmp(val, "on") && strcmp(val, "off")) {
+		snprintf(err, errlen, "--balloon: %s=%s: expected %s=on|off", key, val, key);
+		return -EINVAL;
+	}
+	*off = !strcmp(val, "off");
+	return 0;
+}
+
 /* --balloon=KEY=on|off[,...]: which free page features the device offers,
  * and whether its queue notifications go through ioeventfds. */
 static void parse_balloon(const char *spec, struct vm_config *c)
 {
-	char buf[128];
-	if (snprintf(buf, sizeof(buf), "%s", spec) >= (int)sizeof(buf))
-		die("--balloon=%.40s...: too long", spec);
-	char *save = NULL;
-	for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
-		char *v = strchr(kv, '=');
-		bool on = v && !strcmp(v + 1, "on");
-		if (!v || (!on && strcmp(v + 1, "off")))
-			die("--balloon=%s: %s: expected free-page-hint=on|off, "
-			    "free-page-reporting=on|off or ioeventfd=on|off", spec, kv);
-		*v = 0;
-		if (!strcmp(kv, "free-page-hint"))
-			c->balloon_no_hint = !on;
-		else if (!strcmp(kv, "free-page-reporting"))
-			c->balloon_no_reporting = !on;
-		else if (!strcmp(kv, "ioeventfd"))
-			c->balloon_no_ioeventfd = !on;
-		else
-			die("--balloon=%s: unknown property %s (free-page-hint, free-page-reporting, "
-			    "ioeventfd)", spec, kv);
-	}
+	char err[512];
+	if (kvopts__split("--balloon", spec, balloon_kv, c, err, sizeof(err)))
+		die("%s", err);
 }
 
 static void parse_run(int argc, char **argv, struct run_opts *o)

@@ -5,9 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl/kvopts.h"
 #include "dev/blk.h"
-
-#define BLK_OPTS_SPEC_MAX 2048
 
 void blk_opts__init(struct blk_opts *o)
 {
@@ -19,68 +18,7 @@ void blk_opts__init(struct blk_opts *o)
 
 bool blk_opts__is_device(const char *spec)
 {
-	size_t n = strlen("virtio-blk-pci");
-	return !strncmp(spec, "virtio-blk-pci", n) && (spec[n] == ',' || !spec[n]);
-}
-
-typedef int (*blk_kv_fn)(struct blk_opts *o, const char *key, const char *val, char *err,
-			 size_t errlen);
-
-/* Splits "a=b,c=d" (",," is a comma inside a value) and hands each pair
- * to fn; the first failing pair ends it. */
-static int blk_opts__split(struct blk_opts *o, const char *opt, const char *spec, blk_kv_fn fn,
-			   char *err, size_t errlen)
-{
-	char kv[BLK_OPTS_SPEC_MAX];
-	const char *p = spec;
-	while (*p) {
-		size_t n = 0;
-		for (; *p && !(p[0] == ',' && p[1] != ','); p++) {
-			if (p[0] == ',')
-				p++;                /* ",," */
-			if (n + 1 >= sizeof(kv)) {
-				snprintf(err, errlen, "%s %.40s...: too long", opt, spec);
-				return -EINVAL;
-			}
-			kv[n++] = *p;
-		}
-		kv[n] = 0;
-		if (*p)
-			p++;
-		char *v = strchr(kv, '=');
-		if (!v || v == kv) {
-			snprintf(err, errlen, "%s %s: \"%s\" is not key=value", opt, spec, kv);
-			return -EINVAL;
-		}
-		*v++ = 0;
-		int rc = fn(o, kv, v, err, errlen);
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
-
-static int blk_opts__copy(char *dst, size_t cap, const char *opt, const char *key,
-			  const char *val, char *err, size_t errlen)
-{
-	if (!*val || strlen(val) >= cap) {
-		snprintf(err, errlen, "%s: %s=%s: empty or longer than %zu bytes", opt, key, val, cap - 1);
-		return -EINVAL;
-	}
-	memcpy(dst, val, strlen(val) + 1);
-	return 0;
-}
-
-/* on/off into *out: 0, or -EINVAL with err set. */
-static int blk_opts__onoff(const char *opt, const char *key, const char *val, bool *out,
-			   char *err, size_t errlen)
-{
-	if (!strcmp(val, "on") || !strcmp(val, "off")) {
-		*out = !strcmp(val, "on");
-		return 0;
-	}
-	snprintf(err, errlen, "%s: %s=%s: expected on or off", opt, key, val);
-	return -EINVAL;
+	return kvopts__after_driver(spec, "virtio-blk-pci") != NULL;
 }
 
 static int blk_opts__discard(struct blk_opts *o, const char *opt, const char *val, char *err,
@@ -117,9 +55,10 @@ static int blk_opts__on_error(const char *opt, const char *key, const char *val,
 	return -EINVAL;
 }
 
-static int blk_opts__blockdev_kv(struct blk_opts *o, const char *key, const char *val, char *err,
+static int blk_opts__blockdev_kv(void *ctx, const char *key, const char *val, char *err,
 				 size_t errlen)
 {
+	struct blk_opts *o = ctx;
 	const char *opt = "--blockdev";
 	if (!strcmp(key, "driver")) {
 		if (!strcmp(val, "file") || !strcmp(val, "host_device"))
@@ -128,14 +67,14 @@ static int blk_opts__blockdev_kv(struct blk_opts *o, const char *key, const char
 		return -EINVAL;
 	}
 	if (!strcmp(key, "filename"))
-		return blk_opts__copy(o->dev.path, sizeof(o->dev.path), opt, key, val, err, errlen);
+		return kvopts__copy(o->dev.path, sizeof(o->dev.path), opt, key, val, err, errlen);
 	if (!strcmp(key, "node-name"))
-		return blk_opts__copy(o->dev.node_name, sizeof(o->dev.node_name), opt, key, val, err,
+		return kvopts__copy(o->dev.node_name, sizeof(o->dev.node_name), opt, key, val, err,
 				      errlen);
 	if (!strcmp(key, "cache.direct"))
-		return blk_opts__onoff(opt, key, val, &o->dev.direct, err, errlen);
+		return kvopts__onoff(opt, key, val, &o->dev.direct, err, errlen);
 	if (!strcmp(key, "read-only"))
-		return blk_opts__onoff(opt, key, val, &o->dev.read_only, err, errlen);
+		return kvopts__onoff(opt, key, val, &o->dev.read_only, err, errlen);
 	if (!strcmp(key, "discard"))
 		return blk_opts__discard(o, opt, val, err, errlen);
 	snprintf(err, errlen, "%s: unknown or unsupported property %s=%s (driver, filename, "
@@ -162,14 +101,15 @@ static int blk_opts__cache(struct blk_opts *o, const char *val, char *err, size_
 	return -EINVAL;
 }
 
-static int blk_opts__drive_kv(struct blk_opts *o, const char *key, const char *val, char *err,
+static int blk_opts__drive_kv(void *ctx, const char *key, const char *val, char *err,
 			      size_t errlen)
 {
+	struct blk_opts *o = ctx;
 	const char *opt = "--drive";
 	if (!strcmp(key, "file"))
-		return blk_opts__copy(o->dev.path, sizeof(o->dev.path), opt, key, val, err, errlen);
+		return kvopts__copy(o->dev.path, sizeof(o->dev.path), opt, key, val, err, errlen);
 	if (!strcmp(key, "id"))
-		return blk_opts__copy(o->dev.node_name, sizeof(o->dev.node_name), opt, key, val, err,
+		return kvopts__copy(o->dev.node_name, sizeof(o->dev.node_name), opt, key, val, err,
 				      errlen);
 	if (!strcmp(key, "format") || !strcmp(key, "if")) {
 		if (!strcmp(val, !strcmp(key, "format") ? "raw" : "none"))
@@ -180,7 +120,7 @@ static int blk_opts__drive_kv(struct blk_opts *o, const char *key, const char *v
 		return -EINVAL;
 	}
 	if (!strcmp(key, "readonly"))
-		return blk_opts__onoff(opt, key, val, &o->dev.read_only, err, errlen);
+		return kvopts__onoff(opt, key, val, &o->dev.read_only, err, errlen);
 	if (!strcmp(key, "cache"))
 		return blk_opts__cache(o, val, err, errlen);
 	if (!strcmp(key, "discard"))
@@ -194,13 +134,13 @@ static int blk_opts__drive_kv(struct blk_opts *o, const char *key, const char *v
 }
 
 static int blk_opts__drive_common(struct blk_opts *o, const char *opt, const char *spec,
-				  blk_kv_fn fn, char *err, size_t errlen)
+				  kvopts_fn fn, char *err, size_t errlen)
 {
 	if (o->have_drive) {
 		snprintf(err, errlen, "%s %s: kmig has one disk", opt, spec);
 		return -EINVAL;
 	}
-	int rc = blk_opts__split(o, opt, spec, fn, err, errlen);
+	int rc = kvopts__split(opt, spec, fn, o, err, errlen);
 	if (!rc && (!o->dev.path[0] || !o->dev.node_name[0])) {
 		snprintf(err, errlen, "%s %s: %s are required", opt, spec,
 			 !strcmp(opt, "--drive") ? "file= and id=" : "filename= and node-name=");
@@ -234,15 +174,16 @@ static int blk_opts__lbs(struct blk_opts *o, const char *val, char *err, size_t 
 	return 0;
 }
 
-static int blk_opts__device_kv(struct blk_opts *o, const char *key, const char *val, char *err,
+static int blk_opts__device_kv(void *ctx, const char *key, const char *val, char *err,
 			       size_t errlen)
 {
+	struct blk_opts *o = ctx;
 	const char *opt = "--device";
 	if (!strcmp(key, "drive"))
-		return blk_opts__copy(o->device_drive, sizeof(o->device_drive), opt, key, val, err,
+		return kvopts__copy(o->device_drive, sizeof(o->device_drive), opt, key, val, err,
 				      errlen);
 	if (!strcmp(key, "id"))
-		return blk_opts__copy(o->dev.device_id, sizeof(o->dev.device_id), opt, key, val, err,
+		return kvopts__copy(o->dev.device_id, sizeof(o->dev.device_id), opt, key, val, err,
 				      errlen);
 	if (!strcmp(key, "serial")) {
 		if (strlen(val) > 20) {
@@ -254,7 +195,7 @@ static int blk_opts__device_kv(struct blk_opts *o, const char *key, const char *
 	}
 	if (!strcmp(key, "write-cache")) {
 		bool on;
-		int rc = blk_opts__onoff(opt, key, val, &on, err, errlen);
+		int rc = kvopts__onoff(opt, key, val, &on, err, errlen);
 		o->write_cache = rc ? o->write_cache : on;
 		return rc;
 	}
@@ -276,13 +217,12 @@ int blk_opts__device(struct blk_opts *o, const char *spec, char *err, size_t err
 		snprintf(err, errlen, "--device %s: kmig has one virtio-blk-pci device", spec);
 		return -EINVAL;
 	}
-	if (!blk_opts__is_device(spec)) {
+	const char *rest = kvopts__after_driver(spec, "virtio-blk-pci");
+	if (!rest) {
 		snprintf(err, errlen, "--device %s: not virtio-blk-pci", spec);
 		return -EINVAL;
 	}
-	const char *rest = spec + strlen("virtio-blk-pci");
-	int rc = blk_opts__split(o, "--device", *rest ? rest + 1 : rest, blk_opts__device_kv, err,
-				 errlen);
+	int rc = kvopts__split("--device", rest, blk_opts__device_kv, o, err, errlen);
 	if (!rc && !o->device_drive[0]) {
 		snprintf(err, errlen, "--device %s: drive= is required", spec);
 		rc = -EINVAL;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl/kvopts.h"
 #include "dev/net.h"
 
 void net_opts__init(struct net_opts *o)
@@ -36,58 +37,28 @@ int net_opts__parse_mac(const char *s, uint8_t mac[6])
 	return 0;
 }
 
-/* Splits "DRIVER,key=value,..." in place: the driver name, then each
- * pair through fn; the first failing pair ends it. */
-typedef int (*net_kv_fn)(struct net_opts *o, const char *key, const char *val, char *err,
-			 size_t errlen);
-
+/* "DRIVER,key=value,...": the driver name, then each pair through fn. */
 static int net_opts__split(struct net_opts *o, const char *opt, const char *spec,
-			   const char *driver, net_kv_fn fn, char *err, size_t errlen)
+			   const char *driver, kvopts_fn fn, char *err, size_t errlen)
 {
-	char buf[256];
-	if (snprintf(buf, sizeof(buf), "%s", spec) >= (int)sizeof(buf)) {
-		snprintf(err, errlen, "%s %.40s...: too long", opt, spec);
-		return -EINVAL;
-	}
-	char *save = NULL, *first = strtok_r(buf, ",", &save);
-	if (!first || strcmp(first, driver)) {
+	const char *rest = kvopts__after_driver(spec, driver);
+	if (!rest) {
 		snprintf(err, errlen, "%s %s: kmig has only %s here%s", opt, spec, driver,
 			 !strcmp(opt, "--device") ? " (or virtio-blk-pci; the balloon is --balloon)" : "");
 		return -EINVAL;
 	}
-	for (char *kv = strtok_r(NULL, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
-		char *v = strchr(kv, '=');
-		if (!v || v == kv) {
-			snprintf(err, errlen, "%s %s: \"%s\" is not key=value", opt, spec, kv);
-			return -EINVAL;
-		}
-		*v++ = 0;
-		int rc = fn(o, kv, v, err, errlen);
-		if (rc)
-			return rc;
-	}
-	return 0;
+	return kvopts__split(opt, rest, fn, o, err, errlen);
 }
 
-static int net_opts__copy(char *dst, size_t cap, const char *opt, const char *key,
-			  const char *val, char *err, size_t errlen)
-{
-	if (!*val || strlen(val) >= cap) {
-		snprintf(err, errlen, "%s: %s=%s: empty or longer than %zu bytes", opt, key, val, cap - 1);
-		return -EINVAL;
-	}
-	memcpy(dst, val, strlen(val) + 1);
-	return 0;
-}
-
-static int net_opts__netdev_kv(struct net_opts *o, const char *key, const char *val, char *err,
+static int net_opts__netdev_kv(void *ctx, const char *key, const char *val, char *err,
 			       size_t errlen)
 {
+	struct net_opts *o = ctx;
 	if (!strcmp(key, "id"))
-		return net_opts__copy(o->netdev_id, sizeof(o->netdev_id), "--netdev", key, val, err,
+		return kvopts__copy(o->netdev_id, sizeof(o->netdev_id), "--netdev", key, val, err,
 				      errlen);
 	if (!strcmp(key, "ifname"))
-		return net_opts__copy(o->ifname, sizeof(o->ifname), "--netdev", key, val, err, errlen);
+		return kvopts__copy(o->ifname, sizeof(o->ifname), "--netdev", key, val, err, errlen);
 	if ((!strcmp(key, "script") || !strcmp(key, "downscript")) && !strcmp(val, "no"))
 		return 0;
 	if (!strcmp(key, "script") || !strcmp(key, "downscript")) {
@@ -117,14 +88,15 @@ int net_opts__netdev(struct net_opts *o, const char *spec, char *err, size_t err
 	return rc;
 }
 
-static int net_opts__device_kv(struct net_opts *o, const char *key, const char *val, char *err,
+static int net_opts__device_kv(void *ctx, const char *key, const char *val, char *err,
 			       size_t errlen)
 {
+	struct net_opts *o = ctx;
 	if (!strcmp(key, "netdev"))
-		return net_opts__copy(o->device_netdev, sizeof(o->device_netdev), "--device", key, val,
+		return kvopts__copy(o->device_netdev, sizeof(o->device_netdev), "--device", key, val,
 				      err, errlen);
 	if (!strcmp(key, "id"))
-		return net_opts__copy(o->dev.device_id, sizeof(o->dev.device_id), "--device", key,
+		return kvopts__copy(o->dev.device_id, sizeof(o->dev.device_id), "--device", key,
 				      val, err, errlen);
 	if (!strcmp(key, "mac")) {
 		if (net_opts__parse_mac(val, o->dev.mac) || (o->dev.mac[0] & 1)) {
