@@ -6,28 +6,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 
 #include "dev/balloon.h"
 #include "dev/virtio_pci.h"
 #include "kvm/ioevent.h"
 #include "kvm/vm_balloon.h"
 #include "kvm/vm.h"
-#include "mem/dirty.h"
-
-static void vm_balloon__mark(void *ctx, uint64_t gpa, uint64_t len)
-{
-	struct vm *vm = ctx;
-	if (vm->dirty && !atomic_load(&vm->device_marks_off))
-		dirty__mark(vm->dirty, gpa, len);
-}
+#include "kvm/vm_dev.h"
 
 static void vm_balloon__irq(void *ctx, bool level)
 {
-	struct vm *vm = ctx;
-	struct kvm_irq_level l = { .irq = BALLOON_IRQ, .level = level };
-	if (ioctl(vm->vm_fd, KVM_IRQ_LINE, &l) < 0)
-		log_debug("balloon: KVM_IRQ_LINE %d: %s", level, strerror(errno));
+	vm_dev__irq(ctx, BALLOON_IRQ, level, "balloon");
 }
 
 static void vm_balloon__notified(void *ctx, unsigned q)
@@ -40,10 +29,7 @@ static void vm_balloon__notified(void *ctx, unsigned q)
 static void vm_balloon__notify_map(void *ctx, uint64_t gpa)
 {
 	struct vm *vm = ctx;
-	int rc = ioevent__map(vm->notify, gpa, VIRTIO_PCI_NOTIFY_MULT);
-	if (rc)
-		log_warn("balloon: no ioeventfds at %#llx (%s): notifications exit to kmig",
-			 (unsigned long long)gpa, strerror(-rc));
+	vm_dev__map_notify(vm->notify, gpa, "balloon");
 }
 
 /* Linux's and kmig's drivers write the queue index as 16 bits. */
@@ -62,7 +48,7 @@ static int vm_balloon__ioeventfds(struct vm *vm)
 int vm_balloon__attach(struct vm *vm, char *err, size_t errlen)
 {
 	struct balloon_conf c = {
-		.ram = &vm->ram, .mark = vm_balloon__mark, .mark_ctx = vm,
+		.ram = &vm->ram, .mark = vm_dev__mark, .mark_ctx = vm,
 		.irq = vm_balloon__irq, .irq_ctx = vm, .irq_line = BALLOON_IRQ,
 		.bar_gpa = BALLOON_BAR_GPA, .no_free_page_hint = vm->cfg.balloon_no_hint,
 		.no_reporting = vm->cfg.balloon_no_reporting,

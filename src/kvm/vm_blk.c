@@ -4,28 +4,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 
 #include "dev/blk.h"
 #include "dev/blkfile.h"
 #include "dev/pci.h"
 #include "kvm/ioevent.h"
 #include "kvm/vm.h"
-#include "mem/dirty.h"
-
-static void vm_blk__mark(void *ctx, uint64_t gpa, uint64_t len)
-{
-	struct vm *vm = ctx;
-	if (vm->dirty && !atomic_load(&vm->device_marks_off))
-		dirty__mark(vm->dirty, gpa, len);
-}
+#include "kvm/vm_dev.h"
 
 static void vm_blk__irq(void *ctx, bool level)
 {
-	struct vm *vm = ctx;
-	struct kvm_irq_level l = { .irq = BLK_IRQ, .level = level };
-	if (ioctl(vm->vm_fd, KVM_IRQ_LINE, &l) < 0)
-		log_debug("virtio-blk: KVM_IRQ_LINE %d: %s", level, strerror(errno));
+	vm_dev__irq(ctx, BLK_IRQ, level, "virtio-blk");
 }
 
 static void vm_blk__notified(void *ctx, unsigned q)
@@ -37,10 +26,7 @@ static void vm_blk__notified(void *ctx, unsigned q)
 static void vm_blk__notify_map(void *ctx, uint64_t gpa)
 {
 	struct vm *vm = ctx;
-	int rc = ioevent__map(vm->blk_notify, gpa, VIRTIO_PCI_NOTIFY_MULT);
-	if (rc)
-		log_warn("virtio-blk: no ioeventfd at %#llx (%s): notifications exit to kmig",
-			 (unsigned long long)gpa, strerror(-rc));
+	vm_dev__map_notify(vm->blk_notify, gpa, "virtio-blk");
 }
 
 /* On a disk worker: to whoever drives the VM (BLOCK_IO_ERROR, the stop). */
@@ -96,7 +82,7 @@ int vm_blk__attach(struct vm *vm, char *err, size_t errlen)
 	if (rc)
 		return rc;
 	struct blk_conf c = {
-		.ram = &vm->ram, .mark = vm_blk__mark, .mark_ctx = vm, .irq = vm_blk__irq,
+		.ram = &vm->ram, .mark = vm_dev__mark, .mark_ctx = vm, .irq = vm_blk__irq,
 		.irq_ctx = vm, .irq_line = BLK_IRQ, .bar_gpa = BLK_BAR_GPA, .file = vm->blkfile,
 		.logical_block_size = bc->lbs ? bc->lbs : 512, .writeback = bc->writeback,
 		.discard = bc->discard, .werror = (enum blk_on_error)bc->werror,

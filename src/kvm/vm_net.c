@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 
 #include "dev/announce.h"
 #include "dev/net.h"
@@ -12,21 +11,11 @@
 #include "dev/tap.h"
 #include "kvm/ioevent.h"
 #include "kvm/vm.h"
-#include "mem/dirty.h"
-
-static void vm_net__mark(void *ctx, uint64_t gpa, uint64_t len)
-{
-	struct vm *vm = ctx;
-	if (vm->dirty && !atomic_load(&vm->device_marks_off))
-		dirty__mark(vm->dirty, gpa, len);
-}
+#include "kvm/vm_dev.h"
 
 static void vm_net__irq(void *ctx, bool level)
 {
-	struct vm *vm = ctx;
-	struct kvm_irq_level l = { .irq = NET_IRQ, .level = level };
-	if (ioctl(vm->vm_fd, KVM_IRQ_LINE, &l) < 0)
-		log_debug("virtio-net: KVM_IRQ_LINE %d: %s", level, strerror(errno));
+	vm_dev__irq(ctx, NET_IRQ, level, "virtio-net");
 }
 
 static void vm_net__notified(void *ctx, unsigned q)
@@ -56,10 +45,7 @@ static int vm_net__offload(void *ctx, unsigned flags)
 static void vm_net__notify_map(void *ctx, uint64_t gpa)
 {
 	struct vm *vm = ctx;
-	int rc = ioevent__map(vm->net_notify, gpa, VIRTIO_PCI_NOTIFY_MULT);
-	if (rc)
-		log_warn("virtio-net: no ioeventfds at %#llx (%s): notifications exit to kmig",
-			 (unsigned long long)gpa, strerror(-rc));
+	vm_dev__map_notify(vm->net_notify, gpa, "virtio-net");
 }
 
 static void vm_net__announce_round(void *ctx)
@@ -93,7 +79,7 @@ int vm_net__attach(struct vm *vm, char *err, size_t errlen)
 		return rc;
 	ioevent__watch(vm->net_notify, vm->tap->fd, vm_net__readable);
 	struct net_conf c = {
-		.ram = &vm->ram, .mark = vm_net__mark, .mark_ctx = vm, .irq = vm_net__irq,
+		.ram = &vm->ram, .mark = vm_dev__mark, .mark_ctx = vm, .irq = vm_net__irq,
 		.irq_ctx = vm, .irq_line = NET_IRQ, .bar_gpa = NET_BAR_GPA, .mtu = vm->cfg.netc.mtu,
 		.offloads = vm_net__offloads(vm),
 		.backend = { vm->tap->fd, vm_net__offload, vm_net__wants_read, vm },
