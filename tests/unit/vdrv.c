@@ -162,19 +162,24 @@ void vdrv__rings_reset(struct vdrv *d)
 	memset(ram__gpa_to_host(&d->ram, d->qbase, d->nq * d->qstride), 0, d->nq * d->qstride);
 }
 
-int vdrv__start(struct vdrv *d, uint64_t features)
+int vdrv__driver_ok(struct vdrv *d)
 {
 	const unsigned ok = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER |
 			    VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK;
+	int rc = 0;
+	for (unsigned q = 0; q < d->nq && !rc; q++)
+		rc = vdrv__enable_queue(d, q);
+	return rc ? rc : vdrv__write(d, VIRTIO_PCI_STATUS, ok, 1);
+}
+
+int vdrv__start(struct vdrv *d, uint64_t features)
+{
 	int rc = vdrv__write(d, VIRTIO_PCI_STATUS, 0, 1);
 	int st = rc ? rc : vdrv__negotiate(d, features);
 	if (st < 0 || !(st & VIRTIO_STATUS_FEATURES_OK))
 		return st;
 	vdrv__rings_reset(d);
-	for (unsigned q = 0; q < d->nq && !rc; q++)
-		rc = vdrv__enable_queue(d, q);
-	if (!rc)
-		rc = vdrv__write(d, VIRTIO_PCI_STATUS, ok, 1);
+	rc = vdrv__driver_ok(d);
 	return rc ? rc : vdrv__status(d);
 }
 

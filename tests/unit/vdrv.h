@@ -126,10 +126,13 @@ int vdrv__negotiate(struct vdrv *d, uint64_t features);
  * both widths of the transport's address registers), enable.  0, -EINVAL
  * (q, qsize), -ENODEV. */
 int vdrv__enable_queue(struct vdrv *d, unsigned q);
+/* Every queue enabled, then DRIVER_OK (whatever the device answered to
+ * FEATURES_OK): 0, -EINVAL, -ENODEV. */
+int vdrv__driver_ok(struct vdrv *d);
 /* Zeroes every queue's rings and the driver's indexes. */
 void vdrv__rings_reset(struct vdrv *d);
-/* A reset, vdrv__negotiate; if the device kept FEATURES_OK, fresh rings,
- * every queue enabled and DRIVER_OK.  The status the device shows after
+/* A reset, vdrv__negotiate; if the device kept FEATURES_OK, fresh rings
+ * and vdrv__driver_ok.  The status the device shows after
  * (0x0f: started), or -ENODEV / -EINVAL. */
 int vdrv__start(struct vdrv *d, uint64_t features);
 
