@@ -37,6 +37,9 @@ UNIT_SRCS := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 KVM_TEST_BINS := $(patsubst tests/kvm/%.c,$(BUILD)/tests/test_kvm_%,$(wildcard tests/kvm/*.c))
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+# the fake virtio-pci driver (tests/unit/vdrv.h), linked into every unit
+# test and fuzz harness
+VDRV_OBJ  := $(BUILD)/obj/tests/vdrv.o
 
 .PHONY: all guest test test-full unit deps demo bench clean fuzz fuzz-bins soak chaos
 all: $(BUILD)/kmig
@@ -48,9 +51,13 @@ $(BUILD)/obj/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 
-$(BUILD)/tests/%: tests/unit/%.c $(LIB_OBJS) $(wildcard tests/unit/*.h)
+$(VDRV_OBJ): tests/unit/vdrv.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/tests/%: tests/unit/%.c $(LIB_OBJS) $(VDRV_OBJ) $(wildcard tests/unit/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(VDRV_OBJ) $(LDLIBS)
 
 $(BUILD)/tests/test_kvm_%: tests/kvm/%.c $(LIB_OBJS) tests/unit/harness.h
 	@mkdir -p $(dir $@)
@@ -58,9 +65,9 @@ $(BUILD)/tests/test_kvm_%: tests/kvm/%.c $(LIB_OBJS) tests/unit/harness.h
 
 unit: $(UNIT_BINS) $(KVM_TEST_BINS)
 
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_OBJS)
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_OBJS) $(VDRV_OBJ) tests/unit/vdrv.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(LIB_OBJS) $(VDRV_OBJ) $(LDLIBS)
 
 fuzz-bins: $(FUZZ_BINS)
 
@@ -116,4 +123,4 @@ clean:
 
 -include guest/guest.mk
 -include guest/linux/linux.mk
--include $(OBJS:.o=.d)
+-include $(OBJS:.o=.d) $(VDRV_OBJ:.o=.d)

@@ -26,6 +26,7 @@
 #include "dev/virtio_pci.h"
 #include "mem/ram.h"
 #include "state/state.h"
+#include "vdrv.h"
 
 #define QBASE 0x100000ull
 #define QSIZE 64
@@ -34,57 +35,30 @@
 #define IMG (1u << 20)
 
 struct drv {
-	struct ram ram;
-	struct pci_bus bus;
+	struct vdrv v;            /* RAM, bus, the queue (vdrv.h) */
 	struct blkfile *f;
 	struct blk *b;
 	char path[64];
-	uint16_t avail, desc;
 };
 
 static void mark(void *ctx, uint64_t gpa, uint64_t len)
 {
-	(void)ctx;
-	if (!len || gpa >= RAM_MIN_SIZE || len > RAM_MIN_SIZE - gpa)
+	if (!vdrv__in_ram(ctx, gpa, len))
 		abort();
 }
 
-static void mw(struct drv *d, uint64_t off, uint64_t v, unsigned len)
-{
-	pci__mmio(&d->bus, BAR + off, true, &v, len);
-}
-
+/* Negotiates, enables the queue and sets DRIVER_OK whatever the device
+ * says (no reset, the rings as the input left them). */
 static void start(struct drv *d, uint64_t features)
 {
-	const uint8_t s = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER;
-	mw(d, VIRTIO_PCI_STATUS, s, 1);
-	mw(d, VIRTIO_PCI_GFSELECT, 0, 4);
-	mw(d, VIRTIO_PCI_GF, features & 0xffffffff, 4);
-	mw(d, VIRTIO_PCI_GFSELECT, 1, 4);
-	mw(d, VIRTIO_PCI_GF, features >> 32, 4);
-	mw(d, VIRTIO_PCI_STATUS, s | VIRTIO_STATUS_FEATURES_OK, 1);
-	mw(d, VIRTIO_PCI_Q_SELECT, 0, 2);
-	mw(d, VIRTIO_PCI_Q_SIZE, QSIZE, 2);
-	mw(d, VIRTIO_PCI_Q_DESC, QBASE, 8);
-	mw(d, VIRTIO_PCI_Q_AVAIL, QBASE + 0x1000, 8);
-	mw(d, VIRTIO_PCI_Q_USED, QBASE + 0x2000, 8);
-	mw(d, VIRTIO_PCI_Q_ENABLE, 1, 2);
-	mw(d, VIRTIO_PCI_STATUS, s | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK, 1);
+	(void)vdrv__negotiate(&d->v, features);
+	(void)vdrv__driver_ok(&d->v);
 }
 
 static void buffer(struct drv *d, uint32_t gpa, uint32_t len, uint16_t flags, uint16_t next)
 {
-	uint8_t *base = ram__gpa_to_host(&d->ram, QBASE, 0x3000);
-	uint16_t i = d->desc++ % QSIZE, slot = d->avail % QSIZE;
-	uint64_t addr = gpa;
-	memcpy(base + i * 16, &addr, 8);
-	memcpy(base + i * 16 + 8, &len, 4);
-	memcpy(base + i * 16 + 12, &flags, 2);
-	memcpy(base + i * 16 + 14, &next, 2);
-	memcpy(base + 0x1000 + 4 + slot * 2, &i, 2);
-	d->avail++;
-	__atomic_store_n((uint16_t *)(base + 0x1000 + 2), d->avail, __ATOMIC_RELEASE);
-	mw(d, VIRTIO_PCI_NOTIFY, 0, 2);
+	(void)vdrv__add_desc(&d->v, 0, &(struct vdrv_desc){ gpa, len, flags, next });
+	(void)vdrv__kick(&d->v, 0);
 }
 
 static int put(void *ctx, uint32_t id, uint32_t ver, uint32_t inst, const void *data, size_t len)
@@ -115,23 +89,23 @@ static struct drv *setup(void)
 		if (!f || ftruncate(fileno(f), IMG) || fclose(f))
 			abort();
 		struct blkfile_conf fc = { .path = d->path, .discard_unmap = true };
-		if (blkfile__open(&d->f, &fc, err, sizeof(err)) || ram__create(&d->ram, -1, RAM_MIN_SIZE))
+		const struct vdrv_conf vc = { .ram_size = RAM_MIN_SIZE, .bar = BAR, .qbase = QBASE,
+					      .qstride = VDRV_RING_BYTES, .nq = 1, .qsize = QSIZE };
+		if (blkfile__open(&d->f, &fc, err, sizeof(err)) || vdrv__init(&d->v, &vc))
 			abort();
 		unlink(d->path);    /* gone with the process; the fd keeps it */
-		pci__init(&d->bus);
-		struct blk_conf c = { .ram = &d->ram, .mark = mark, .irq_line = 5, .bar_gpa = BAR,
+		struct blk_conf c = { .ram = &d->v.ram, .mark = mark, .mark_ctx = &d->v,
+				      .irq_line = 5, .bar_gpa = BAR,
 				      .file = d->f, .logical_block_size = 512, .writeback = true,
 				      .discard = true, .serial = "fuzz" };
-		if (blk__create(&d->b, &c) || pci__add(&d->bus, 5, blk__pci(d->b)))
+		if (blk__create(&d->b, &c) || vdrv__plug(&d->v, 5, blk__pci(d->b)))
 			abort();
-		uint32_t a = 0x80000000u | 5u << 11 | 0x04, cmd = 0x6;
-		pci__pio(&d->bus, PCI_CONF_ADDR, true, &a, 4);
-		pci__pio(&d->bus, PCI_CONF_DATA, true, &cmd, 2);
+		vdrv__cfg_write(&d->v, 5, PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER, 2);
 		made = true;
 	}
-	mw(d, VIRTIO_PCI_STATUS, 0, 1);          /* reset: waits for requests in flight */
-	memset(ram__gpa_to_host(&d->ram, QBASE, WINDOW), 0, WINDOW);
-	d->avail = d->desc = 0;
+	(void)vdrv__write(&d->v, VIRTIO_PCI_STATUS, 0, 1);  /* reset: waits for requests in flight */
+	vdrv__rings_reset(&d->v);
+	memset(ram__gpa_to_host(&d->v.ram, QBASE, WINDOW), 0, WINDOW);
 	return d;
 }
 
@@ -159,7 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t off = 0;
 	while (off < size) {
 		uint8_t op = data[off++] % 7;
-		uint64_t a = 0, b = 0;
+		uint64_t a = 0;
 		size_t n;
 		switch (op) {
 		case 0:
@@ -167,18 +141,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			n = (uint8_t)get(data, &off, size, 1);
 			if (off + n > size)
 				n = size - off < 256 ? size - off : 0;
-			memcpy(ram__gpa_to_host(&d->ram, QBASE + a, 256), data + off, n);
+			memcpy(ram__gpa_to_host(&d->v.ram, QBASE + a, 256), data + off, n);
 			off += n;
 			break;
 		case 1:
 			a = get(data, &off, size, 2) % VIRTIO_PCI_BAR_SIZE;
 			n = 1u << (get(data, &off, size, 1) & 3);
-			mw(d, a, get(data, &off, size, 8), (unsigned)n);
+			(void)vdrv__write(&d->v, a, get(data, &off, size, 8), (unsigned)n);
 			break;
 		case 2:
 			a = get(data, &off, size, 2) % VIRTIO_PCI_BAR_SIZE;
 			n = 1u << (get(data, &off, size, 1) & 3);
-			pci__mmio(&d->bus, BAR + a, false, &b, (unsigned)n);
+			(void)vdrv__read(&d->v, a, (unsigned)n);
 			break;
 		case 3:
 			start(d, get(data, &off, size, 8));

@@ -27,6 +27,7 @@
 #include "dev/virtio_pci.h"
 #include "mem/ram.h"
 #include "state/state.h"
+#include "vdrv.h"
 
 #define QBASE 0x100000ull
 #define QSTRIDE 0x4000ull
@@ -35,17 +36,14 @@
 #define BAR 0xe0004000ull
 
 struct drv {
-	struct ram ram;
-	struct pci_bus bus;
+	struct vdrv v;            /* RAM, bus, the three queues (vdrv.h) */
 	struct net *n;
 	int sv[2];
-	uint16_t avail[NET_NR_VQS], desc[NET_NR_VQS];
 };
 
 static void mark(void *ctx, uint64_t gpa, uint64_t len)
 {
-	(void)ctx;
-	if (!len || gpa >= RAM_MIN_SIZE || len > RAM_MIN_SIZE - gpa)
+	if (!vdrv__in_ram(ctx, gpa, len))
 		abort();
 }
 
@@ -61,46 +59,19 @@ static int offload(void *ctx, unsigned flags)
 	return flags & ~(unsigned)(NET_OFFLOAD_CSUM | NET_OFFLOAD_TSO4 | NET_OFFLOAD_TSO6) ? -22 : 0;
 }
 
-static void mw(struct drv *d, uint64_t off, uint64_t v, unsigned len)
-{
-	pci__mmio(&d->bus, BAR + off, true, &v, len);
-}
-
+/* Negotiates, enables every queue and sets DRIVER_OK whatever the
+ * device says (no reset, the rings as the input left them). */
 static void start(struct drv *d, uint64_t features)
 {
-	const uint8_t s = VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER;
-	mw(d, VIRTIO_PCI_STATUS, s, 1);
-	mw(d, VIRTIO_PCI_GFSELECT, 0, 4);
-	mw(d, VIRTIO_PCI_GF, features & 0xffffffff, 4);
-	mw(d, VIRTIO_PCI_GFSELECT, 1, 4);
-	mw(d, VIRTIO_PCI_GF, features >> 32, 4);
-	mw(d, VIRTIO_PCI_STATUS, s | VIRTIO_STATUS_FEATURES_OK, 1);
-	for (unsigned q = 0; q < NET_NR_VQS; q++) {
-		uint64_t base = QBASE + q * QSTRIDE;
-		mw(d, VIRTIO_PCI_Q_SELECT, q, 2);
-		mw(d, VIRTIO_PCI_Q_SIZE, QSIZE, 2);
-		mw(d, VIRTIO_PCI_Q_DESC, base, 8);
-		mw(d, VIRTIO_PCI_Q_AVAIL, base + 0x1000, 8);
-		mw(d, VIRTIO_PCI_Q_USED, base + 0x2000, 8);
-		mw(d, VIRTIO_PCI_Q_ENABLE, 1, 2);
-	}
-	mw(d, VIRTIO_PCI_STATUS, s | VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK, 1);
+	(void)vdrv__negotiate(&d->v, features);
+	(void)vdrv__driver_ok(&d->v);
 }
 
 static void buffer(struct drv *d, unsigned q, uint32_t gpa, uint32_t len, uint16_t flags,
 		   uint16_t next)
 {
-	uint8_t *base = ram__gpa_to_host(&d->ram, QBASE + q * QSTRIDE, 0x3000);
-	uint16_t i = d->desc[q]++ % QSIZE, slot = d->avail[q] % QSIZE;
-	uint64_t addr = gpa;
-	memcpy(base + i * 16, &addr, 8);
-	memcpy(base + i * 16 + 8, &len, 4);
-	memcpy(base + i * 16 + 12, &flags, 2);
-	memcpy(base + i * 16 + 14, &next, 2);
-	memcpy(base + 0x1000 + 4 + slot * 2, &i, 2);
-	d->avail[q]++;
-	memcpy(base + 0x1000 + 2, &d->avail[q], 2);
-	mw(d, VIRTIO_PCI_NOTIFY + q * VIRTIO_PCI_NOTIFY_MULT, q, 2);
+	(void)vdrv__add_desc(&d->v, q, &(struct vdrv_desc){ gpa, len, flags, next });
+	(void)vdrv__kick(&d->v, q);
 }
 
 static int put(void *ctx, uint32_t id, uint32_t ver, uint32_t inst, const void *data, size_t len)
@@ -144,29 +115,27 @@ static struct drv *setup(void)
 	struct drv *d = &dv;
 	if (!made) {
 		log__set_level(LOG_ERROR);  /* a broken driver is warned about per buffer */
-		if (ram__create(&d->ram, -1, RAM_MIN_SIZE) ||
-		    socketpair(AF_UNIX, SOCK_SEQPACKET, 0, d->sv))
+		const struct vdrv_conf vc = { .ram_size = RAM_MIN_SIZE, .bar = BAR, .qbase = QBASE,
+					      .qstride = QSTRIDE, .nq = NET_NR_VQS, .qsize = QSIZE };
+		if (vdrv__init(&d->v, &vc) || socketpair(AF_UNIX, SOCK_SEQPACKET, 0, d->sv))
 			abort();
 		fcntl(d->sv[0], F_SETFL, O_NONBLOCK);
 		fcntl(d->sv[1], F_SETFL, O_NONBLOCK);
-		pci__init(&d->bus);
-		struct net_conf c = { .ram = &d->ram, .mark = mark, .irq_line = 11, .bar_gpa = BAR,
+		struct net_conf c = { .ram = &d->v.ram, .mark = mark, .mark_ctx = &d->v,
+				      .irq_line = 11, .bar_gpa = BAR,
 				      .mac = { 0x52, 0x54, 0, 0x12, 0x34, 0x56 }, .mtu = 1500,
 				      .offloads = NET_OFFLOAD_CSUM | NET_OFFLOAD_TSO4 | NET_OFFLOAD_TSO6,
 				      .backend = { d->sv[0], offload, wants_read, NULL } };
-		if (net__create(&d->n, &c) || pci__add(&d->bus, 4, net__pci(d->n)))
+		if (net__create(&d->n, &c) || vdrv__plug(&d->v, 4, net__pci(d->n)))
 			abort();
-		uint32_t a = 0x80000000u | 4u << 11 | 0x04, cmd = 0x6;
-		pci__pio(&d->bus, PCI_CONF_ADDR, true, &a, 4);
-		pci__pio(&d->bus, PCI_CONF_DATA, true, &cmd, 2);
+		vdrv__cfg_write(&d->v, 4, PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER, 2);
 		made = true;
 	}
-	mw(d, VIRTIO_PCI_STATUS, 0, 1);                 /* reset */
+	(void)vdrv__write(&d->v, VIRTIO_PCI_STATUS, 0, 1);      /* reset */
 	(void)net__drop_backlog(d->n);
 	drain_network(d);
-	memset(ram__gpa_to_host(&d->ram, QBASE, WINDOW), 0, WINDOW);
-	memset(d->avail, 0, sizeof(d->avail));
-	memset(d->desc, 0, sizeof(d->desc));
+	vdrv__rings_reset(&d->v);
+	memset(ram__gpa_to_host(&d->v.ram, QBASE, WINDOW), 0, WINDOW);
 	net__set_link(d->n, true);
 	return d;
 }
@@ -186,7 +155,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t off = 0;
 	while (off < size) {
 		uint8_t op = data[off++] % 7;
-		uint64_t a = 0, b = 0;
+		uint64_t a = 0;
 		size_t n;
 		switch (op) {
 		case 0:
@@ -194,18 +163,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			n = (uint8_t)get(data, &off, size, 1);
 			if (off + n > size)
 				n = size - off < 256 ? size - off : 0;
-			memcpy(ram__gpa_to_host(&d->ram, QBASE + a, 256), data + off, n);
+			memcpy(ram__gpa_to_host(&d->v.ram, QBASE + a, 256), data + off, n);
 			off += n;
 			break;
 		case 1:
 			a = get(data, &off, size, 2) % VIRTIO_PCI_BAR_SIZE;
 			n = 1u << (get(data, &off, size, 1) & 3);
-			mw(d, a, get(data, &off, size, 8), (unsigned)n);
+			(void)vdrv__write(&d->v, a, get(data, &off, size, 8), (unsigned)n);
 			break;
 		case 2:
 			a = get(data, &off, size, 2) % VIRTIO_PCI_BAR_SIZE;
 			n = 1u << (get(data, &off, size, 1) & 3);
-			pci__mmio(&d->bus, BAR + a, false, &b, (unsigned)n);
+			(void)vdrv__read(&d->v, a, (unsigned)n);
 			break;
 		case 3:
 			start(d, get(data, &off, size, 8));

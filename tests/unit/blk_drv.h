@@ -1,6 +1,7 @@
-/* The fake virtio-blk driver of the blk unit tests (test_blk.c): fake
- * guest RAM, a PCI bus with the device, a queue the test fills by hand,
- * a real image file in a temporary directory; for the error policy a
+/* The fake virtio-blk driver of the blk unit tests (test_blk.c): the
+ * fake virtio-pci driver of vdrv.h (guest RAM, a PCI bus with the device,
+ * one queue the test fills by hand) with the disk's requests on top, a
+ * real image file in a temporary directory; for the error policy a
  * recorder of the device's error reports and a tmpfs of 1 MiB that the
  * writes fill (mounted here: root only).  No KVM. */
 #ifndef KMIG_TESTS_BLK_DRV_H
@@ -19,11 +20,10 @@
 #include "dev/blkfile.h"
 #include "dev/pci.h"
 #include "harness.h"
+#include "vdrv.h"
 
 #define RAM_SIZE (128ull << 20)
-#define QDESC 0x100000ull
-#define QAVAIL 0x101000ull
-#define QUSED 0x102000ull
+#define QBASE 0x100000ull     /* the one queue's rings (vdrv.h's layout) */
 #define QSIZE 128
 #define SLOT 5
 #define BAR 0xe0008000ull
@@ -32,62 +32,15 @@
 #define DATA 0x400000ull      /* data buffers */
 #define IMG_SIZE (4ull << 20)
 
-struct mark_rec {
-	uint64_t gpa, len;
-};
-
 struct drv {
-	struct ram ram;
-	struct pci_bus bus;
+	struct vdrv v;            /* RAM, bus, queue 0, marks, the line */
 	struct blkfile *f;
 	struct blk *b;
 	char path[160];
-	uint16_t avail_idx, next_desc, nreq;
-	struct mark_rec marks[1024];
-	unsigned nmarks;
-	pthread_mutex_t mlock;
-	int irq_level;
+	uint16_t nreq;            /* requests made: their header and status slots */
 };
 
 static char tmpdir[64];
-
-static void mark(void *ctx, uint64_t gpa, uint64_t len)
-{
-	struct drv *d = ctx;
-	pthread_mutex_lock(&d->mlock);
-	if (d->nmarks < 1024)
-		d->marks[d->nmarks++] = (struct mark_rec){ gpa, len };
-	pthread_mutex_unlock(&d->mlock);
-}
-
-/* The marks come from the device's workers: read and reset under mlock
- * (a worker may still be reporting the used index of a request the test
- * already saw completed). */
-static bool marked(struct drv *d, uint64_t gpa, uint64_t len)
-{
-	bool all = true;
-	pthread_mutex_lock(&d->mlock);
-	for (uint64_t a = gpa; a < gpa + len && all; a++) {
-		bool in = false;
-		for (unsigned i = 0; i < d->nmarks && !in; i++)
-			in = a >= d->marks[i].gpa && a < d->marks[i].gpa + d->marks[i].len;
-		all = in;
-	}
-	pthread_mutex_unlock(&d->mlock);
-	return all;
-}
-
-static void marks_reset(struct drv *d)
-{
-	pthread_mutex_lock(&d->mlock);
-	d->nmarks = 0;
-	pthread_mutex_unlock(&d->mlock);
-}
-
-static void irq(void *ctx, bool level)
-{
-	((struct drv *)ctx)->irq_level = level;
-}
 
 static void mkimage(const char *path, uint64_t size)
 {
@@ -117,7 +70,6 @@ struct dopts {
 static int drv_init(struct drv *d, const char *name, const struct dopts *o, bool create)
 {
 	memset(d, 0, sizeof(*d));
-	pthread_mutex_init(&d->mlock, NULL);
 	snprintf(d->path, sizeof(d->path), "%s/%s", o->dir ? o->dir : tmpdir, name);
 	if (create && o->size) {
 		int fd = open(d->path, O_RDWR | O_CREAT | O_TRUNC, 0600);
@@ -127,9 +79,11 @@ static int drv_init(struct drv *d, const char *name, const struct dopts *o, bool
 	} else if (create) {
 		mkimage(d->path, IMG_SIZE);
 	}
-	if (ram__create(&d->ram, -1, RAM_SIZE))
+	const struct vdrv_conf vc = { .ram_size = RAM_SIZE, .bar = BAR, .qbase = QBASE,
+				      .qstride = VDRV_RING_BYTES, .nq = 1, .qsize = QSIZE,
+				      .strict = true };
+	if (vdrv__init(&d->v, &vc))
 		abort();
-	pci__init(&d->bus);
 	char err[256];
 	struct blkfile_conf fc = { .path = d->path, .read_only = o->ro, .writethrough = !o->wb,
 				   .discard_unmap = o->discard, .inactive = o->inactive };
@@ -137,14 +91,14 @@ static int drv_init(struct drv *d, const char *name, const struct dopts *o, bool
 	if (rc)
 		return rc;
 	struct blk_conf c = {
-		.ram = &d->ram, .mark = mark, .mark_ctx = d, .irq = irq, .irq_ctx = d,
-		.irq_line = 5, .bar_gpa = BAR, .file = d->f,
+		.ram = &d->v.ram, .mark = vdrv__mark, .mark_ctx = &d->v, .irq = vdrv__irq,
+		.irq_ctx = &d->v, .irq_line = 5, .bar_gpa = BAR, .file = d->f,
 		.logical_block_size = o->lbs ? o->lbs : 512, .writeback = o->wb, .discard = o->discard,
 		.werror = o->werror, .rerror = o->rerror, .on_error = o->on_error,
 		.error_ctx = o->error_ctx,
 	};
 	snprintf(c.serial, sizeof(c.serial), "%s", o->serial ? o->serial : "");
-	if (blk__create(&d->b, &c) || pci__add(&d->bus, SLOT, blk__pci(d->b)))
+	if (blk__create(&d->b, &c) || vdrv__plug(&d->v, SLOT, blk__pci(d->b)))
 		abort();
 	return 0;
 }
@@ -153,123 +107,21 @@ static void drv_fini(struct drv *d)
 {
 	blk__destroy(d->b);
 	blkfile__close(d->f);
-	pci__destroy(&d->bus);
-	ram__destroy(&d->ram);
+	vdrv__fini(&d->v);
 }
 
-static uint64_t mr(struct drv *d, uint64_t off, unsigned len)
-{
-	uint64_t v = 0;
-	if (!pci__mmio(&d->bus, BAR + off, false, &v, len))
-		return ~0ull;
-	return v;
-}
-
-static void mw(struct drv *d, uint64_t off, uint64_t v, unsigned len)
-{
-	if (!pci__mmio(&d->bus, BAR + off, true, &v, len))
-		abort();
-}
-
-static uint8_t *host(struct drv *d, uint64_t gpa)
-{
-	return ram__gpa_to_host(&d->ram, gpa, 1);
-}
-
-static uint8_t dev_status(struct drv *d)
-{
-	return (uint8_t)mr(d, VIRTIO_PCI_COMMON + VIRTIO_PCI_STATUS, 1);
-}
-
-static uint64_t offered(struct drv *d)
-{
-	mw(d, VIRTIO_PCI_DFSELECT, 0, 4);
-	uint64_t f = mr(d, VIRTIO_PCI_DF, 4);
-	mw(d, VIRTIO_PCI_DFSELECT, 1, 4);
-	return f | mr(d, VIRTIO_PCI_DF, 4) << 32;
-}
-
-/* Accepts everything offered, enables the queue. */
+/* Accepts everything offered, enables the queue: the status after. */
 static uint8_t drv_start(struct drv *d)
 {
-	uint64_t features = offered(d);
-	mw(d, VIRTIO_PCI_STATUS, 0, 1);
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER, 1);
-	mw(d, VIRTIO_PCI_GFSELECT, 0, 4);
-	mw(d, VIRTIO_PCI_GF, features & 0xffffffff, 4);
-	mw(d, VIRTIO_PCI_GFSELECT, 1, 4);
-	mw(d, VIRTIO_PCI_GF, features >> 32, 4);
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER |
-	   VIRTIO_STATUS_FEATURES_OK, 1);
-	d->avail_idx = d->next_desc = d->nreq = 0;
-	memset(host(d, QDESC), 0, 0x3000);
-	mw(d, VIRTIO_PCI_Q_SELECT, 0, 2);
-	mw(d, VIRTIO_PCI_Q_SIZE, QSIZE, 2);
-	mw(d, VIRTIO_PCI_Q_DESC, QDESC, 8);
-	mw(d, VIRTIO_PCI_Q_AVAIL, QAVAIL, 8);
-	mw(d, VIRTIO_PCI_Q_USED, QUSED, 8);
-	mw(d, VIRTIO_PCI_Q_ENABLE, 1, 2);
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER |
-	   VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK, 1);
-	return dev_status(d);
-}
-
-struct seg {
-	uint64_t gpa;
-	uint32_t len;
-	bool w;
-};
-
-static uint16_t add_chain(struct drv *d, const struct seg *s, unsigned n)
-{
-	uint16_t head = d->next_desc;
-	for (unsigned i = 0; i < n; i++) {
-		uint16_t idx = (uint16_t)((head + i) % QSIZE);
-		uint8_t *p = host(d, QDESC + 16u * idx);
-		uint16_t flags = (uint16_t)((s[i].w ? VIRTQ_DESC_F_WRITE : 0) |
-					    (i + 1 < n ? VIRTQ_DESC_F_NEXT : 0));
-		uint16_t next = (uint16_t)((idx + 1) % QSIZE);
-		memcpy(p, &s[i].gpa, 8);
-		memcpy(p + 8, &s[i].len, 4);
-		memcpy(p + 12, &flags, 2);
-		memcpy(p + 14, &next, 2);
-	}
-	d->next_desc = (uint16_t)((head + n) % QSIZE);
-	uint16_t slot = d->avail_idx % QSIZE;
-	memcpy(host(d, QAVAIL + 4 + 2u * slot), &head, 2);
-	d->avail_idx++;
-	__atomic_store_n((uint16_t *)host(d, QAVAIL + 2), d->avail_idx, __ATOMIC_RELEASE);
-	return head;
-}
-
-static void kick(struct drv *d)
-{
-	mw(d, VIRTIO_PCI_NOTIFY, 0, 2);
-}
-
-static uint16_t used_idx(struct drv *d)
-{
-	return __atomic_load_n((uint16_t *)host(d, QUSED + 2), __ATOMIC_ACQUIRE);
+	d->nreq = 0;
+	(void)vdrv__start(&d->v, vdrv__offered(&d->v));
+	return vdrv__status(&d->v);
 }
 
 /* Waits (5 s at most) until n chains in all were returned. */
 static bool wait_used(struct drv *d, uint16_t n)
 {
-	for (int i = 0; i < 5000 && used_idx(d) != n; i++)
-		time__sleep_ns(1000000);
-	return used_idx(d) == n;
-}
-
-static uint32_t used_len_of(struct drv *d, uint16_t head)
-{
-	uint16_t n = used_idx(d);
-	for (uint16_t i = 0; i < n; i++) {
-		uint32_t e[2];
-		memcpy(e, host(d, QUSED + 4 + 8u * (i % QSIZE)), 8);
-		if (e[0] == head)
-			return e[1];
-	}
-	return ~0u;
+	return vdrv__wait_used(&d->v, 0, n, 5000) == 0;
 }
 
 static uint64_t hdr_gpa(uint16_t k) { return HDRS + 16ull * k; }
@@ -277,11 +129,11 @@ static uint64_t st_gpa(uint16_t k) { return STATS + k; }
 
 static void put_hdr(struct drv *d, uint16_t k, uint32_t type, uint64_t sector)
 {
-	uint8_t *h = host(d, hdr_gpa(k));
+	uint8_t *h = vdrv__host(&d->v, hdr_gpa(k));
 	memset(h, 0, 16);
 	memcpy(h, &type, 4);
 	memcpy(h + 8, &sector, 8);
-	*host(d, st_gpa(k)) = 0xee;
+	*vdrv__host(&d->v, st_gpa(k)) = 0xee;
 }
 
 /* One request: header, optional data buffer, status; returns the request
@@ -291,12 +143,12 @@ static uint16_t req(struct drv *d, uint32_t type, uint64_t sector, uint64_t data
 {
 	uint16_t k = d->nreq++;
 	put_hdr(d, k, type, sector);
-	struct seg s[3] = { { hdr_gpa(k), 16, false } };
+	struct vdrv_seg s[3] = { { hdr_gpa(k), 16, false } };
 	unsigned n = 1;
 	if (len)
-		s[n++] = (struct seg){ data, len, data_w };
-	s[n++] = (struct seg){ st_gpa(k), 1, true };
-	uint16_t h = add_chain(d, s, n);
+		s[n++] = (struct vdrv_seg){ data, len, data_w };
+	s[n++] = (struct vdrv_seg){ st_gpa(k), 1, true };
+	uint16_t h = vdrv__add_chain(&d->v, 0, s, n);
 	if (head)
 		*head = h;
 	return k;
@@ -307,10 +159,10 @@ static uint8_t do_req(struct drv *d, uint32_t type, uint64_t sector, uint64_t da
 		      bool data_w)
 {
 	uint16_t k = req(d, type, sector, data, len, data_w, NULL);
-	kick(d);
-	if (!wait_used(d, d->avail_idx))
+	vdrv__kick(&d->v, 0);
+	if (!wait_used(d, d->v.avail_idx[0]))
 		return 0xfe;
-	return *host(d, st_gpa(k));
+	return *vdrv__host(&d->v, st_gpa(k));
 }
 
 static void file_read(struct drv *d, uint64_t off, void *buf, size_t len)
@@ -397,15 +249,15 @@ static unsigned fill(struct drv *d, uint16_t *k0)
 {
 	*k0 = d->nreq;
 	for (unsigned i = 0; i < NFILL; i++) {
-		memset(host(d, DATA + (uint64_t)i * FILL), 0x61 + (int)i, FILL);
+		memset(vdrv__host(&d->v, DATA + (uint64_t)i * FILL), 0x61 + (int)i, FILL);
 		req(d, BLK_T_OUT, (uint64_t)i * FILL / 512, DATA + (uint64_t)i * FILL, FILL, false,
 		    NULL);
 	}
-	kick(d);
+	vdrv__kick(&d->v, 0);
 	struct blk_stats st = { 0 };
 	for (int i = 0; i < 5000; i++) {
 		blk__get_stats(d->b, &st);
-		if (used_idx(d) + st.kept == d->avail_idx && !st.inflight)
+		if (vdrv__used_idx(&d->v, 0) + st.kept == d->v.avail_idx[0] && !st.inflight)
 			break;
 		time__sleep_ns(1000000);
 	}
@@ -419,7 +271,7 @@ static bool filled(struct drv *d)
 	bool ok = true;
 	for (unsigned i = 0; i < NFILL && ok; i++) {
 		file_read(d, (uint64_t)i * FILL, buf, FILL);
-		ok = !memcmp(buf, host(d, DATA + (uint64_t)i * FILL), FILL);
+		ok = !memcmp(buf, vdrv__host(&d->v, DATA + (uint64_t)i * FILL), FILL);
 	}
 	return ok;
 }
@@ -428,12 +280,13 @@ static bool filled(struct drv *d)
  * migration's pages carry). */
 static void copy_ram(struct drv *a, struct drv *b)
 {
-	static const uint64_t r[][2] = { { QDESC, 0x3000 }, { HDRS, 0x1000 }, { STATS, 0x1000 },
-					 { DATA, (uint64_t)NFILL * FILL } };
+	static const uint64_t r[][2] = { { QBASE, VDRV_RING_BYTES }, { HDRS, 0x1000 },
+					 { STATS, 0x1000 }, { DATA, (uint64_t)NFILL * FILL } };
 	for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++)
-		memcpy(ram__gpa_to_host(&b->ram, r[i][0], r[i][1]),
-		       ram__gpa_to_host(&a->ram, r[i][0], r[i][1]), r[i][1]);
-	b->avail_idx = a->avail_idx, b->next_desc = a->next_desc, b->nreq = a->nreq;
+		memcpy(ram__gpa_to_host(&b->v.ram, r[i][0], r[i][1]),
+		       ram__gpa_to_host(&a->v.ram, r[i][0], r[i][1]), r[i][1]);
+	b->v.avail_idx[0] = a->v.avail_idx[0], b->v.next_desc[0] = a->v.next_desc[0];
+	b->nreq = a->nreq;
 }
 
 #endif

@@ -29,22 +29,22 @@ static void t_config(struct t *t)
 	struct drv d;
 	struct dopts o = { .wb = true, .discard = true };
 	T_CHECK_EQ(t, drv_init(&d, "cfg.img", &o, true), 0);
-	uint64_t f = offered(&d);
+	uint64_t f = vdrv__offered(&d.v);
 	uint64_t want = 1ull << BLK_F_SIZE_MAX | 1ull << BLK_F_SEG_MAX | 1ull << BLK_F_BLK_SIZE |
 			1ull << BLK_F_FLUSH | 1ull << BLK_F_DISCARD | 1ull << BLK_F_WRITE_ZEROES |
 			1ull << BLK_F_TOPOLOGY | 1ull << VIRTIO_F_VERSION_1;
 	T_CHECK_EQ(t, f, want);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 0, 8), IMG_SIZE / 512);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 20, 4), 512);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 12, 4), BLK_SEG_MAX);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 32, 1), 1);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 40, 4), BLK_MAX_SEGS);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 0, 8), IMG_SIZE / 512);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 20, 4), 512);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 12, 4), BLK_SEG_MAX);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 32, 1), 1);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 40, 4), BLK_MAX_SEGS);
 	T_CHECK(t, drv_start(&d) & VIRTIO_STATUS_DRIVER_OK);
 	drv_fini(&d);
 	/* read-only, no write cache, no discard */
 	struct dopts r = { .ro = true };
 	T_CHECK_EQ(t, drv_init(&d, "cfg.img", &r, false), 0);
-	f = offered(&d);
+	f = vdrv__offered(&d.v);
 	T_CHECK(t, f & 1ull << BLK_F_RO);
 	T_CHECK(t, !(f & (1ull << BLK_F_FLUSH | 1ull << BLK_F_DISCARD | 1ull << BLK_F_WRITE_ZEROES)));
 	drv_fini(&d);
@@ -56,7 +56,7 @@ static void t_read_write(struct t *t)
 	struct dopts o = { .wb = true };
 	T_CHECK_EQ(t, drv_init(&d, "rw.img", &o, true), 0);
 	drv_start(&d);
-	uint8_t *w = host(&d, DATA);
+	uint8_t *w = vdrv__host(&d.v, DATA);
 	for (unsigned i = 0; i < 8192; i++)
 		w[i] = (uint8_t)(i * 13 + 1);
 	T_CHECK_EQ(t, do_req(&d, BLK_T_OUT, 24, DATA, 8192, false), BLK_S_OK);
@@ -70,26 +70,27 @@ static void t_read_write(struct t *t)
 	T_CHECK_EQ(t, edge[0], 0x40 + (24 * 512 - 1) / 4096);
 	T_CHECK_EQ(t, edge[1], 0x40 + (24 * 512 + 8192) / 4096);
 	/* read it back into another buffer, split over two descriptors */
-	marks_reset(&d);
+	vdrv__marks_reset(&d.v);
 	uint16_t k = d.nreq++, head;
 	put_hdr(&d, k, BLK_T_IN, 24);
-	memset(host(&d, DATA + 0x10000), 0, 8192);
-	struct seg s[4] = { { hdr_gpa(k), 16, false }, { DATA + 0x10000, 1000, true },
+	memset(vdrv__host(&d.v, DATA + 0x10000), 0, 8192);
+	struct vdrv_seg s[4] = { { hdr_gpa(k), 16, false }, { DATA + 0x10000, 1000, true },
 			    { DATA + 0x20000, 8192 - 1000, true }, { st_gpa(k), 1, true } };
-	head = add_chain(&d, s, 4);
-	kick(&d);
-	T_CHECK(t, wait_used(&d, d.avail_idx));
-	T_CHECK_EQ(t, *host(&d, st_gpa(k)), BLK_S_OK);
-	T_CHECK(t, !memcmp(host(&d, DATA + 0x10000), w, 1000));
-	T_CHECK(t, !memcmp(host(&d, DATA + 0x20000), w + 1000, 8192 - 1000));
-	T_CHECK_EQ(t, used_len_of(&d, head), 8192 + 1);
+	head = vdrv__add_chain(&d.v, 0, s, 4);
+	vdrv__kick(&d.v, 0);
+	T_CHECK(t, wait_used(&d, d.v.avail_idx[0]));
+	T_CHECK_EQ(t, *vdrv__host(&d.v, st_gpa(k)), BLK_S_OK);
+	T_CHECK(t, !memcmp(vdrv__host(&d.v, DATA + 0x10000), w, 1000));
+	T_CHECK(t, !memcmp(vdrv__host(&d.v, DATA + 0x20000), w + 1000, 8192 - 1000));
+	T_CHECK_EQ(t, vdrv__used_len_of(&d.v, 0, head), 8192 + 1);
 	/* every byte the device wrote was reported */
-	T_CHECK(t, marked(&d, DATA + 0x10000, 1000));
-	T_CHECK(t, marked(&d, DATA + 0x20000, 8192 - 1000));
-	T_CHECK(t, marked(&d, st_gpa(k), 1));
-	T_CHECK(t, marked(&d, QUSED + 2, 2));
-	T_CHECK(t, marked(&d, QUSED + 4 + 8u * ((d.avail_idx - 1) % QSIZE), 8));
-	T_CHECK(t, d.irq_level);
+	T_CHECK(t, vdrv__marked(&d.v, DATA + 0x10000, 1000));
+	T_CHECK(t, vdrv__marked(&d.v, DATA + 0x20000, 8192 - 1000));
+	T_CHECK(t, vdrv__marked(&d.v, st_gpa(k), 1));
+	T_CHECK(t, vdrv__marked(&d.v, vdrv__used_gpa(&d.v, 0) + 2, 2));
+	T_CHECK(t, vdrv__marked(&d.v, vdrv__used_gpa(&d.v, 0) + 4 +
+				8u * ((d.v.avail_idx[0] - 1) % d.v.qsize), 8));
+	T_CHECK(t, d.v.irq_level);
 	/* the last sector of the image */
 	T_CHECK_EQ(t, do_req(&d, BLK_T_IN, IMG_SIZE / 512 - 1, DATA, 512, true), BLK_S_OK);
 	struct blk_stats st;
@@ -109,13 +110,13 @@ static void t_flush_discard_zeroes(struct t *t)
 	drv_start(&d);
 	struct blkfile_stats fs0, fs1;
 	blkfile__get_stats(d.f, &fs0);
-	memset(host(&d, DATA), 0x77, 4096);
+	memset(vdrv__host(&d.v, DATA), 0x77, 4096);
 	T_CHECK_EQ(t, do_req(&d, BLK_T_OUT, 0, DATA, 4096, false), BLK_S_OK);
 	T_CHECK_EQ(t, do_req(&d, BLK_T_FLUSH, 0, 0, 0, false), BLK_S_OK);
 	blkfile__get_stats(d.f, &fs1);
 	T_CHECK_EQ(t, fs1.flushes, fs0.flushes + 1);
 	/* discard 1 MiB at 1 MiB: a hole */
-	uint8_t *seg = host(&d, DATA + 0x1000);
+	uint8_t *seg = vdrv__host(&d.v, DATA + 0x1000);
 	uint64_t sector = 2048;
 	uint32_t num = 2048, flags = 0;
 	memcpy(seg, &sector, 8);
@@ -153,7 +154,7 @@ static void t_flush_discard_zeroes(struct t *t)
 	memcpy(seg + 12, &flags, 4);
 	T_CHECK_EQ(t, do_req(&d, BLK_T_DISCARD, 0, DATA + 0x1000, 16, false), BLK_S_IOERR);
 	/* 33 segments, or a length not a multiple of 16: IOERR */
-	memset(host(&d, DATA + 0x2000), 0, 33 * 16);
+	memset(vdrv__host(&d.v, DATA + 0x2000), 0, 33 * 16);
 	T_CHECK_EQ(t, do_req(&d, BLK_T_DISCARD, 0, DATA + 0x2000, 33 * 16, false), BLK_S_IOERR);
 	T_CHECK_EQ(t, do_req(&d, BLK_T_DISCARD, 0, DATA + 0x2000, 20, false), BLK_S_IOERR);
 	drv_fini(&d);
@@ -165,22 +166,22 @@ static void t_get_id(struct t *t)
 	struct dopts o = { .wb = true, .serial = "kmig-disk-1" };
 	T_CHECK_EQ(t, drv_init(&d, "id.img", &o, true), 0);
 	drv_start(&d);
-	memset(host(&d, DATA), 0xaa, 64);
-	marks_reset(&d);
+	memset(vdrv__host(&d.v, DATA), 0xaa, 64);
+	vdrv__marks_reset(&d.v);
 	uint16_t head;
 	uint16_t k = req(&d, BLK_T_GET_ID, 0, DATA, 64, true, &head);
-	kick(&d);
-	T_CHECK(t, wait_used(&d, d.avail_idx));
-	T_CHECK_EQ(t, *host(&d, st_gpa(k)), BLK_S_OK);
+	vdrv__kick(&d.v, 0);
+	T_CHECK(t, wait_used(&d, d.v.avail_idx[0]));
+	T_CHECK_EQ(t, *vdrv__host(&d.v, st_gpa(k)), BLK_S_OK);
 	uint8_t want[20] = "kmig-disk-1";
-	T_CHECK(t, !memcmp(host(&d, DATA), want, 20));
-	T_CHECK_EQ(t, host(&d, DATA)[20], 0xaa);
-	T_CHECK(t, marked(&d, DATA, 20));
-	T_CHECK_EQ(t, used_len_of(&d, head), 21);
+	T_CHECK(t, !memcmp(vdrv__host(&d.v, DATA), want, 20));
+	T_CHECK_EQ(t, vdrv__host(&d.v, DATA)[20], 0xaa);
+	T_CHECK(t, vdrv__marked(&d.v, DATA, 20));
+	T_CHECK_EQ(t, vdrv__used_len_of(&d.v, 0, head), 21);
 	/* a buffer of 8 bytes gets the first 8 */
-	memset(host(&d, DATA), 0xaa, 64);
+	memset(vdrv__host(&d.v, DATA), 0xaa, 64);
 	T_CHECK_EQ(t, do_req(&d, BLK_T_GET_ID, 0, DATA, 8, true), BLK_S_OK);
-	T_CHECK(t, !memcmp(host(&d, DATA), want, 8) && host(&d, DATA)[8] == 0xaa);
+	T_CHECK(t, !memcmp(vdrv__host(&d.v, DATA), want, 8) && vdrv__host(&d.v, DATA)[8] == 0xaa);
 	/* no buffer at all: IOERR */
 	T_CHECK_EQ(t, do_req(&d, BLK_T_GET_ID, 0, 0, 0, true), BLK_S_IOERR);
 	drv_fini(&d);
@@ -192,18 +193,18 @@ static void t_read_only(struct t *t)
 	struct dopts o = { .ro = true, .discard = true };
 	T_CHECK_EQ(t, drv_init(&d, "ro.img", &o, true), 0);
 	drv_start(&d);
-	memset(host(&d, DATA), 0x11, 4096);
+	memset(vdrv__host(&d.v, DATA), 0x11, 4096);
 	T_CHECK_EQ(t, do_req(&d, BLK_T_OUT, 0, DATA, 4096, false), BLK_S_IOERR);
 	uint8_t f[4096];
 	file_read(&d, 0, f, sizeof(f));
 	T_CHECK_EQ(t, f[0], 0x40);
 	/* not negotiated (not offered on a read-only image): UNSUPP */
-	memset(host(&d, DATA + 0x1000), 0, 16);
+	memset(vdrv__host(&d.v, DATA + 0x1000), 0, 16);
 	T_CHECK_EQ(t, do_req(&d, BLK_T_WRITE_ZEROES, 0, DATA + 0x1000, 16, false), BLK_S_UNSUPP);
 	T_CHECK_EQ(t, do_req(&d, BLK_T_DISCARD, 0, DATA + 0x1000, 16, false), BLK_S_UNSUPP);
 	/* reads and flushes work */
 	T_CHECK_EQ(t, do_req(&d, BLK_T_IN, 8, DATA, 4096, true), BLK_S_OK);
-	T_CHECK_EQ(t, host(&d, DATA)[0], 0x41);
+	T_CHECK_EQ(t, vdrv__host(&d.v, DATA)[0], 0x41);
 	T_CHECK_EQ(t, do_req(&d, BLK_T_FLUSH, 0, 0, 0, false), BLK_S_OK);
 	drv_fini(&d);
 }
@@ -229,42 +230,43 @@ static void t_bad_requests(struct t *t)
 	/* header too short */
 	uint16_t k = d.nreq++;
 	put_hdr(&d, k, BLK_T_IN, 0);
-	struct seg s1[3] = { { hdr_gpa(k), 8, false }, { DATA, 4096, true }, { st_gpa(k), 1, true } };
-	add_chain(&d, s1, 3);
-	kick(&d);
-	T_CHECK(t, wait_used(&d, d.avail_idx));
-	T_CHECK_EQ(t, *host(&d, st_gpa(k)), BLK_S_IOERR);
+	struct vdrv_seg s1[3] = { { hdr_gpa(k), 8, false }, { DATA, 4096, true },
+				  { st_gpa(k), 1, true } };
+	vdrv__add_chain(&d.v, 0, s1, 3);
+	vdrv__kick(&d.v, 0);
+	T_CHECK(t, wait_used(&d, d.v.avail_idx[0]));
+	T_CHECK_EQ(t, *vdrv__host(&d.v, st_gpa(k)), BLK_S_IOERR);
 	/* no writable byte: nowhere for a status, returned with 0 */
 	k = d.nreq++;
 	put_hdr(&d, k, BLK_T_OUT, 0);
-	struct seg s2[2] = { { hdr_gpa(k), 16, false }, { DATA, 4096, false } };
-	uint16_t head = add_chain(&d, s2, 2);
-	kick(&d);
-	T_CHECK(t, wait_used(&d, d.avail_idx));
-	T_CHECK_EQ(t, used_len_of(&d, head), 0);
+	struct vdrv_seg s2[2] = { { hdr_gpa(k), 16, false }, { DATA, 4096, false } };
+	uint16_t head = vdrv__add_chain(&d.v, 0, s2, 2);
+	vdrv__kick(&d.v, 0);
+	T_CHECK(t, wait_used(&d, d.v.avail_idx[0]));
+	T_CHECK_EQ(t, vdrv__used_len_of(&d.v, 0, head), 0);
 	/* the header split over two descriptors is fine */
 	k = d.nreq++;
 	put_hdr(&d, k, BLK_T_IN, 8);
-	struct seg s3[4] = { { hdr_gpa(k), 5, false }, { hdr_gpa(k) + 5, 11, false },
+	struct vdrv_seg s3[4] = { { hdr_gpa(k), 5, false }, { hdr_gpa(k) + 5, 11, false },
 			     { DATA, 4096, true }, { st_gpa(k), 1, true } };
-	add_chain(&d, s3, 4);
-	kick(&d);
-	T_CHECK(t, wait_used(&d, d.avail_idx));
-	T_CHECK_EQ(t, *host(&d, st_gpa(k)), BLK_S_OK);
+	vdrv__add_chain(&d.v, 0, s3, 4);
+	vdrv__kick(&d.v, 0);
+	T_CHECK(t, wait_used(&d, d.v.avail_idx[0]));
+	T_CHECK_EQ(t, *vdrv__host(&d.v, st_gpa(k)), BLK_S_OK);
 	struct blk_stats st;
 	blk__get_stats(d.b, &st);
 	T_CHECK_EQ(t, st.unsupported, 2);
 	T_CHECK_EQ(t, st.no_status, 1);
 	T_CHECK(t, st.bad_requests >= 9);
-	T_CHECK(t, !(dev_status(&d) & VIRTIO_STATUS_NEEDS_RESET));
+	T_CHECK(t, !(vdrv__status(&d.v) & VIRTIO_STATUS_NEEDS_RESET));
 	/* a descriptor outside RAM is ring corruption: the device needs a reset */
 	k = d.nreq++;
 	put_hdr(&d, k, BLK_T_IN, 0);
-	struct seg s4[3] = { { hdr_gpa(k), 16, false }, { RAM_SIZE - 100, 4096, true },
+	struct vdrv_seg s4[3] = { { hdr_gpa(k), 16, false }, { RAM_SIZE - 100, 4096, true },
 			     { st_gpa(k), 1, true } };
-	add_chain(&d, s4, 3);
-	kick(&d);
-	T_CHECK(t, dev_status(&d) & VIRTIO_STATUS_NEEDS_RESET);
+	vdrv__add_chain(&d.v, 0, s4, 3);
+	vdrv__kick(&d.v, 0);
+	T_CHECK(t, vdrv__status(&d.v) & VIRTIO_STATUS_NEEDS_RESET);
 	drv_fini(&d);
 }
 
@@ -274,15 +276,15 @@ static void t_drain(struct t *t)
 	struct dopts o = { .wb = true };
 	T_CHECK_EQ(t, drv_init(&d, "drain.img", &o, true), 0);
 	drv_start(&d);
-	memset(host(&d, DATA), 0x5a, 1 << 20);
+	memset(vdrv__host(&d.v, DATA), 0x5a, 1 << 20);
 	for (unsigned i = 0; i < 32; i++)
 		req(&d, BLK_T_OUT, 2048ull * (i % 4), DATA, 1 << 20, false, NULL);
 	struct blkfile_stats fs0, fs1;
 	blkfile__get_stats(d.f, &fs0);
-	kick(&d);
+	vdrv__kick(&d.v, 0);
 	T_CHECK_EQ(t, blk__drain(d.b, 0), 0);
 	/* every request returned, nothing in flight, the writes flushed */
-	T_CHECK_EQ(t, used_idx(&d), 32);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, 0), 32);
 	struct blk_stats st;
 	blk__get_stats(d.b, &st);
 	T_CHECK_EQ(t, st.inflight, 0);
@@ -292,8 +294,8 @@ static void t_drain(struct t *t)
 	/* a reset with requests in flight waits for them; none is returned after */
 	for (unsigned i = 0; i < 16; i++)      /* each into its own buffer */
 		req(&d, BLK_T_IN, 0, DATA + 0x200000 + ((uint64_t)i << 20), 1 << 20, true, NULL);
-	kick(&d);
-	mw(&d, VIRTIO_PCI_STATUS, 0, 1);
+	vdrv__kick(&d.v, 0);
+	vdrv__write(&d.v, VIRTIO_PCI_STATUS, 0, 1);
 	blk__get_stats(d.b, &st);
 	T_CHECK_EQ(t, st.inflight, 0);
 	drv_fini(&d);
@@ -339,9 +341,9 @@ static void t_state(struct t *t)
 	T_CHECK_EQ(t, drv_init(&b, "st.img", &od, false), 0);
 	char why[256] = "";
 	T_CHECK_EQ(t, blk__load(b.b, s.version, s.buf, s.len, why, sizeof(why)), 0);
-	T_CHECK(t, dev_status(&b) & VIRTIO_STATUS_DRIVER_OK);
+	T_CHECK(t, vdrv__status(&b.v) & VIRTIO_STATUS_DRIVER_OK);
 	/* hostile sections: refused with a reason, the device as it was */
-	uint8_t st0 = dev_status(&b);
+	uint8_t st0 = vdrv__status(&b.v);
 	uint8_t bad[4096];
 	memcpy(bad, s.buf, s.len);
 	bad[0] ^= 1;
@@ -366,7 +368,7 @@ static void t_state(struct t *t)
 	int rc = blk__load(b.b, s.version, bad, s.len, why, sizeof(why));
 	T_CHECK(t, rc == 0 || rc == -EINVAL);
 	if (rc)
-		T_CHECK_EQ(t, dev_status(&b), st0);
+		T_CHECK_EQ(t, vdrv__status(&b.v), st0);
 	/* the hand-over: the destination cannot activate while the source writes */
 	char err[256];
 	T_CHECK_EQ(t, blkfile__activate(b.f, err, sizeof(err)), -EAGAIN);
@@ -419,23 +421,23 @@ static void t_enospc_stop(struct t *t)
 	unsigned kept = fill(&d, &k0);
 	bool like;
 	T_CHECK(t, kept >= NFILL / 2);
-	T_CHECK_EQ(t, used_idx(&d), NFILL - kept);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, 0), NFILL - kept);
 	T_CHECK_EQ(t, errs_like(&x, true, BLK_ACT_STOP, ENOSPC, &like), kept);
 	T_CHECK(t, like);
 	T_CHECK_EQ(t, blk__io_status(d.b), BLK_IOS_NOSPACE);
 	unsigned waiting = 0;
 	for (unsigned i = 0; i < NFILL; i++)
-		waiting += *host(&d, st_gpa((uint16_t)(k0 + i))) == 0xee;
+		waiting += *vdrv__host(&d.v, st_gpa((uint16_t)(k0 + i))) == 0xee;
 	T_CHECK_EQ(t, waiting, kept);        /* kept ones have no status yet */
 	/* a drain does not wait for them */
 	T_CHECK_EQ(t, blk__drain(d.b, 1000000000ull), 0);
 	/* a notification before the VM runs again submits nothing */
-	kick(&d);
+	vdrv__kick(&d.v, 0);
 	time__sleep_ns(20000000);
-	T_CHECK_EQ(t, used_idx(&d), NFILL - kept);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, 0), NFILL - kept);
 	/* the VM runs, still no room: they fail again, and are kept again */
 	T_CHECK(t, blk__restart(d.b));
-	kick(&d);
+	vdrv__kick(&d.v, 0);
 	struct blk_stats st = { 0 };
 	for (int i = 0; i < 5000 && errs_like(&x, true, BLK_ACT_STOP, ENOSPC, &like) < 2 * kept; i++)
 		time__sleep_ns(1000000);
@@ -448,10 +450,10 @@ static void t_enospc_stop(struct t *t)
 	T_CHECK_EQ(t, small_fs(16), 0);
 	T_CHECK(t, blk__restart(d.b));
 	T_CHECK_EQ(t, blk__io_status(d.b), BLK_IOS_OK);
-	kick(&d);
+	vdrv__kick(&d.v, 0);
 	T_CHECK(t, wait_used(&d, NFILL));
 	for (unsigned i = 0; i < NFILL; i++)
-		T_CHECK_EQ(t, *host(&d, st_gpa((uint16_t)(k0 + i))), BLK_S_OK);
+		T_CHECK_EQ(t, *vdrv__host(&d.v, st_gpa((uint16_t)(k0 + i))), BLK_S_OK);
 	T_CHECK(t, filled(&d));
 	blk__get_stats(d.b, &st);
 	T_CHECK_EQ(t, st.kept, 0);
@@ -517,10 +519,10 @@ static void t_enospc_migrate(struct t *t)
 	T_CHECK_EQ(t, blkfile__activate(b.f, why, sizeof(why)), 0);
 	T_CHECK_EQ(t, small_fs(16), 0);
 	T_CHECK(t, blk__restart(b.b));
-	kick(&b);
+	vdrv__kick(&b.v, 0);
 	T_CHECK(t, wait_used(&b, NFILL));
 	for (unsigned i = 0; i < NFILL; i++)
-		T_CHECK_EQ(t, *host(&b, st_gpa((uint16_t)(k0 + i))), BLK_S_OK);
+		T_CHECK_EQ(t, *vdrv__host(&b.v, st_gpa((uint16_t)(k0 + i))), BLK_S_OK);
 	T_CHECK(t, filled(&b));
 	T_CHECK_EQ(t, blk__kept(b.b), 0);
 	drv_fini(&b);
@@ -542,7 +544,7 @@ static void t_enospc_other(struct t *t)
 		uint16_t k0;
 		unsigned kept = fill(&d, &k0), ioerr = 0, okst = 0;
 		for (unsigned i = 0; i < NFILL; i++) {
-			uint8_t s = *host(&d, st_gpa((uint16_t)(k0 + i)));
+			uint8_t s = *vdrv__host(&d.v, st_gpa((uint16_t)(k0 + i)));
 			ioerr += s == BLK_S_IOERR;
 			okst += s == BLK_S_OK;
 		}
@@ -555,7 +557,7 @@ static void t_enospc_other(struct t *t)
 		T_CHECK_EQ(t, blk__io_status(d.b), pol[p] == BLK_ON_ERR_STOP ? BLK_IOS_NOSPACE :
 			   BLK_IOS_OK);
 		if (pol[p] == BLK_ON_ERR_STOP) {     /* a reset drops the kept ones */
-			mw(&d, VIRTIO_PCI_STATUS, 0, 1);
+			vdrv__write(&d.v, VIRTIO_PCI_STATUS, 0, 1);
 			struct blk_stats st;
 			blk__get_stats(d.b, &st);
 			T_CHECK_EQ(t, st.kept, 0);
@@ -578,7 +580,7 @@ static void t_read_error(struct t *t)
 	drv_start(&d);
 	T_CHECK_EQ(t, truncate(d.path, 1 << 20), 0);
 	uint16_t k = req(&d, BLK_T_IN, (2u << 20) / 512, DATA, 4096, true, NULL);
-	kick(&d);
+	vdrv__kick(&d.v, 0);
 	struct blk_stats st = { 0 };
 	for (int i = 0; i < 5000 && !st.kept; i++, time__sleep_ns(1000000))
 		blk__get_stats(d.b, &st);
@@ -589,9 +591,9 @@ static void t_read_error(struct t *t)
 	T_CHECK_EQ(t, blk__io_status(d.b), BLK_IOS_FAILED);
 	T_CHECK_EQ(t, truncate(d.path, IMG_SIZE), 0);
 	T_CHECK(t, blk__restart(d.b));
-	kick(&d);
+	vdrv__kick(&d.v, 0);
 	T_CHECK(t, wait_used(&d, 1));
-	T_CHECK_EQ(t, *host(&d, st_gpa(k)), BLK_S_OK);
+	T_CHECK_EQ(t, *vdrv__host(&d.v, st_gpa(k)), BLK_S_OK);
 	/* EFBIG: werror=enospc reports it */
 	struct rlimit old, lim;
 	void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);

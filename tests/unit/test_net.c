@@ -15,6 +15,7 @@
 #include "dev/net.h"
 #include "dev/pci.h"
 #include "harness.h"
+#include "vdrv.h"
 
 #define RAM_SIZE (128ull << 20)
 #define QBASE 0x100000ull
@@ -24,54 +25,23 @@
 #define BAR 0xe0004000ull
 #define BUFS 0x400000ull      /* receive/transmit buffers from here */
 
-struct mark_rec {
-	uint64_t gpa, len;
-};
-
 struct drv {
-	struct ram ram;
-	struct pci_bus bus;
+	struct vdrv v;            /* RAM, bus, the three queues, marks, the line */
 	struct net *n;
 	int sv[2];                /* [0] the device's backend, [1] the "network" */
-	uint16_t avail_idx[NET_NR_VQS], next_desc[NET_NR_VQS];
-	struct mark_rec marks[256];
-	unsigned nmarks;
-	uint16_t qsize;           /* every queue's size (QSIZE unless a test says) */
 	uint16_t idx_seen[64];    /* the receive used index each time it was reported */
 	unsigned nidx;
-	int irq_level;
 	bool reading;
 	unsigned offload;
 };
 
-static uint64_t qused(unsigned q);
-static uint16_t used_idx(struct drv *d, unsigned q);
-
+/* vdrv__mark, and the receive used index each time its write is reported. */
 static void mark(void *ctx, uint64_t gpa, uint64_t len)
 {
 	struct drv *d = ctx;
-	if (d->nmarks < 256)
-		d->marks[d->nmarks++] = (struct mark_rec){ gpa, len };
-	if (gpa == qused(NET_VQ_RX) + 2 && d->nidx < 64)
-		d->idx_seen[d->nidx++] = used_idx(d, NET_VQ_RX);
-}
-
-/* Whether every byte of [gpa, gpa + len) was reported written. */
-static bool marked(struct drv *d, uint64_t gpa, uint64_t len)
-{
-	for (uint64_t a = gpa; a < gpa + len; a++) {
-		bool in = false;
-		for (unsigned i = 0; i < d->nmarks && !in; i++)
-			in = a >= d->marks[i].gpa && a < d->marks[i].gpa + d->marks[i].len;
-		if (!in)
-			return false;
-	}
-	return true;
-}
-
-static void irq(void *ctx, bool level)
-{
-	((struct drv *)ctx)->irq_level = level;
+	vdrv__mark(&d->v, gpa, len);
+	if (gpa == vdrv__used_gpa(&d->v, NET_VQ_RX) + 2 && d->nidx < 64)
+		d->idx_seen[d->nidx++] = (uint16_t)vdrv__used_idx(&d->v, NET_VQ_RX);
 }
 
 static void wants_read(void *ctx, bool on)
@@ -90,20 +60,21 @@ static const uint8_t MAC[6] = { 0x52, 0x54, 0x00, 0xaa, 0xbb, 0xcc };
 static void drv_init_mac(struct drv *d, const uint8_t *mac, uint16_t mtu)
 {
 	memset(d, 0, sizeof(*d));
-	d->qsize = QSIZE;
-	if (ram__create(&d->ram, -1, RAM_SIZE) || socketpair(AF_UNIX, SOCK_SEQPACKET, 0, d->sv))
+	const struct vdrv_conf vc = { .ram_size = RAM_SIZE, .bar = BAR, .qbase = QBASE,
+				      .qstride = QSTRIDE, .nq = NET_NR_VQS, .qsize = QSIZE,
+				      .strict = true };
+	if (vdrv__init(&d->v, &vc) || socketpair(AF_UNIX, SOCK_SEQPACKET, 0, d->sv))
 		abort();
 	fcntl(d->sv[0], F_SETFL, O_NONBLOCK);
 	fcntl(d->sv[1], F_SETFL, O_NONBLOCK);
-	pci__init(&d->bus);
 	struct net_conf c = {
-		.ram = &d->ram, .mark = mark, .mark_ctx = d, .irq = irq, .irq_ctx = d,
+		.ram = &d->v.ram, .mark = mark, .mark_ctx = d, .irq = vdrv__irq, .irq_ctx = &d->v,
 		.irq_line = 11, .bar_gpa = BAR, .mtu = mtu,
 		.offloads = NET_OFFLOAD_CSUM | NET_OFFLOAD_TSO4 | NET_OFFLOAD_TSO6,
 		.backend = { d->sv[0], offload, wants_read, d },
 	};
 	memcpy(c.mac, mac, 6);
-	if (net__create(&d->n, &c) || pci__add(&d->bus, SLOT, net__pci(d->n)))
+	if (net__create(&d->n, &c) || vdrv__plug(&d->v, SLOT, net__pci(d->n)))
 		abort();
 }
 
@@ -115,115 +86,17 @@ static void drv_init(struct drv *d)
 static void drv_fini(struct drv *d)
 {
 	net__destroy(d->n);
-	pci__destroy(&d->bus);
-	ram__destroy(&d->ram);
+	vdrv__fini(&d->v);
 	close(d->sv[0]);
 	close(d->sv[1]);
 }
 
-static uint64_t mr(struct drv *d, uint64_t off, unsigned len)
-{
-	uint64_t v = 0;
-	if (!pci__mmio(&d->bus, BAR + off, false, &v, len))
-		return ~0ull;
-	return v;
-}
-
-static void mw(struct drv *d, uint64_t off, uint64_t v, unsigned len)
-{
-	if (!pci__mmio(&d->bus, BAR + off, true, &v, len))
-		abort();
-}
-
-static uint8_t *host(struct drv *d, uint64_t gpa)
-{
-	return ram__gpa_to_host(&d->ram, gpa, 1);
-}
-
-static uint64_t qdesc(unsigned q) { return QBASE + q * QSTRIDE; }
-static uint64_t qavail(unsigned q) { return qdesc(q) + 0x1000; }
-static uint64_t qused(unsigned q) { return qdesc(q) + 0x2000; }
-
-static uint8_t status(struct drv *d)
-{
-	return (uint8_t)mr(d, VIRTIO_PCI_COMMON + VIRTIO_PCI_STATUS, 1);
-}
-
-/* Negotiates features (VERSION_1 added), enables every queue. */
+/* Negotiates features (VERSION_1 added), enables every queue: the status
+ * after. */
 static uint8_t drv_start(struct drv *d, uint64_t features)
 {
-	features |= 1ull << VIRTIO_F_VERSION_1;
-	mw(d, VIRTIO_PCI_STATUS, 0, 1);
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER, 1);
-	mw(d, VIRTIO_PCI_GFSELECT, 0, 4);
-	mw(d, VIRTIO_PCI_GF, features & 0xffffffff, 4);
-	mw(d, VIRTIO_PCI_GFSELECT, 1, 4);
-	mw(d, VIRTIO_PCI_GF, features >> 32, 4);
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER |
-	   VIRTIO_STATUS_FEATURES_OK, 1);
-	if (!(status(d) & VIRTIO_STATUS_FEATURES_OK))
-		return status(d);
-	memset(d->avail_idx, 0, sizeof(d->avail_idx));
-	memset(d->next_desc, 0, sizeof(d->next_desc));
-	memset(host(d, QBASE), 0, NET_NR_VQS * QSTRIDE);
-	for (unsigned q = 0; q < NET_NR_VQS; q++) {
-		mw(d, VIRTIO_PCI_Q_SELECT, q, 2);
-		mw(d, VIRTIO_PCI_Q_SIZE, d->qsize, 2);
-		mw(d, VIRTIO_PCI_Q_DESC, qdesc(q), 8);
-		mw(d, VIRTIO_PCI_Q_AVAIL, qavail(q), 8);
-		mw(d, VIRTIO_PCI_Q_USED, qused(q), 8);
-		mw(d, VIRTIO_PCI_Q_ENABLE, 1, 2);
-	}
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER |
-	   VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK, 1);
-	return status(d);
-}
-
-struct seg {
-	uint64_t gpa;
-	uint32_t len;
-	bool w;
-};
-
-static uint16_t add_chain(struct drv *d, unsigned q, const struct seg *s, unsigned n)
-{
-	uint16_t head = d->next_desc[q];
-	for (unsigned i = 0; i < n; i++) {
-		uint16_t idx = (uint16_t)((head + i) % d->qsize);
-		uint8_t *p = host(d, qdesc(q) + 16u * idx);
-		uint16_t flags = (uint16_t)((s[i].w ? VIRTQ_DESC_F_WRITE : 0) |
-					    (i + 1 < n ? VIRTQ_DESC_F_NEXT : 0));
-		uint16_t next = (uint16_t)((idx + 1) % d->qsize);
-		memcpy(p, &s[i].gpa, 8);
-		memcpy(p + 8, &s[i].len, 4);
-		memcpy(p + 12, &flags, 2);
-		memcpy(p + 14, &next, 2);
-	}
-	d->next_desc[q] = (uint16_t)((head + n) % d->qsize);
-	uint16_t slot = d->avail_idx[q] % d->qsize;
-	memcpy(host(d, qavail(q) + 4 + 2u * slot), &head, 2);
-	d->avail_idx[q]++;
-	memcpy(host(d, qavail(q) + 2), &d->avail_idx[q], 2);
-	return head;
-}
-
-static void kick(struct drv *d, unsigned q)
-{
-	mw(d, VIRTIO_PCI_NOTIFY + VIRTIO_PCI_NOTIFY_MULT * q, q, 2);
-}
-
-static uint16_t used_idx(struct drv *d, unsigned q)
-{
-	uint16_t v;
-	memcpy(&v, host(d, qused(q) + 2), 2);
-	return v;
-}
-
-static uint32_t used_len(struct drv *d, unsigned q, uint16_t i)
-{
-	uint32_t v;
-	memcpy(&v, host(d, qused(q) + 4 + 8u * (i % d->qsize) + 4), 4);
-	return v;
+	(void)vdrv__start(&d->v, features | 1ull << VIRTIO_F_VERSION_1);
+	return vdrv__status(&d->v);
 }
 
 /* A frame to dst from src, len bytes after the 12-byte header (payload
@@ -250,25 +123,25 @@ static void t_config(struct t *t)
 {
 	struct drv d;
 	drv_init(&d);
-	mw(&d, VIRTIO_PCI_DFSELECT, 0, 4);
-	uint32_t f = (uint32_t)mr(&d, VIRTIO_PCI_DF, 4);
+	vdrv__write(&d.v, VIRTIO_PCI_DFSELECT, 0, 4);
+	uint32_t f = (uint32_t)vdrv__read(&d.v, VIRTIO_PCI_DF, 4);
 	uint32_t want = 1u << NET_F_MAC | 1u << NET_F_STATUS | 1u << NET_F_MRG_RXBUF |
 			1u << NET_F_CTRL_VQ | 1u << NET_F_CTRL_RX | 1u << NET_F_GUEST_ANNOUNCE |
 			1u << NET_F_CTRL_MAC_ADDR | 1u << NET_F_MTU | 1u << NET_F_CSUM |
 			1u << NET_F_GUEST_CSUM | 1u << NET_F_HOST_TSO4 | 1u << NET_F_GUEST_TSO4;
 	T_CHECK_EQ(t, f & want, want);
 	for (unsigned i = 0; i < 6; i++)
-		T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + i, 1), MAC[i]);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 6, 2), NET_S_LINK_UP);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 8, 2), 1);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 10, 2), 1500);
+		T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + i, 1), MAC[i]);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 6, 2), NET_S_LINK_UP);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 8, 2), 1);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 10, 2), 1500);
 	/* the driver cannot write the MAC through the configuration */
-	mw(&d, VIRTIO_PCI_DEVCFG, 0x11, 1);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG, 1), MAC[0]);
+	vdrv__write(&d.v, VIRTIO_PCI_DEVCFG, 0x11, 1);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG, 1), MAC[0]);
 	/* the guest's offloads reach the backend at DRIVER_OK, and go at reset */
 	T_CHECK_EQ(t, drv_start(&d, 1ull << NET_F_GUEST_CSUM | 1ull << NET_F_GUEST_TSO4), 0x0f);
 	T_CHECK_EQ(t, d.offload, NET_OFFLOAD_CSUM | NET_OFFLOAD_TSO4);
-	mw(&d, VIRTIO_PCI_STATUS, 0, 1);
+	vdrv__write(&d.v, VIRTIO_PCI_STATUS, 0, 1);
 	T_CHECK_EQ(t, d.offload, 0);
 	drv_fini(&d);
 }
@@ -281,44 +154,45 @@ static void t_tx(struct t *t)
 	uint8_t f[2048], got[2048];
 	size_t len = mkframe(f, MAC, 300);
 	/* header and frame split across three buffers, oddly */
-	memcpy(host(&d, BUFS), f, 5);
-	memcpy(host(&d, BUFS + 0x1000), f + 5, 100);
-	memcpy(host(&d, BUFS + 0x2000), f + 105, len - 105);
-	struct seg s[3] = { { BUFS, 5, false }, { BUFS + 0x1000, 100, false },
+	memcpy(vdrv__host(&d.v, BUFS), f, 5);
+	memcpy(vdrv__host(&d.v, BUFS + 0x1000), f + 5, 100);
+	memcpy(vdrv__host(&d.v, BUFS + 0x2000), f + 105, len - 105);
+	struct vdrv_seg s[3] = { { BUFS, 5, false }, { BUFS + 0x1000, 100, false },
 			    { BUFS + 0x2000, (uint32_t)(len - 105), false } };
-	add_chain(&d, NET_VQ_TX, s, 3);
-	kick(&d, NET_VQ_TX);
-	T_CHECK_EQ(t, used_idx(&d, NET_VQ_TX), 1);
+	vdrv__add_chain(&d.v, NET_VQ_TX, s, 3);
+	vdrv__kick(&d.v, NET_VQ_TX);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, NET_VQ_TX), 1);
 	T_CHECK_EQ(t, net_recv(&d, got, sizeof(got)), (ssize_t)len);
 	T_CHECK(t, !memcmp(got, f, len));
 	/* a GSO request the driver did not negotiate, a writable buffer, a
 	 * runt: each dropped, counted, its chain returned */
 	f[1] = 1;
-	memcpy(host(&d, BUFS), f, len);
-	struct seg one = { BUFS, (uint32_t)len, false };
-	add_chain(&d, NET_VQ_TX, &one, 1);
-	memcpy(host(&d, BUFS + 0x5000), f, len);
-	host(&d, BUFS + 0x5000)[1] = 0;           /* a good header: the writable buffer alone is wrong */
-	struct seg wr[2] = { { BUFS + 0x5000, (uint32_t)len, false }, { BUFS + 0x3000, 64, true } };
-	add_chain(&d, NET_VQ_TX, wr, 2);
-	struct seg runt = { BUFS, 20, false };
-	add_chain(&d, NET_VQ_TX, &runt, 1);
-	kick(&d, NET_VQ_TX);
-	T_CHECK_EQ(t, used_idx(&d, NET_VQ_TX), 4);
+	memcpy(vdrv__host(&d.v, BUFS), f, len);
+	struct vdrv_seg one = { BUFS, (uint32_t)len, false };
+	vdrv__add_chain(&d.v, NET_VQ_TX, &one, 1);
+	memcpy(vdrv__host(&d.v, BUFS + 0x5000), f, len);
+	vdrv__host(&d.v, BUFS + 0x5000)[1] = 0;           /* a good header: the writable buffer alone is wrong */
+	struct vdrv_seg wr[2] = { { BUFS + 0x5000, (uint32_t)len, false },
+				  { BUFS + 0x3000, 64, true } };
+	vdrv__add_chain(&d.v, NET_VQ_TX, wr, 2);
+	struct vdrv_seg runt = { BUFS, 20, false };
+	vdrv__add_chain(&d.v, NET_VQ_TX, &runt, 1);
+	vdrv__kick(&d.v, NET_VQ_TX);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, NET_VQ_TX), 4);
 	T_CHECK(t, net_recv(&d, got, sizeof(got)) < 0);
 	struct net_stats st;
 	net__get_stats(d.n, &st);
 	T_CHECK_EQ(t, st.tx_frames, 1);
 	T_CHECK_EQ(t, st.tx_errors, 3);
-	T_CHECK(t, !(status(&d) & VIRTIO_STATUS_NEEDS_RESET));
+	T_CHECK(t, !(vdrv__status(&d.v) & VIRTIO_STATUS_NEEDS_RESET));
 	drv_fini(&d);
 }
 
 /* Posts one receive buffer of len bytes at gpa. */
 static void post_rx(struct drv *d, uint64_t gpa, uint32_t len)
 {
-	struct seg s = { gpa, len, true };
-	add_chain(d, NET_VQ_RX, &s, 1);
+	struct vdrv_seg s = { gpa, len, true };
+	vdrv__add_chain(&d->v, NET_VQ_RX, &s, 1);
 }
 
 static void t_rx(struct t *t)
@@ -328,44 +202,45 @@ static void t_rx(struct t *t)
 	T_CHECK_EQ(t, drv_start(&d, 1ull << NET_F_MAC), 0x0f);
 	T_CHECK(t, !d.reading);           /* no buffers yet: the backend is not read */
 	post_rx(&d, BUFS, 2048);
-	kick(&d, NET_VQ_RX);
+	vdrv__kick(&d.v, NET_VQ_RX);
 	T_CHECK(t, d.reading);
 	uint8_t f[2048];
 	size_t len = mkframe(f, MAC, 600);
 	T_CHECK_EQ(t, send(d.sv[1], f, len, 0), (ssize_t)len);
-	d.nmarks = 0;
+	vdrv__marks_reset(&d.v);
 	net__backend_readable(d.n);
-	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), 1);
-	T_CHECK_EQ(t, used_len(&d, NET_VQ_RX, 0), len);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, NET_VQ_RX), 1);
+	T_CHECK_EQ(t, vdrv__used_len(&d.v, NET_VQ_RX, 0), len);
 	uint16_t nbuf;
-	memcpy(&nbuf, host(&d, BUFS + 10), 2);
+	memcpy(&nbuf, vdrv__host(&d.v, BUFS + 10), 2);
 	T_CHECK_EQ(t, nbuf, 1);
-	T_CHECK(t, !memcmp(host(&d, BUFS + NET_HDR_LEN), f + NET_HDR_LEN, len - NET_HDR_LEN));
+	T_CHECK(t, !memcmp(vdrv__host(&d.v, BUFS + NET_HDR_LEN), f + NET_HDR_LEN,
+			   len - NET_HDR_LEN));
 	/* every byte written reported, the used ring's entry and index too */
-	T_CHECK(t, marked(&d, BUFS, len));
-	T_CHECK(t, marked(&d, qused(NET_VQ_RX) + 2, 2));
-	T_CHECK(t, marked(&d, qused(NET_VQ_RX) + 4, 8));
-	T_CHECK_EQ(t, d.irq_level, 1);
+	T_CHECK(t, vdrv__marked(&d.v, BUFS, len));
+	T_CHECK(t, vdrv__marked(&d.v, vdrv__used_gpa(&d.v, NET_VQ_RX) + 2, 2));
+	T_CHECK(t, vdrv__marked(&d.v, vdrv__used_gpa(&d.v, NET_VQ_RX) + 4, 8));
+	T_CHECK_EQ(t, d.v.irq_level, 1);
 	/* out of buffers: the frame waits, the backend is not read; a new
 	 * buffer and a kick deliver it */
 	T_CHECK_EQ(t, send(d.sv[1], f, len, 0), (ssize_t)len);
 	net__backend_readable(d.n);
 	T_CHECK(t, !d.reading);
-	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), 1);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, NET_VQ_RX), 1);
 	post_rx(&d, BUFS + 0x1000, 2048);
-	kick(&d, NET_VQ_RX);
-	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), 2);
+	vdrv__kick(&d.v, NET_VQ_RX);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, NET_VQ_RX), 2);
 	T_CHECK(t, !d.reading);                   /* none left again */
 	/* too long for the only chain (no MRG_RXBUF): dropped, the chain kept */
 	post_rx(&d, BUFS + 0x2000, 100);
-	kick(&d, NET_VQ_RX);
+	vdrv__kick(&d.v, NET_VQ_RX);
 	T_CHECK_EQ(t, send(d.sv[1], f, len, 0), (ssize_t)len);
 	net__backend_readable(d.n);
 	size_t small = mkframe(f, MAC, 60);
 	T_CHECK_EQ(t, send(d.sv[1], f, small, 0), (ssize_t)small);
 	net__backend_readable(d.n);
-	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), 3);
-	T_CHECK_EQ(t, used_len(&d, NET_VQ_RX, 2), small);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, NET_VQ_RX), 3);
+	T_CHECK_EQ(t, vdrv__used_len(&d.v, NET_VQ_RX, 2), small);
 	struct net_stats st;
 	net__get_stats(d.n, &st);
 	T_CHECK_EQ(t, st.rx_frames, 3);
@@ -380,46 +255,47 @@ static void t_rx_merge(struct t *t)
 	T_CHECK_EQ(t, drv_start(&d, 1ull << NET_F_MAC | 1ull << NET_F_MRG_RXBUF), 0x0f);
 	post_rx(&d, BUFS, 100);
 	post_rx(&d, BUFS + 0x1000, 100);
-	kick(&d, NET_VQ_RX);
+	vdrv__kick(&d.v, NET_VQ_RX);
 	uint8_t f[2048];
 	size_t len = mkframe(f, MAC, 250);        /* 262 bytes: three buffers */
 	T_CHECK_EQ(t, send(d.sv[1], f, len, 0), (ssize_t)len);
 	net__backend_readable(d.n);
-	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), 0);   /* two are not enough: it waits */
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, NET_VQ_RX), 0);   /* two are not enough: it waits */
 	post_rx(&d, BUFS + 0x2000, 100);
-	d.nmarks = d.nidx = 0;
-	kick(&d, NET_VQ_RX);
-	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), 3);
+	vdrv__marks_reset(&d.v);
+	d.nidx = 0;
+	vdrv__kick(&d.v, NET_VQ_RX);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, NET_VQ_RX), 3);
 	/* the driver sees the three buffers used at once, never one or two */
 	T_CHECK_EQ(t, d.nidx, 1);
 	T_CHECK_EQ(t, d.idx_seen[0], 3);
-	T_CHECK(t, marked(&d, BUFS, 100) && marked(&d, BUFS + 0x1000, 100) &&
-		   marked(&d, BUFS + 0x2000, len - 200));
-	T_CHECK(t, marked(&d, qused(NET_VQ_RX) + 4, 24));
+	T_CHECK(t, vdrv__marked(&d.v, BUFS, 100) && vdrv__marked(&d.v, BUFS + 0x1000, 100) &&
+		   vdrv__marked(&d.v, BUFS + 0x2000, len - 200));
+	T_CHECK(t, vdrv__marked(&d.v, vdrv__used_gpa(&d.v, NET_VQ_RX) + 4, 24));
 	uint16_t nbuf;
-	memcpy(&nbuf, host(&d, BUFS + 10), 2);
+	memcpy(&nbuf, vdrv__host(&d.v, BUFS + 10), 2);
 	T_CHECK_EQ(t, nbuf, 3);
-	T_CHECK_EQ(t, used_len(&d, NET_VQ_RX, 0), 100);
-	T_CHECK_EQ(t, used_len(&d, NET_VQ_RX, 2), len - 200);
-	T_CHECK(t, !memcmp(host(&d, BUFS + 0x1000), f + 100, 100));
-	T_CHECK(t, !memcmp(host(&d, BUFS + 0x2000), f + 200, len - 200));
+	T_CHECK_EQ(t, vdrv__used_len(&d.v, NET_VQ_RX, 0), 100);
+	T_CHECK_EQ(t, vdrv__used_len(&d.v, NET_VQ_RX, 2), len - 200);
+	T_CHECK(t, !memcmp(vdrv__host(&d.v, BUFS + 0x1000), f + 100, 100));
+	T_CHECK(t, !memcmp(vdrv__host(&d.v, BUFS + 0x2000), f + 200, len - 200));
 	drv_fini(&d);
 	/* a ring too small for the frame whatever the driver posts: the frame
 	 * is dropped, not waited for, and the next one comes through */
 	drv_init(&d);
-	d.qsize = 16;
+	d.v.qsize = 16;
 	T_CHECK_EQ(t, drv_start(&d, 1ull << NET_F_MAC | 1ull << NET_F_MRG_RXBUF), 0x0f);
 	for (unsigned i = 0; i < 16; i++)
 		post_rx(&d, BUFS + 0x1000ull * i, 100);
-	kick(&d, NET_VQ_RX);
+	vdrv__kick(&d.v, NET_VQ_RX);
 	len = mkframe(f, MAC, 2000);
 	T_CHECK_EQ(t, send(d.sv[1], f, len, 0), (ssize_t)len);
 	net__backend_readable(d.n);
 	size_t small = mkframe(f, MAC, 60);
 	T_CHECK_EQ(t, send(d.sv[1], f, small, 0), (ssize_t)small);
 	net__backend_readable(d.n);
-	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), 1);
-	T_CHECK_EQ(t, used_len(&d, NET_VQ_RX, 0), small);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, NET_VQ_RX), 1);
+	T_CHECK_EQ(t, vdrv__used_len(&d.v, NET_VQ_RX, 0), small);
 	struct net_stats st;
 	net__get_stats(d.n, &st);
 	T_CHECK_EQ(t, st.rx_too_long, 1);
@@ -429,29 +305,29 @@ static void t_rx_merge(struct t *t)
 /* Sends one control command; returns the ack byte (0xee: none written). */
 static uint8_t ctrl(struct drv *d, uint8_t cls, uint8_t cmd, const void *data, uint32_t len)
 {
-	uint8_t *p = host(d, BUFS + 0x8000);
+	uint8_t *p = vdrv__host(&d->v, BUFS + 0x8000);
 	p[0] = cls;
 	p[1] = cmd;
 	if (len)
 		memcpy(p + 2, data, len);
-	*host(d, BUFS + 0x9000) = 0xee;
-	struct seg s[2] = { { BUFS + 0x8000, 2 + len, false }, { BUFS + 0x9000, 1, true } };
-	add_chain(d, NET_VQ_CTRL, s, 2);
-	kick(d, NET_VQ_CTRL);
-	return *host(d, BUFS + 0x9000);
+	*vdrv__host(&d->v, BUFS + 0x9000) = 0xee;
+	struct vdrv_seg s[2] = { { BUFS + 0x8000, 2 + len, false }, { BUFS + 0x9000, 1, true } };
+	vdrv__add_chain(&d->v, NET_VQ_CTRL, s, 2);
+	vdrv__kick(&d->v, NET_VQ_CTRL);
+	return *vdrv__host(&d->v, BUFS + 0x9000);
 }
 
 static bool delivered(struct drv *d, const uint8_t *dst)
 {
 	uint8_t f[256];
-	uint16_t before = used_idx(d, NET_VQ_RX);
+	uint16_t before = vdrv__used_idx(&d->v, NET_VQ_RX);
 	post_rx(d, BUFS, 2048);
-	kick(d, NET_VQ_RX);
+	vdrv__kick(&d->v, NET_VQ_RX);
 	size_t len = mkframe(f, dst, 60);
 	if (send(d->sv[1], f, len, 0) != (ssize_t)len)
 		return false;
 	net__backend_readable(d->n);
-	return used_idx(d, NET_VQ_RX) != before;
+	return vdrv__used_idx(&d->v, NET_VQ_RX) != before;
 }
 
 static void t_filter(struct t *t)
@@ -495,20 +371,20 @@ static void t_filter(struct t *t)
 	T_CHECK(t, delivered(&d, other));
 	/* 200 multicast entries, the command split over three buffers: the
 	 * multicast class overflows (all pass), accepted */
-	uint8_t *big = host(&d, BUFS + 0xa000);
+	uint8_t *big = vdrv__host(&d.v, BUFS + 0xa000);
 	uint32_t zero = 0, many = 200;
 	big[0] = 1, big[1] = 0;
 	memcpy(big + 2, &zero, 4);
 	memcpy(big + 6, &many, 4);
 	for (unsigned i = 0; i < 200; i++)
 		memcpy(big + 10 + 6 * i, mcast, 6);
-	*host(&d, BUFS + 0x9000) = 0xee;
-	struct seg sp[4] = { { BUFS + 0xa000, 3, false }, { BUFS + 0xa003, 500, false },
+	*vdrv__host(&d.v, BUFS + 0x9000) = 0xee;
+	struct vdrv_seg sp[4] = { { BUFS + 0xa000, 3, false }, { BUFS + 0xa003, 500, false },
 			     { BUFS + 0xa000 + 503, 10 + 1200 - 503, false },
 			     { BUFS + 0x9000, 1, true } };
-	add_chain(&d, NET_VQ_CTRL, sp, 4);
-	kick(&d, NET_VQ_CTRL);
-	T_CHECK_EQ(t, *host(&d, BUFS + 0x9000), 0);
+	vdrv__add_chain(&d.v, NET_VQ_CTRL, sp, 4);
+	vdrv__kick(&d.v, NET_VQ_CTRL);
+	T_CHECK_EQ(t, *vdrv__host(&d.v, BUFS + 0x9000), 0);
 	struct net_rx_filter of;
 	net__get_filter(d.n, &of);
 	T_CHECK(t, of.multi_overflow && !of.nmulti && !of.nuni && !of.uni_overflow);
@@ -519,12 +395,12 @@ static void t_filter(struct t *t)
 	memcpy(tab, &one, 4);
 	T_CHECK_EQ(t, ctrl(&d, 1, 0, tab, sizeof(tab)), 0);
 	T_CHECK_EQ(t, ctrl(&d, 1, 1, other, 6), 0);      /* the MAC changes */
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 5, 1), other[5]);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 5, 1), other[5]);
 	struct net_rx_filter f;
 	net__get_filter(d.n, &f);
 	T_CHECK(t, !memcmp(f.mac, other, 6) && !f.promisc && f.nuni == 1 && f.nmulti == 1);
 	/* a reset gives back the configured MAC and promiscuous mode */
-	mw(&d, VIRTIO_PCI_STATUS, 0, 1);
+	vdrv__write(&d.v, VIRTIO_PCI_STATUS, 0, 1);
 	net__get_filter(d.n, &f);
 	T_CHECK(t, !memcmp(f.mac, MAC, 6) && f.promisc && !f.nuni);
 	drv_fini(&d);
@@ -537,16 +413,16 @@ static void t_link_announce(struct t *t)
 	uint64_t feat = 1ull << NET_F_MAC | 1ull << NET_F_STATUS | 1ull << NET_F_CTRL_VQ |
 			1ull << NET_F_GUEST_ANNOUNCE;
 	T_CHECK_EQ(t, drv_start(&d, feat), 0x0f);
-	(void)mr(&d, VIRTIO_PCI_ISR, 1);
+	(void)vdrv__read(&d.v, VIRTIO_PCI_ISR, 1);
 	net__set_link(d.n, false);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 6, 2), 0);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_ISR, 1) & VIRTIO_ISR_CONFIG, VIRTIO_ISR_CONFIG);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 6, 2), 0);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_ISR, 1) & VIRTIO_ISR_CONFIG, VIRTIO_ISR_CONFIG);
 	uint8_t f[256], got[256];
 	size_t len = mkframe(f, MAC, 60);
-	memcpy(host(&d, BUFS + 0x4000), f, len);
-	struct seg s = { BUFS + 0x4000, (uint32_t)len, false };
-	add_chain(&d, NET_VQ_TX, &s, 1);
-	kick(&d, NET_VQ_TX);
+	memcpy(vdrv__host(&d.v, BUFS + 0x4000), f, len);
+	struct vdrv_seg s = { BUFS + 0x4000, (uint32_t)len, false };
+	vdrv__add_chain(&d.v, NET_VQ_TX, &s, 1);
+	vdrv__kick(&d.v, NET_VQ_TX);
 	T_CHECK(t, net_recv(&d, got, sizeof(got)) < 0);
 	T_CHECK(t, !delivered(&d, MAC));
 	struct net_stats st;
@@ -562,9 +438,9 @@ static void t_link_announce(struct t *t)
 	T_CHECK(t, got[NET_HDR_LEN + 12] == 0x80 && got[NET_HDR_LEN + 13] == 0x35);
 	T_CHECK(t, !memcmp(got + NET_HDR_LEN + 6, MAC, 6) && got[NET_HDR_LEN] == 0xff);
 	T_CHECK_EQ(t, got[NET_HDR_LEN + 21], 3);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 6, 2), NET_S_LINK_UP | NET_S_ANNOUNCE);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 6, 2), NET_S_LINK_UP | NET_S_ANNOUNCE);
 	T_CHECK_EQ(t, ctrl(&d, 3, 0, NULL, 0), 0);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_DEVCFG + 6, 2), NET_S_LINK_UP);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_DEVCFG + 6, 2), NET_S_LINK_UP);
 	drv_fini(&d);
 }
 
@@ -599,12 +475,12 @@ static void t_state(struct t *t)
 	uint8_t off = 0;
 	T_CHECK_EQ(t, ctrl(&a, 0, 0, &off, 1), 0);
 	post_rx(&a, BUFS, 2048);
-	kick(&a, NET_VQ_RX);
+	vdrv__kick(&a.v, NET_VQ_RX);
 	net__set_link(a.n, false);
 	struct saved *sv = calloc(1, sizeof(*sv));
 	T_CHECK_EQ(t, net__save(a.n, put, sv), 0);
 	T_CHECK_EQ(t, sv->id, STATE_DEV_NET);
-	memcpy(host(&b, QBASE), host(&a, QBASE), NET_NR_VQS * QSTRIDE);
+	memcpy(vdrv__host(&b.v, QBASE), vdrv__host(&a.v, QBASE), NET_NR_VQS * QSTRIDE);
 	char why[160] = "";
 	T_CHECK_EQ(t, net__load(b.n, sv->buf, sv->len, why, sizeof(why)), 0);
 	struct net_rx_filter f;
@@ -615,13 +491,13 @@ static void t_state(struct t *t)
 	T_CHECK(t, b.reading);
 	/* the destination goes on from the source's queue position */
 	net__set_link(b.n, true);
-	b.next_desc[NET_VQ_RX] = 1;
-	b.avail_idx[NET_VQ_RX] = 1;
+	b.v.next_desc[NET_VQ_RX] = 1;
+	b.v.avail_idx[NET_VQ_RX] = 1;
 	uint8_t fr[256];
 	size_t len = mkframe(fr, MAC, 60);
 	T_CHECK_EQ(t, send(b.sv[1], fr, len, 0), (ssize_t)len);
 	net__backend_readable(b.n);
-	T_CHECK_EQ(t, used_idx(&b, NET_VQ_RX), 1);
+	T_CHECK_EQ(t, vdrv__used_idx(&b.v, NET_VQ_RX), 1);
 	/* another MAC on the destination's command line: refused */
 	T_CHECK_EQ(t, net__load(c.n, sv->buf, sv->len, why, sizeof(why)), -EINVAL);
 	T_CHECK(t, strstr(why, "MAC") != NULL);
@@ -650,7 +526,7 @@ static void t_state(struct t *t)
 	len = mkframe(fr, MAC, 200);
 	T_CHECK_EQ(t, send(b.sv[1], fr, len, 0), (ssize_t)len);
 	net__backend_readable(b.n);
-	T_CHECK_EQ(t, used_idx(&b, NET_VQ_RX), 1);
+	T_CHECK_EQ(t, vdrv__used_idx(&b.v, NET_VQ_RX), 1);
 	T_CHECK_EQ(t, net__save(b.n, put, sv), 0);
 	struct net_stats st;
 	net__get_stats(b.n, &st);
@@ -689,10 +565,10 @@ static void t_backend(struct t *t)
 	T_CHECK_EQ(t, send(d.sv[1], f, len, 0), (ssize_t)len);
 	net__backend_readable(d.n);
 	net__set_link(d.n, true);
-	uint16_t before = used_idx(&d, NET_VQ_RX);
+	uint16_t before = vdrv__used_idx(&d.v, NET_VQ_RX);
 	post_rx(&d, BUFS, 2048);
-	kick(&d, NET_VQ_RX);
-	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), before);   /* the old frame is gone */
+	vdrv__kick(&d.v, NET_VQ_RX);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, NET_VQ_RX), before);   /* the old frame is gone */
 	net__get_stats(d.n, &st);
 	T_CHECK_EQ(t, st.rx_link_down, 1);
 	/* the tap goes away: reading stops, nothing loops */
@@ -708,14 +584,14 @@ static void t_backend(struct t *t)
 /* Sends a frame as the tap would and says whether it reached a buffer. */
 static bool delivered_raw(struct drv *d, const uint8_t *f, size_t len)
 {
-	uint16_t before = used_idx(d, NET_VQ_RX);
+	uint16_t before = vdrv__used_idx(&d->v, NET_VQ_RX);
 	post_rx(d, BUFS, 2048);
-	kick(d, NET_VQ_RX);
+	vdrv__kick(&d->v, NET_VQ_RX);
 	if (send(d->sv[1], f, len, 0) != (ssize_t)len)
 		return false;
 	net__backend_readable(d->n);
-	bool got = used_idx(d, NET_VQ_RX) != before;
-	if (got && (host(d, BUFS)[0] & 2))
+	bool got = vdrv__used_idx(&d->v, NET_VQ_RX) != before;
+	if (got && (vdrv__host(&d->v, BUFS)[0] & 2))
 		return false;                       /* DATA_VALID passed on unasked */
 	return got;
 }
@@ -725,15 +601,15 @@ static void t_malformed(struct t *t)
 	struct drv d;
 	drv_init(&d);
 	T_CHECK_EQ(t, drv_start(&d, 1ull << NET_F_MAC), 0x0f);
-	struct seg s = { RAM_SIZE - 16, 4096, true };   /* past the end of RAM */
-	add_chain(&d, NET_VQ_RX, &s, 1);
-	kick(&d, NET_VQ_RX);
+	struct vdrv_seg s = { RAM_SIZE - 16, 4096, true };   /* past the end of RAM */
+	vdrv__add_chain(&d.v, NET_VQ_RX, &s, 1);
+	vdrv__kick(&d.v, NET_VQ_RX);
 	uint8_t f[256];
 	size_t len = mkframe(f, MAC, 60);
 	T_CHECK_EQ(t, send(d.sv[1], f, len, 0), (ssize_t)len);
 	net__backend_readable(d.n);                 /* the bad buffer is found in use */
-	T_CHECK(t, status(&d) & VIRTIO_STATUS_NEEDS_RESET);
-	T_CHECK_EQ(t, used_idx(&d, NET_VQ_RX), 0);
+	T_CHECK(t, vdrv__status(&d.v) & VIRTIO_STATUS_NEEDS_RESET);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, NET_VQ_RX), 0);
 	T_CHECK(t, !d.reading);                     /* a broken device reads nothing */
 	/* a reset and a good ring work again */
 	T_CHECK_EQ(t, drv_start(&d, 1ull << NET_F_MAC), 0x0f);

@@ -18,6 +18,7 @@
 #include "dev/balloon_impl.h"
 #include "dev/pci.h"
 #include "harness.h"
+#include "vdrv.h"
 
 #define RAM_SIZE (128ull << 20)
 #define QBASE 0x100000ull
@@ -25,31 +26,11 @@
 #define QSIZE 64
 
 struct drv {
-	struct ram ram;
-	struct pci_bus bus;
+	struct vdrv v;            /* RAM, bus, every queue, marks, the line */
 	struct balloon *b;
-	uint64_t bar;
-	uint16_t avail_idx[BALLOON_NR_VQS], next_desc[BALLOON_NR_VQS];
-	uint64_t marks, bad_marks;
-	int irq_level, irq_changes;
 	int changes;
 	uint64_t last_actual;
 };
-
-static void mark(void *ctx, uint64_t gpa, uint64_t len)
-{
-	struct drv *d = ctx;
-	d->marks++;
-	if (!len || gpa >= RAM_SIZE || len > RAM_SIZE - gpa)
-		d->bad_marks++;
-}
-
-static void irq(void *ctx, bool level)
-{
-	struct drv *d = ctx;
-	d->irq_level = level;
-	d->irq_changes++;
-}
 
 static void on_change(void *ctx, uint64_t bytes)
 {
@@ -58,80 +39,11 @@ static void on_change(void *ctx, uint64_t bytes)
 	d->last_actual = bytes;
 }
 
-static uint32_t cfg_read(struct drv *d, unsigned slot, unsigned off, unsigned size)
-{
-	uint32_t a = 0x80000000u | slot << 11 | (off & 0xfc), v = 0;
-	pci__pio(&d->bus, PCI_CONF_ADDR, true, &a, 4);
-	pci__pio(&d->bus, (uint16_t)(PCI_CONF_DATA + (off & 3)), false, &v, size);
-	return v;
-}
-
-static void cfg_write(struct drv *d, unsigned slot, unsigned off, uint32_t v, unsigned size)
-{
-	uint32_t a = 0x80000000u | slot << 11 | (off & 0xfc);
-	pci__pio(&d->bus, PCI_CONF_ADDR, true, &a, 4);
-	pci__pio(&d->bus, (uint16_t)(PCI_CONF_DATA + (off & 3)), true, &v, size);
-}
-
-static uint64_t mr(struct drv *d, uint64_t off, unsigned len)
-{
-	uint64_t v = 0;
-	if (!pci__mmio(&d->bus, d->bar + off, false, &v, len))
-		return ~0ull;
-	return v;
-}
-
-static bool mw(struct drv *d, uint64_t off, uint64_t v, unsigned len)
-{
-	return pci__mmio(&d->bus, d->bar + off, true, &v, len);
-}
-
-static uint8_t *host(struct drv *d, uint64_t gpa)
-{
-	return ram__gpa_to_host(&d->ram, gpa, 1);
-}
-
-static uint8_t status(struct drv *d)
-{
-	return (uint8_t)mr(d, VIRTIO_PCI_COMMON + VIRTIO_PCI_STATUS, 1);
-}
-
-static uint64_t qdesc(unsigned q) { return QBASE + q * QSTRIDE; }
-static uint64_t qavail(unsigned q) { return qdesc(q) + 0x1000; }
-static uint64_t qused(unsigned q) { return qdesc(q) + 0x2000; }
-
-static void setup_queue(struct drv *d, unsigned q, uint16_t size)
-{
-	mw(d, VIRTIO_PCI_Q_SELECT, q, 2);
-	mw(d, VIRTIO_PCI_Q_SIZE, size, 2);
-	mw(d, VIRTIO_PCI_Q_DESC, qdesc(q) & 0xffffffff, 4);
-	mw(d, VIRTIO_PCI_Q_DESC + 4, qdesc(q) >> 32, 4);
-	mw(d, VIRTIO_PCI_Q_AVAIL, qavail(q), 8);
-	mw(d, VIRTIO_PCI_Q_USED, qused(q) & 0xffffffff, 4);
-	mw(d, VIRTIO_PCI_Q_USED + 4, 0, 4);
-	mw(d, VIRTIO_PCI_Q_ENABLE, 1, 2);
-}
-
 /* Negotiates features and enables every queue; returns the status. */
 static uint8_t drv_start(struct drv *d, uint64_t features)
 {
-	mw(d, VIRTIO_PCI_STATUS, 0, 1);
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER, 1);
-	mw(d, VIRTIO_PCI_GFSELECT, 0, 4);
-	mw(d, VIRTIO_PCI_GF, features & 0xffffffff, 4);
-	mw(d, VIRTIO_PCI_GFSELECT, 1, 4);
-	mw(d, VIRTIO_PCI_GF, features >> 32, 4);
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER | VIRTIO_STATUS_FEATURES_OK, 1);
-	if (!(status(d) & VIRTIO_STATUS_FEATURES_OK))
-		return status(d);
-	memset(d->avail_idx, 0, sizeof(d->avail_idx));
-	memset(d->next_desc, 0, sizeof(d->next_desc));
-	memset(host(d, QBASE), 0, BALLOON_NR_VQS * QSTRIDE);
-	for (unsigned q = 0; q < BALLOON_NR_VQS; q++)
-		setup_queue(d, q, QSIZE);
-	mw(d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER |
-	   VIRTIO_STATUS_FEATURES_OK | VIRTIO_STATUS_DRIVER_OK, 1);
-	return status(d);
+	(void)vdrv__start(&d->v, features);
+	return vdrv__status(&d->v);
 }
 
 #define ALL_FEATURES (1ull << 32 | 1ull << BALLOON_F_STATS_VQ | 1ull << BALLOON_F_FREE_PAGE_HINT | \
@@ -140,16 +52,17 @@ static uint8_t drv_start(struct drv *d, uint64_t features)
 static void drv_init_conf(struct drv *d, uint64_t ram_size, bool no_hint, bool no_reporting)
 {
 	memset(d, 0, sizeof(*d));
-	if (ram__create(&d->ram, -1, ram_size))
+	const struct vdrv_conf vc = { .ram_size = ram_size, .bar = BALLOON_BAR_GPA, .qbase = QBASE,
+				      .qstride = QSTRIDE, .nq = BALLOON_NR_VQS, .qsize = QSIZE };
+	if (vdrv__init(&d->v, &vc))
 		abort();
-	pci__init(&d->bus);
-	struct balloon_conf c = { .ram = &d->ram, .mark = mark, .mark_ctx = d, .irq = irq,
-				  .irq_ctx = d, .irq_line = BALLOON_IRQ, .bar_gpa = BALLOON_BAR_GPA,
-				  .no_free_page_hint = no_hint, .no_reporting = no_reporting };
-	if (balloon__create(&d->b, &c) || pci__add(&d->bus, BALLOON_PCI_SLOT, balloon__pci(d->b)))
+	struct balloon_conf c = { .ram = &d->v.ram, .mark = vdrv__mark, .mark_ctx = &d->v,
+				  .irq = vdrv__irq, .irq_ctx = &d->v, .irq_line = BALLOON_IRQ,
+				  .bar_gpa = BALLOON_BAR_GPA, .no_free_page_hint = no_hint,
+				  .no_reporting = no_reporting };
+	if (balloon__create(&d->b, &c) || vdrv__plug(&d->v, BALLOON_PCI_SLOT, balloon__pci(d->b)))
 		abort();
 	balloon__set_change_cb(d->b, on_change, d);
-	d->bar = BALLOON_BAR_GPA;
 }
 
 static void drv_init_size(struct drv *d, uint64_t ram_size)
@@ -165,103 +78,62 @@ static void drv_init(struct drv *d)
 static void drv_fini(struct drv *d)
 {
 	balloon__destroy(d->b);
-	pci__destroy(&d->bus);
-	ram__destroy(&d->ram);
-}
-
-struct seg {
-	uint64_t gpa;
-	uint32_t len;
-	bool w;
-};
-
-/* Queues one chain made of segs; returns its head. */
-static uint16_t add_chain(struct drv *d, unsigned q, const struct seg *s, unsigned n)
-{
-	uint16_t head = d->next_desc[q];
-	for (unsigned i = 0; i < n; i++) {
-		uint16_t idx = (uint16_t)((head + i) % QSIZE);
-		uint8_t *p = host(d, qdesc(q) + 16u * idx);
-		uint16_t flags = (uint16_t)((s[i].w ? VIRTQ_DESC_F_WRITE : 0) | (i + 1 < n ? VIRTQ_DESC_F_NEXT : 0));
-		uint16_t next = (uint16_t)((idx + 1) % QSIZE);
-		memcpy(p, &s[i].gpa, 8);
-		memcpy(p + 8, &s[i].len, 4);
-		memcpy(p + 12, &flags, 2);
-		memcpy(p + 14, &next, 2);
-	}
-	d->next_desc[q] = (uint16_t)((head + n) % QSIZE);
-	uint16_t slot = d->avail_idx[q] % QSIZE;
-	memcpy(host(d, qavail(q) + 4 + 2u * slot), &head, 2);
-	d->avail_idx[q]++;
-	memcpy(host(d, qavail(q) + 2), &d->avail_idx[q], 2);
-	return head;
-}
-
-static void kick(struct drv *d, unsigned q)
-{
-	mw(d, VIRTIO_PCI_NOTIFY + VIRTIO_PCI_NOTIFY_MULT * q, q, 2);
-}
-
-static uint16_t used_idx(struct drv *d, unsigned q)
-{
-	uint16_t v;
-	memcpy(&v, host(d, qused(q) + 2), 2);
-	return v;
+	vdrv__fini(&d->v);
 }
 
 static uint32_t cfg32(struct drv *d, unsigned off)
 {
-	return (uint32_t)mr(d, VIRTIO_PCI_DEVCFG + off, 4);
+	return (uint32_t)vdrv__read(&d->v, VIRTIO_PCI_DEVCFG + off, 4);
 }
 
 static void t_pci_config(struct t *t)
 {
 	struct drv d;
 	drv_init(&d);
-	T_CHECK_EQ(t, cfg_read(&d, 0, 0, 4), 0x12378086);
-	T_CHECK_EQ(t, cfg_read(&d, 0, 0x0a, 2), 0x0600);
-	T_CHECK_EQ(t, cfg_read(&d, 3, 0, 4), 0x10451af4);
-	T_CHECK_EQ(t, cfg_read(&d, 3, PCI_REVISION, 1), 1);
-	T_CHECK_EQ(t, cfg_read(&d, 3, 0x0b, 1), 0xff);
-	T_CHECK_EQ(t, cfg_read(&d, 3, PCI_SUBSYS_VENDOR, 4), 0x11001af4);
-	T_CHECK_EQ(t, cfg_read(&d, 3, PCI_INT_PIN, 1), 1);
-	T_CHECK_EQ(t, cfg_read(&d, 3, PCI_INT_LINE, 1), BALLOON_IRQ);
-	T_CHECK_EQ(t, cfg_read(&d, 5, 0, 4), 0xffffffffu);   /* empty slot */
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 0, 0, 4), 0x12378086);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 0, 0x0a, 2), 0x0600);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, 0, 4), 0x10451af4);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, PCI_REVISION, 1), 1);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, 0x0b, 1), 0xff);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, PCI_SUBSYS_VENDOR, 4), 0x11001af4);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, PCI_INT_PIN, 1), 1);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, PCI_INT_LINE, 1), BALLOON_IRQ);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 5, 0, 4), 0xffffffffu);   /* empty slot */
 	uint32_t a = 0x00001800; /* enable bit off */
 	uint32_t v = 0;
-	pci__pio(&d.bus, PCI_CONF_ADDR, true, &a, 4);
-	pci__pio(&d.bus, PCI_CONF_DATA, false, &v, 4);
+	pci__pio(&d.v.bus, PCI_CONF_ADDR, true, &a, 4);
+	pci__pio(&d.v.bus, PCI_CONF_DATA, false, &v, 4);
 	T_CHECK_EQ(t, v, 0xffffffffu);
 	/* BAR sizing */
 	unsigned bar = PCI_BAR0 + 4 * VIRTIO_PCI_BAR;
-	T_CHECK_EQ(t, cfg_read(&d, 3, bar, 4), (uint32_t)BALLOON_BAR_GPA | PCI_BAR_MEM_64);
-	cfg_write(&d, 3, bar, 0xffffffff, 4);
-	cfg_write(&d, 3, bar + 4, 0xffffffff, 4);
-	T_CHECK_EQ(t, cfg_read(&d, 3, bar, 4), 0xffffc004u);
-	T_CHECK_EQ(t, cfg_read(&d, 3, bar + 4, 4), 0xffffffffu);
-	T_CHECK_EQ(t, cfg_read(&d, 3, PCI_BAR0, 4), 0); /* unused BAR */
-	cfg_write(&d, 3, PCI_BAR0, 0xffffffff, 4);
-	T_CHECK_EQ(t, cfg_read(&d, 3, PCI_BAR0, 4), 0);
-	cfg_write(&d, 3, bar, (uint32_t)BALLOON_BAR_GPA, 4);
-	cfg_write(&d, 3, bar + 4, 0, 4);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, bar, 4), (uint32_t)BALLOON_BAR_GPA | PCI_BAR_MEM_64);
+	vdrv__cfg_write(&d.v, 3, bar, 0xffffffff, 4);
+	vdrv__cfg_write(&d.v, 3, bar + 4, 0xffffffff, 4);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, bar, 4), 0xffffc004u);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, bar + 4, 4), 0xffffffffu);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, PCI_BAR0, 4), 0); /* unused BAR */
+	vdrv__cfg_write(&d.v, 3, PCI_BAR0, 0xffffffff, 4);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, PCI_BAR0, 4), 0);
+	vdrv__cfg_write(&d.v, 3, bar, (uint32_t)BALLOON_BAR_GPA, 4);
+	vdrv__cfg_write(&d.v, 3, bar + 4, 0, 4);
 	/* read-only identity */
-	cfg_write(&d, 3, 0, 0xdeadbeef, 4);
-	T_CHECK_EQ(t, cfg_read(&d, 3, 0, 4), 0x10451af4);
+	vdrv__cfg_write(&d.v, 3, 0, 0xdeadbeef, 4);
+	T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, 0, 4), 0x10451af4);
 	/* capability list: common, ISR, device, notify, all in BAR 4 */
-	T_CHECK(t, cfg_read(&d, 3, PCI_STATUS, 2) & PCI_STATUS_CAP_LIST);
+	T_CHECK(t, vdrv__cfg_read(&d.v, 3, PCI_STATUS, 2) & PCI_STATUS_CAP_LIST);
 	static const uint8_t want_type[] = { 1, 3, 4, 2 };
 	static const uint32_t want_off[] = { 0, 0x1000, 0x2000, 0x3000 };
-	unsigned p = cfg_read(&d, 3, PCI_CAP_PTR, 1), n = 0;
+	unsigned p = vdrv__cfg_read(&d.v, 3, PCI_CAP_PTR, 1), n = 0;
 	while (p && n < 8) {
-		T_CHECK_EQ(t, cfg_read(&d, 3, p, 1), 0x09);
+		T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, p, 1), 0x09);
 		if (n < 4) {
-			T_CHECK_EQ(t, cfg_read(&d, 3, p + 3, 1), want_type[n]);
-			T_CHECK_EQ(t, cfg_read(&d, 3, p + 4, 1), VIRTIO_PCI_BAR);
-			T_CHECK_EQ(t, cfg_read(&d, 3, p + 8, 4), want_off[n]);
+			T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, p + 3, 1), want_type[n]);
+			T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, p + 4, 1), VIRTIO_PCI_BAR);
+			T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, p + 8, 4), want_off[n]);
 		}
-		if (cfg_read(&d, 3, p + 3, 1) == 2)
-			T_CHECK_EQ(t, cfg_read(&d, 3, p + 16, 4), 4);
-		p = cfg_read(&d, 3, p + 1, 1);
+		if (vdrv__cfg_read(&d.v, 3, p + 3, 1) == 2)
+			T_CHECK_EQ(t, vdrv__cfg_read(&d.v, 3, p + 16, 4), 4);
+		p = vdrv__cfg_read(&d.v, 3, p + 1, 1);
 		n++;
 	}
 	T_CHECK_EQ(t, n, 4);
@@ -272,19 +144,20 @@ static void t_bar_move(struct t *t)
 {
 	struct drv d;
 	drv_init(&d);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_NUM_QUEUES, 2), BALLOON_NR_VQS);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_NUM_QUEUES, 2), BALLOON_NR_VQS);
 	unsigned bar = PCI_BAR0 + 4 * VIRTIO_PCI_BAR;
-	cfg_write(&d, 3, bar, 0xd0000000u, 4);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_NUM_QUEUES, 2), ~0ull); /* old place: nothing */
-	d.bar = 0xd0000000u;
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_NUM_QUEUES, 2), BALLOON_NR_VQS);
+	vdrv__cfg_write(&d.v, 3, bar, 0xd0000000u, 4);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_NUM_QUEUES, 2), ~0ull); /* old place: nothing */
+	d.v.bar = 0xd0000000u;
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_NUM_QUEUES, 2), BALLOON_NR_VQS);
 	/* memory decoding off */
-	cfg_write(&d, 3, PCI_COMMAND, 0, 2);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_NUM_QUEUES, 2), ~0ull);
-	cfg_write(&d, 3, PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER, 2);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_NUM_QUEUES, 2), BALLOON_NR_VQS);
+	vdrv__cfg_write(&d.v, 3, PCI_COMMAND, 0, 2);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_NUM_QUEUES, 2), ~0ull);
+	vdrv__cfg_write(&d.v, 3, PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER, 2);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_NUM_QUEUES, 2), BALLOON_NR_VQS);
 	/* an access that runs past the end of the BAR is not decoded */
-	T_CHECK(t, !pci__mmio(&d.bus, d.bar + VIRTIO_PCI_BAR_SIZE - 2, false, &(uint64_t){ 0 }, 4));
+	T_CHECK(t, !pci__mmio(&d.v.bus, d.v.bar + VIRTIO_PCI_BAR_SIZE - 2, false, &(uint64_t){ 0 },
+			      4));
 	drv_fini(&d);
 }
 
@@ -292,22 +165,22 @@ static void t_features(struct t *t)
 {
 	struct drv d;
 	drv_init(&d);
-	mw(&d, VIRTIO_PCI_DFSELECT, 0, 4);
-	uint32_t lo = (uint32_t)mr(&d, VIRTIO_PCI_DF, 4);
-	mw(&d, VIRTIO_PCI_DFSELECT, 1, 4);
-	uint32_t hi = (uint32_t)mr(&d, VIRTIO_PCI_DF, 4);
+	vdrv__write(&d.v, VIRTIO_PCI_DFSELECT, 0, 4);
+	uint32_t lo = (uint32_t)vdrv__read(&d.v, VIRTIO_PCI_DF, 4);
+	vdrv__write(&d.v, VIRTIO_PCI_DFSELECT, 1, 4);
+	uint32_t hi = (uint32_t)vdrv__read(&d.v, VIRTIO_PCI_DF, 4);
 	T_CHECK_EQ(t, lo, 1u << BALLOON_F_STATS_VQ | 1u << BALLOON_F_FREE_PAGE_HINT | 1u << BALLOON_F_REPORTING);
 	T_CHECK_EQ(t, hi, 1);
 	T_CHECK(t, !(drv_start(&d, 1ull << BALLOON_F_STATS_VQ) & VIRTIO_STATUS_FEATURES_OK)); /* no VERSION_1 */
 	T_CHECK(t, !(drv_start(&d, ALL_FEATURES | 1ull << BALLOON_F_PAGE_POISON) & VIRTIO_STATUS_FEATURES_OK));
 	T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES), 0x0f);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_MSIX_CONFIG, 2), VIRTIO_NO_VECTOR);
-	mw(&d, VIRTIO_PCI_Q_SELECT, 3, 2);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_Q_NOFF, 2), 3);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_Q_ENABLE, 2), 1);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_Q_DESC, 8), qdesc(3));
-	mw(&d, VIRTIO_PCI_Q_SELECT, 9, 2);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_Q_SIZE, 2), 0);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_MSIX_CONFIG, 2), VIRTIO_NO_VECTOR);
+	vdrv__write(&d.v, VIRTIO_PCI_Q_SELECT, 3, 2);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_Q_NOFF, 2), 3);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_Q_ENABLE, 2), 1);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_Q_DESC, 8), vdrv__desc_gpa(&d.v, 3));
+	vdrv__write(&d.v, VIRTIO_PCI_Q_SELECT, 9, 2);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_Q_SIZE, 2), 0);
 	T_CHECK(t, balloon__hint_ready(d.b));
 	drv_fini(&d);
 }
@@ -319,60 +192,58 @@ static void t_inflate_deflate(struct t *t)
 	T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES), 0x0f);
 	uint64_t pfns_at = 0x200000;
 	uint32_t pfns[4] = { 0x400, 0x401, 0x403, (uint32_t)(RAM_SIZE >> 12) + 5 };
-	memcpy(host(&d, pfns_at), pfns, sizeof(pfns));
-	memset(host(&d, 0x400000), 0xab, 4 * 4096);
-	struct seg s = { pfns_at, sizeof(pfns), false };
-	uint16_t head = add_chain(&d, BALLOON_VQ_INFLATE, &s, 1);
-	uint64_t marks0 = d.marks;
-	kick(&d, BALLOON_VQ_INFLATE);
-	T_CHECK_EQ(t, used_idx(&d, BALLOON_VQ_INFLATE), 1);
-	uint32_t elem[2];
-	memcpy(elem, host(&d, qused(BALLOON_VQ_INFLATE) + 4), 8);
-	T_CHECK_EQ(t, elem[0], head);
-	T_CHECK(t, d.marks > marks0);
+	memcpy(vdrv__host(&d.v, pfns_at), pfns, sizeof(pfns));
+	memset(vdrv__host(&d.v, 0x400000), 0xab, 4 * 4096);
+	struct vdrv_seg s = { pfns_at, sizeof(pfns), false };
+	uint16_t head = vdrv__add_chain(&d.v, BALLOON_VQ_INFLATE, &s, 1);
+	uint64_t marks0 = d.v.mark_calls;
+	vdrv__kick(&d.v, BALLOON_VQ_INFLATE);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, BALLOON_VQ_INFLATE), 1);
+	T_CHECK_EQ(t, vdrv__used_id(&d.v, BALLOON_VQ_INFLATE, 0), head);
+	T_CHECK(t, d.v.mark_calls > marks0);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x400), BALLOON_SKIP_BALLOONED);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x401), BALLOON_SKIP_BALLOONED);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x402), BALLOON_SKIP_NONE);
-	T_CHECK_EQ(t, host(&d, 0x400000)[0], 0);          /* discarded */
-	T_CHECK_EQ(t, host(&d, 0x402000)[0], 0xab);       /* not ballooned */
+	T_CHECK_EQ(t, vdrv__host(&d.v, 0x400000)[0], 0);          /* discarded */
+	T_CHECK_EQ(t, vdrv__host(&d.v, 0x402000)[0], 0xab);       /* not ballooned */
 	struct balloon_stats st;
 	balloon__get_stats(d.b, &st);
 	T_CHECK_EQ(t, st.inflated, 3);
 	T_CHECK_EQ(t, st.bad_pfns, 1);
 	/* the driver reports actual; QMP sees RAM minus it */
-	mw(&d, VIRTIO_PCI_DEVCFG + 4, 3, 4);
+	vdrv__write(&d.v, VIRTIO_PCI_DEVCFG + 4, 3, 4);
 	T_CHECK_EQ(t, balloon__actual_bytes(d.b), RAM_SIZE - 3 * 4096);
 	T_CHECK_EQ(t, d.changes, 1);
 	T_CHECK_EQ(t, d.last_actual, RAM_SIZE - 3 * 4096);
 	/* deflate one */
 	uint32_t one = 0x401;
-	memcpy(host(&d, pfns_at), &one, 4);
+	memcpy(vdrv__host(&d.v, pfns_at), &one, 4);
 	s.len = 4;
-	add_chain(&d, BALLOON_VQ_DEFLATE, &s, 1);
-	kick(&d, BALLOON_VQ_DEFLATE);
-	T_CHECK_EQ(t, used_idx(&d, BALLOON_VQ_DEFLATE), 1);
+	vdrv__add_chain(&d.v, BALLOON_VQ_DEFLATE, &s, 1);
+	vdrv__kick(&d.v, BALLOON_VQ_DEFLATE);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, BALLOON_VQ_DEFLATE), 1);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x401), BALLOON_SKIP_NONE);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x400), BALLOON_SKIP_BALLOONED);
 	/* QMP balloon target */
-	uint8_t gen = (uint8_t)mr(&d, VIRTIO_PCI_CFG_GEN, 1);
+	uint8_t gen = (uint8_t)vdrv__read(&d.v, VIRTIO_PCI_CFG_GEN, 1);
 	T_CHECK_EQ(t, balloon__set_target(d.b, RAM_SIZE - (8 << 20)), 0);
 	T_CHECK_EQ(t, cfg32(&d, 0), (8 << 20) / 4096);
-	T_CHECK_EQ(t, (uint8_t)mr(&d, VIRTIO_PCI_CFG_GEN, 1), (uint8_t)(gen + 1));
+	T_CHECK_EQ(t, (uint8_t)vdrv__read(&d.v, VIRTIO_PCI_CFG_GEN, 1), (uint8_t)(gen + 1));
 	T_CHECK_EQ(t, balloon__set_target(d.b, 0), -EINVAL);
 	T_CHECK_EQ(t, balloon__set_target(d.b, RAM_SIZE * 2), 0);
 	T_CHECK_EQ(t, cfg32(&d, 0), 0);
 	/* interrupts: ISR is read-to-clear and drops the line */
-	T_CHECK(t, d.irq_level);
-	uint8_t isr = (uint8_t)mr(&d, VIRTIO_PCI_ISR, 1);
+	T_CHECK(t, d.v.irq_level);
+	uint8_t isr = (uint8_t)vdrv__read(&d.v, VIRTIO_PCI_ISR, 1);
 	T_CHECK(t, isr & VIRTIO_ISR_CONFIG);
 	T_CHECK(t, isr & VIRTIO_ISR_QUEUE);
-	T_CHECK(t, !d.irq_level);
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_ISR, 1), 0);
+	T_CHECK(t, !d.v.irq_level);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_ISR, 1), 0);
 	/* reset deflates everything */
-	mw(&d, VIRTIO_PCI_STATUS, 0, 1);
+	vdrv__write(&d.v, VIRTIO_PCI_STATUS, 0, 1);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x400), BALLOON_SKIP_NONE);
 	T_CHECK_EQ(t, balloon__actual_bytes(d.b), RAM_SIZE);
-	T_CHECK_EQ(t, d.bad_marks, 0);
+	T_CHECK_EQ(t, d.v.mark_outside, 0);
 	drv_fini(&d);
 }
 
@@ -384,77 +255,77 @@ enum bad_case { BAD_HEAD, BAD_LOOP, BAD_ADDR, BAD_CROSS, BAD_IDX, BAD_INDIRECT, 
 static void break_ring(struct drv *d, enum bad_case c)
 {
 	unsigned q = BALLOON_VQ_INFLATE;
-	struct seg ok = { 0x200000, 4, false };
+	struct vdrv_seg ok = { 0x200000, 4, false };
 	uint16_t v;
 	switch (c) {
 	case BAD_HEAD:
-		add_chain(d, q, &ok, 1);
+		vdrv__add_chain(&d->v, q, &ok, 1);
 		v = QSIZE + 3;
-		memcpy(host(d, qavail(q) + 4), &v, 2);
+		memcpy(vdrv__host(&d->v, vdrv__avail_gpa(&d->v, q) + 4), &v, 2);
 		break;
 	case BAD_LOOP: {
-		add_chain(d, q, &ok, 1);
+		vdrv__add_chain(&d->v, q, &ok, 1);
 		uint16_t f = VIRTQ_DESC_F_NEXT, next = 0;
-		memcpy(host(d, qdesc(q) + 12), &f, 2);
-		memcpy(host(d, qdesc(q) + 14), &next, 2);
+		memcpy(vdrv__host(&d->v, vdrv__desc_gpa(&d->v, q) + 12), &f, 2);
+		memcpy(vdrv__host(&d->v, vdrv__desc_gpa(&d->v, q) + 14), &next, 2);
 		break;
 	}
 	case BAD_ADDR: {
-		struct seg s = { RAM_SIZE + 0x1000, 4, false };
-		add_chain(d, q, &s, 1);
+		struct vdrv_seg s = { RAM_SIZE + 0x1000, 4, false };
+		vdrv__add_chain(&d->v, q, &s, 1);
 		break;
 	}
 	case BAD_CROSS: {
-		struct seg s = { RAM_SIZE - 2, 4, false };
-		add_chain(d, q, &s, 1);
+		struct vdrv_seg s = { RAM_SIZE - 2, 4, false };
+		vdrv__add_chain(&d->v, q, &s, 1);
 		break;
 	}
 	case BAD_IDX:
-		add_chain(d, q, &ok, 1);
+		vdrv__add_chain(&d->v, q, &ok, 1);
 		v = QSIZE + 2;
-		memcpy(host(d, qavail(q) + 2), &v, 2);
+		memcpy(vdrv__host(&d->v, vdrv__avail_gpa(&d->v, q) + 2), &v, 2);
 		break;
 	case BAD_INDIRECT: {
-		add_chain(d, q, &ok, 1);
+		vdrv__add_chain(&d->v, q, &ok, 1);
 		uint16_t f = VIRTQ_DESC_F_INDIRECT;
-		memcpy(host(d, qdesc(q) + 12), &f, 2);
+		memcpy(vdrv__host(&d->v, vdrv__desc_gpa(&d->v, q) + 12), &f, 2);
 		break;
 	}
 	case BAD_ORDER: {
-		struct seg s[2] = { { 0x200000, 4, true }, { 0x201000, 4, false } };
-		add_chain(d, q, s, 2);
+		struct vdrv_seg s[2] = { { 0x200000, 4, true }, { 0x201000, 4, false } };
+		vdrv__add_chain(&d->v, q, s, 2);
 		break;
 	}
 	case BAD_RING:
-		mw(d, VIRTIO_PCI_STATUS, 0, 1);
-		mw(d, VIRTIO_PCI_Q_SELECT, 0, 2);
-		mw(d, VIRTIO_PCI_Q_DESC, RAM_SIZE - 16, 8);
-		mw(d, VIRTIO_PCI_Q_ENABLE, 1, 2);
+		vdrv__write(&d->v, VIRTIO_PCI_STATUS, 0, 1);
+		vdrv__write(&d->v, VIRTIO_PCI_Q_SELECT, 0, 2);
+		vdrv__write(&d->v, VIRTIO_PCI_Q_DESC, RAM_SIZE - 16, 8);
+		vdrv__write(&d->v, VIRTIO_PCI_Q_ENABLE, 1, 2);
 		return;
 	case BAD_SIZE:
-		mw(d, VIRTIO_PCI_STATUS, 0, 1);
-		mw(d, VIRTIO_PCI_Q_SELECT, 0, 2);
-		mw(d, VIRTIO_PCI_Q_SIZE, 48, 2);
-		mw(d, VIRTIO_PCI_Q_ENABLE, 1, 2);
+		vdrv__write(&d->v, VIRTIO_PCI_STATUS, 0, 1);
+		vdrv__write(&d->v, VIRTIO_PCI_Q_SELECT, 0, 2);
+		vdrv__write(&d->v, VIRTIO_PCI_Q_SIZE, 48, 2);
+		vdrv__write(&d->v, VIRTIO_PCI_Q_ENABLE, 1, 2);
 		return;
 	case BAD_LONG: {
 		/* every descriptor chained to the next one, the last back to 0 */
-		add_chain(d, q, &ok, 1);
+		vdrv__add_chain(&d->v, q, &ok, 1);
 		for (unsigned i = 0; i < QSIZE; i++) {
 			uint16_t f = VIRTQ_DESC_F_NEXT, next = (uint16_t)((i + 1) % QSIZE);
 			uint64_t a = 0x200000;
 			uint32_t l = 4;
-			memcpy(host(d, qdesc(q) + 16 * i), &a, 8);
-			memcpy(host(d, qdesc(q) + 16 * i + 8), &l, 4);
-			memcpy(host(d, qdesc(q) + 16 * i + 12), &f, 2);
-			memcpy(host(d, qdesc(q) + 16 * i + 14), &next, 2);
+			memcpy(vdrv__host(&d->v, vdrv__desc_gpa(&d->v, q) + 16 * i), &a, 8);
+			memcpy(vdrv__host(&d->v, vdrv__desc_gpa(&d->v, q) + 16 * i + 8), &l, 4);
+			memcpy(vdrv__host(&d->v, vdrv__desc_gpa(&d->v, q) + 16 * i + 12), &f, 2);
+			memcpy(vdrv__host(&d->v, vdrv__desc_gpa(&d->v, q) + 16 * i + 14), &next, 2);
 		}
 		break;
 	}
 	default:
 		break;
 	}
-	kick(d, q);
+	vdrv__kick(&d->v, q);
 }
 
 static void t_malformed(struct t *t)
@@ -464,41 +335,41 @@ static void t_malformed(struct t *t)
 		drv_init(&d);
 		T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES), 0x0f);
 		uint32_t pfn = 0x500;
-		memcpy(host(&d, 0x200000), &pfn, 4);
+		memcpy(vdrv__host(&d.v, 0x200000), &pfn, 4);
 		break_ring(&d, (enum bad_case)c);
-		if (!(status(&d) & VIRTIO_STATUS_NEEDS_RESET))
+		if (!(vdrv__status(&d.v) & VIRTIO_STATUS_NEEDS_RESET))
 			printf("#   case %d: no NEEDS_RESET\n", c);
-		T_CHECK(t, status(&d) & VIRTIO_STATUS_NEEDS_RESET);
-		T_CHECK_EQ(t, used_idx(&d, BALLOON_VQ_INFLATE), 0);
+		T_CHECK(t, vdrv__status(&d.v) & VIRTIO_STATUS_NEEDS_RESET);
+		T_CHECK_EQ(t, vdrv__used_idx(&d.v, BALLOON_VQ_INFLATE), 0);
 		T_CHECK_EQ(t, balloon__skip(d.b, 0x500), BALLOON_SKIP_NONE);
 		/* stopped: a good buffer is not taken until reset */
-		kick(&d, BALLOON_VQ_INFLATE);
-		T_CHECK_EQ(t, used_idx(&d, BALLOON_VQ_INFLATE), 0);
+		vdrv__kick(&d.v, BALLOON_VQ_INFLATE);
+		T_CHECK_EQ(t, vdrv__used_idx(&d.v, BALLOON_VQ_INFLATE), 0);
 		/* a reset and a fresh start recover */
 		T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES), 0x0f);
-		struct seg s = { 0x200000, 4, false };
-		add_chain(&d, BALLOON_VQ_INFLATE, &s, 1);
-		kick(&d, BALLOON_VQ_INFLATE);
-		T_CHECK_EQ(t, used_idx(&d, BALLOON_VQ_INFLATE), 1);
+		struct vdrv_seg s = { 0x200000, 4, false };
+		vdrv__add_chain(&d.v, BALLOON_VQ_INFLATE, &s, 1);
+		vdrv__kick(&d.v, BALLOON_VQ_INFLATE);
+		T_CHECK_EQ(t, vdrv__used_idx(&d.v, BALLOON_VQ_INFLATE), 1);
 		T_CHECK_EQ(t, balloon__skip(d.b, 0x500), BALLOON_SKIP_BALLOONED);
-		T_CHECK_EQ(t, d.bad_marks, 0);
+		T_CHECK_EQ(t, d.v.mark_outside, 0);
 		drv_fini(&d);
 	}
 }
 
 static void send_id(struct drv *d, uint32_t id)
 {
-	memcpy(host(d, 0x300000), &id, 4);
-	struct seg s = { 0x300000, 4, false };
-	add_chain(d, BALLOON_VQ_FREE_PAGE, &s, 1);
-	kick(d, BALLOON_VQ_FREE_PAGE);
+	memcpy(vdrv__host(&d->v, 0x300000), &id, 4);
+	struct vdrv_seg s = { 0x300000, 4, false };
+	vdrv__add_chain(&d->v, BALLOON_VQ_FREE_PAGE, &s, 1);
+	vdrv__kick(&d->v, BALLOON_VQ_FREE_PAGE);
 }
 
 static void send_range(struct drv *d, uint64_t gpa, uint32_t len)
 {
-	struct seg s = { gpa, len, true };
-	add_chain(d, BALLOON_VQ_FREE_PAGE, &s, 1);
-	kick(d, BALLOON_VQ_FREE_PAGE);
+	struct vdrv_seg s = { gpa, len, true };
+	vdrv__add_chain(&d->v, BALLOON_VQ_FREE_PAGE, &s, 1);
+	vdrv__kick(&d->v, BALLOON_VQ_FREE_PAGE);
 }
 
 static void t_hints(struct t *t)
@@ -510,23 +381,23 @@ static void t_hints(struct t *t)
 	T_CHECK(t, !balloon__hint_ready(d.b));
 	T_CHECK_EQ(t, balloon__hint_start(d.b), -ENOTSUP);
 	/* negotiated, but the hint queue left disabled: not ready */
-	mw(&d, VIRTIO_PCI_STATUS, 0, 1);
-	mw(&d, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER, 1);
-	mw(&d, VIRTIO_PCI_GF, ALL_FEATURES & 0xffffffff, 4);
-	mw(&d, VIRTIO_PCI_GFSELECT, 1, 4);
-	mw(&d, VIRTIO_PCI_GF, 1, 4);
-	mw(&d, VIRTIO_PCI_STATUS, 0x0b, 1);
-	setup_queue(&d, BALLOON_VQ_INFLATE, QSIZE);
-	mw(&d, VIRTIO_PCI_STATUS, 0x0f, 1);
-	T_CHECK_EQ(t, status(&d), 0x0f);
+	vdrv__write(&d.v, VIRTIO_PCI_STATUS, 0, 1);
+	vdrv__write(&d.v, VIRTIO_PCI_STATUS, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER, 1);
+	vdrv__write(&d.v, VIRTIO_PCI_GF, ALL_FEATURES & 0xffffffff, 4);
+	vdrv__write(&d.v, VIRTIO_PCI_GFSELECT, 1, 4);
+	vdrv__write(&d.v, VIRTIO_PCI_GF, 1, 4);
+	vdrv__write(&d.v, VIRTIO_PCI_STATUS, 0x0b, 1);
+	vdrv__enable_queue(&d.v, BALLOON_VQ_INFLATE);
+	vdrv__write(&d.v, VIRTIO_PCI_STATUS, 0x0f, 1);
+	T_CHECK_EQ(t, vdrv__status(&d.v), 0x0f);
 	T_CHECK(t, !balloon__hint_ready(d.b));
 	T_CHECK_EQ(t, balloon__hint_start(d.b), -ENOTSUP);
 	T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES), 0x0f);
-	uint8_t gen = (uint8_t)mr(&d, VIRTIO_PCI_CFG_GEN, 1);
+	uint8_t gen = (uint8_t)vdrv__read(&d.v, VIRTIO_PCI_CFG_GEN, 1);
 	T_CHECK_EQ(t, balloon__hint_start(d.b), 0);
 	uint32_t id = cfg32(&d, 8);
 	T_CHECK(t, id >= BALLOON_CMD_ID_MIN);
-	T_CHECK_EQ(t, (uint8_t)mr(&d, VIRTIO_PCI_CFG_GEN, 1), (uint8_t)(gen + 1));
+	T_CHECK_EQ(t, (uint8_t)vdrv__read(&d.v, VIRTIO_PCI_CFG_GEN, 1), (uint8_t)(gen + 1));
 	/* a range before the driver echoed the id is ignored */
 	send_range(&d, 0x1000000, 0x10000);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x1000), BALLOON_SKIP_NONE);
@@ -545,12 +416,12 @@ static void t_hints(struct t *t)
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x2000), BALLOON_SKIP_FREE);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x23ff), BALLOON_SKIP_FREE);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x2400), BALLOON_SKIP_NONE);
-	T_CHECK_EQ(t, host(&d, 0x2000000)[0], 0); /* untouched, not discarded: zero anyway */
+	T_CHECK_EQ(t, vdrv__host(&d.v, 0x2000000)[0], 0); /* untouched, not discarded: zero anyway */
 	send_id(&d, BALLOON_CMD_ID_STOP);
 	T_CHECK_EQ(t, balloon__hint_wait(d.b, 2000, 100, 2000), 3 + 1024);
 	send_range(&d, 0x3000000, 0x1000); /* after STOP: ignored */
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x3000), BALLOON_SKIP_NONE);
-	T_CHECK_EQ(t, used_idx(&d, BALLOON_VQ_FREE_PAGE), 8);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, BALLOON_VQ_FREE_PAGE), 8);
 	balloon__hint_done(d.b);
 	T_CHECK_EQ(t, cfg32(&d, 8), BALLOON_CMD_ID_DONE);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x2000), BALLOON_SKIP_NONE);
@@ -562,15 +433,15 @@ static void t_hints(struct t *t)
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x1000), BALLOON_SKIP_NONE);
 	/* a hinted page keeps its content and is not marked written */
 	send_id(&d, cfg32(&d, 8));
-	memset(host(&d, 0x1000000), 0x5a, 0x2000);
-	uint64_t marks0 = d.marks;
+	memset(vdrv__host(&d.v, 0x1000000), 0x5a, 0x2000);
+	uint64_t marks0 = d.v.mark_calls;
 	send_range(&d, 0x1000000, 0x2000);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x1000), BALLOON_SKIP_FREE);
-	T_CHECK_EQ(t, host(&d, 0x1000000)[0], 0x5a);
-	T_CHECK(t, d.marks <= marks0 + 2); /* the used ring's entry and index only */
+	T_CHECK_EQ(t, vdrv__host(&d.v, 0x1000000)[0], 0x5a);
+	T_CHECK(t, d.v.mark_calls <= marks0 + 2); /* the used ring's entry and index only */
 	/* a range outside RAM breaks the ring */
 	send_range(&d, RAM_SIZE - 0x1000, 0x2000);
-	T_CHECK(t, status(&d) & VIRTIO_STATUS_NEEDS_RESET);
+	T_CHECK(t, vdrv__status(&d.v) & VIRTIO_STATUS_NEEDS_RESET);
 	balloon__hint_stop(d.b);
 	T_CHECK_EQ(t, cfg32(&d, 8), BALLOON_CMD_ID_STOP);
 	/* without an answer the wait ends after ack_ms; an echo and silence
@@ -584,7 +455,7 @@ static void t_hints(struct t *t)
 	t0 = time__now_ms();
 	T_CHECK_EQ(t, balloon__hint_wait(d.b, 5000, 50, 5000), 0);
 	T_CHECK(t, time__now_ms() - t0 < 1000);
-	T_CHECK_EQ(t, d.bad_marks, 0);
+	T_CHECK_EQ(t, d.v.mark_outside, 0);
 	drv_fini(&d);
 }
 
@@ -593,19 +464,19 @@ static void t_reporting(struct t *t)
 	struct drv d;
 	drv_init(&d);
 	T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES), 0x0f);
-	memset(host(&d, 0x4000000), 0x77, 0x10000);
-	struct seg s[2] = { { 0x4000000, 0x8000, true }, { 0x4008000, 0x8000, true } };
-	uint64_t marks0 = d.marks;
-	add_chain(&d, BALLOON_VQ_REPORTING, s, 2);
-	kick(&d, BALLOON_VQ_REPORTING);
-	T_CHECK_EQ(t, used_idx(&d, BALLOON_VQ_REPORTING), 1);
-	T_CHECK_EQ(t, host(&d, 0x4000000)[0], 0);
-	T_CHECK_EQ(t, host(&d, 0x400ffff)[0], 0);
-	T_CHECK(t, d.marks >= marks0 + 4);
+	memset(vdrv__host(&d.v, 0x4000000), 0x77, 0x10000);
+	struct vdrv_seg s[2] = { { 0x4000000, 0x8000, true }, { 0x4008000, 0x8000, true } };
+	uint64_t marks0 = d.v.mark_calls;
+	vdrv__add_chain(&d.v, BALLOON_VQ_REPORTING, s, 2);
+	vdrv__kick(&d.v, BALLOON_VQ_REPORTING);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, BALLOON_VQ_REPORTING), 1);
+	T_CHECK_EQ(t, vdrv__host(&d.v, 0x4000000)[0], 0);
+	T_CHECK_EQ(t, vdrv__host(&d.v, 0x400ffff)[0], 0);
+	T_CHECK(t, d.v.mark_calls >= marks0 + 4);
 	struct balloon_stats st;
 	balloon__get_stats(d.b, &st);
 	T_CHECK_EQ(t, st.reported_pages, 16);
-	T_CHECK_EQ(t, d.bad_marks, 0);
+	T_CHECK_EQ(t, d.v.mark_outside, 0);
 	drv_fini(&d);
 }
 
@@ -631,21 +502,21 @@ static void t_queue_layout(struct t *t)
 		T_CHECK_EQ(t, balloon__queue(d.b, BALLOON_VQ_FREE_PAGE), c[i].hint_q);
 		T_CHECK_EQ(t, balloon__role(d.b, 1), BALLOON_VQ_DEFLATE);
 		if (c[i].rep_q >= 0) {
-			memset(host(&d, 0x4000000), 0x77, 0x8000);
-			struct seg s = { 0x4000000, 0x8000, true };
-			add_chain(&d, (unsigned)c[i].rep_q, &s, 1);
-			kick(&d, (unsigned)c[i].rep_q);
-			T_CHECK_EQ(t, used_idx(&d, (unsigned)c[i].rep_q), 1);
-			T_CHECK_EQ(t, host(&d, 0x4000000)[0], 0);
+			memset(vdrv__host(&d.v, 0x4000000), 0x77, 0x8000);
+			struct vdrv_seg s = { 0x4000000, 0x8000, true };
+			vdrv__add_chain(&d.v, (unsigned)c[i].rep_q, &s, 1);
+			vdrv__kick(&d.v, (unsigned)c[i].rep_q);
+			T_CHECK_EQ(t, vdrv__used_idx(&d.v, (unsigned)c[i].rep_q), 1);
+			T_CHECK_EQ(t, vdrv__host(&d.v, 0x4000000)[0], 0);
 			T_CHECK_EQ(t, balloon__role(d.b, (unsigned)c[i].rep_q), BALLOON_VQ_REPORTING);
 		}
 		/* a queue past the layout: its buffers stay with the device */
 		unsigned past = (unsigned)(c[i].rep_q > c[i].hint_q ? c[i].rep_q : c[i].hint_q) + 1;
 		if (past < BALLOON_NR_VQS) {
-			struct seg s = { 0x4000000, 0x1000, true };
-			add_chain(&d, past, &s, 1);
-			kick(&d, past);
-			T_CHECK_EQ(t, used_idx(&d, past), 0);
+			struct vdrv_seg s = { 0x4000000, 0x1000, true };
+			vdrv__add_chain(&d.v, past, &s, 1);
+			vdrv__kick(&d.v, past);
+			T_CHECK_EQ(t, vdrv__used_idx(&d.v, past), 0);
 			T_CHECK_EQ(t, balloon__role(d.b, past), -1);
 		}
 		drv_fini(&d);
@@ -681,17 +552,17 @@ static void t_state(struct t *t)
 	drv_init(&b);
 	T_CHECK_EQ(t, drv_start(&a, ALL_FEATURES), 0x0f);
 	uint32_t pfns[3] = { 0x600, 0x601, 0x700 };
-	memcpy(host(&a, 0x200000), pfns, sizeof(pfns));
-	struct seg s = { 0x200000, sizeof(pfns), false };
-	add_chain(&a, BALLOON_VQ_INFLATE, &s, 1);
-	kick(&a, BALLOON_VQ_INFLATE);
-	mw(&a, VIRTIO_PCI_DEVCFG + 4, 3, 4);
+	memcpy(vdrv__host(&a.v, 0x200000), pfns, sizeof(pfns));
+	struct vdrv_seg s = { 0x200000, sizeof(pfns), false };
+	vdrv__add_chain(&a.v, BALLOON_VQ_INFLATE, &s, 1);
+	vdrv__kick(&a.v, BALLOON_VQ_INFLATE);
+	vdrv__write(&a.v, VIRTIO_PCI_DEVCFG + 4, 3, 4);
 	T_CHECK_EQ(t, balloon__set_target(a.b, RAM_SIZE - 3 * 4096), 0);
 	struct saved *sv = calloc(1, sizeof(*sv));
 	T_CHECK_EQ(t, balloon__save(a.b, put, sv), 0);
 	T_CHECK_EQ(t, sv->id, STATE_DEV_VIRTIO);
 	/* the destination's RAM carries the rings (migration copies it) */
-	memcpy(host(&b, QBASE), host(&a, QBASE), BALLOON_NR_VQS * QSTRIDE);
+	memcpy(vdrv__host(&b.v, QBASE), vdrv__host(&a.v, QBASE), BALLOON_NR_VQS * QSTRIDE);
 	char why[128] = "";
 	T_CHECK_EQ(t, balloon__load(b.b, sv->buf, sv->len, why, sizeof(why)), 0);
 	T_CHECK_EQ(t, balloon__skip(b.b, 0x600), BALLOON_SKIP_BALLOONED);
@@ -699,17 +570,17 @@ static void t_state(struct t *t)
 	T_CHECK_EQ(t, balloon__skip(b.b, 0x602), BALLOON_SKIP_NONE);
 	T_CHECK_EQ(t, balloon__skip(b.b, 0x700), BALLOON_SKIP_BALLOONED);
 	T_CHECK_EQ(t, balloon__actual_bytes(b.b), RAM_SIZE - 3 * 4096);
-	T_CHECK_EQ(t, status(&b), 0x0f);
+	T_CHECK_EQ(t, vdrv__status(&b.v), 0x0f);
 	T_CHECK_EQ(t, cfg32(&b, 0), 3);
 	/* the destination continues the rings where the source stopped */
-	b.avail_idx[BALLOON_VQ_DEFLATE] = a.avail_idx[BALLOON_VQ_DEFLATE];
-	b.next_desc[BALLOON_VQ_DEFLATE] = a.next_desc[BALLOON_VQ_DEFLATE];
+	b.v.avail_idx[BALLOON_VQ_DEFLATE] = a.v.avail_idx[BALLOON_VQ_DEFLATE];
+	b.v.next_desc[BALLOON_VQ_DEFLATE] = a.v.next_desc[BALLOON_VQ_DEFLATE];
 	uint32_t pfn = 0x700;
-	memcpy(host(&b, 0x200000), &pfn, 4);
+	memcpy(vdrv__host(&b.v, 0x200000), &pfn, 4);
 	s.len = 4;
-	add_chain(&b, BALLOON_VQ_DEFLATE, &s, 1);
-	kick(&b, BALLOON_VQ_DEFLATE);
-	T_CHECK_EQ(t, used_idx(&b, BALLOON_VQ_DEFLATE), 1);
+	vdrv__add_chain(&b.v, BALLOON_VQ_DEFLATE, &s, 1);
+	vdrv__kick(&b.v, BALLOON_VQ_DEFLATE);
+	T_CHECK_EQ(t, vdrv__used_idx(&b.v, BALLOON_VQ_DEFLATE), 1);
 	T_CHECK_EQ(t, balloon__skip(b.b, 0x700), BALLOON_SKIP_NONE);
 	/* corrupted sections are refused */
 	T_CHECK(t, balloon__load(b.b, sv->buf, sv->len - 1, why, sizeof(why)) < 0);
@@ -723,7 +594,7 @@ static void t_state(struct t *t)
 	}
 	free(bad);
 	free(sv);
-	T_CHECK_EQ(t, a.bad_marks + b.bad_marks, 0);
+	T_CHECK_EQ(t, a.v.mark_outside + b.v.mark_outside, 0);
 	drv_fini(&a);
 	drv_fini(&b);
 }
@@ -746,7 +617,7 @@ static void t_state_fragmented(struct t *t)
 	T_CHECK_EQ(t, balloon__save(a.b, put, sv), 0);
 	size_t bitmap_bytes = a.b->ballooned.nbits / 8;
 	T_CHECK(t, sv->len > bitmap_bytes && sv->len < bitmap_bytes + 1024);
-	memcpy(host(&b, QBASE), host(&a, QBASE), BALLOON_NR_VQS * QSTRIDE);
+	memcpy(vdrv__host(&b.v, QBASE), vdrv__host(&a.v, QBASE), BALLOON_NR_VQS * QSTRIDE);
 	char why[128] = "";
 	T_CHECK_EQ(t, balloon__load(b.b, sv->buf, sv->len, why, sizeof(why)), 0);
 	size_t differ = 0;
@@ -777,7 +648,7 @@ static void t_state_refused_features(struct t *t)
 	T_CHECK_EQ(t, balloon__save(a.b, put, sv), 0);
 	char why[128] = "";
 	T_CHECK_EQ(t, balloon__load(b.b, sv->buf, sv->len, why, sizeof(why)), 0);
-	T_CHECK(t, !(status(&b) & VIRTIO_STATUS_FEATURES_OK));
+	T_CHECK(t, !(vdrv__status(&b.v) & VIRTIO_STATUS_FEATURES_OK));
 	/* with FEATURES_OK, bits the device does not offer are refused */
 	T_CHECK_EQ(t, drv_start(&a, ALL_FEATURES), 0x0f);
 	T_CHECK_EQ(t, balloon__save(a.b, put, sv), 0);
@@ -804,7 +675,8 @@ struct qmp_calls {
 
 static void *kick_inflate(void *arg)
 {
-	kick(arg, BALLOON_VQ_INFLATE);
+	struct drv *d = arg;
+	vdrv__kick(&d->v, BALLOON_VQ_INFLATE);
 	return NULL;
 }
 
@@ -822,7 +694,7 @@ static void *qmp_calls(void *arg)
  * fault on it.  The userfaultfd, or -1. */
 static int missing_page_fault(struct drv *d, uint64_t gpa, pthread_t *th, void *(*fn)(void *))
 {
-	uint8_t *h = host(d, gpa);
+	uint8_t *h = vdrv__host(&d->v, gpa);
 	int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
 	struct uffdio_api api = { .api = UFFD_API };
 	struct uffdio_register reg = { .range = { (uint64_t)(uintptr_t)h, 4096 },
@@ -849,21 +721,22 @@ static void t_qmp_never_waits(struct t *t)
 	drv_init(&d);
 	T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES), 0x0f);
 	uint32_t pfn = 0x400;
-	memcpy(host(&d, 0x200000), &pfn, 4);
-	struct seg s = { 0x200000, 4, false };
-	add_chain(&d, BALLOON_VQ_INFLATE, &s, 1);
+	memcpy(vdrv__host(&d.v, 0x200000), &pfn, 4);
+	struct vdrv_seg s = { 0x200000, 4, false };
+	vdrv__add_chain(&d.v, BALLOON_VQ_INFLATE, &s, 1);
 	pthread_t kicker, q;
-	int fd = missing_page_fault(&d, qused(BALLOON_VQ_INFLATE), &kicker, kick_inflate);
+	int fd = missing_page_fault(&d, vdrv__used_gpa(&d.v, BALLOON_VQ_INFLATE), &kicker,
+				    kick_inflate);
 	struct qmp_calls c = { .d = &d };
 	if (pthread_create(&q, NULL, qmp_calls, &c))
 		abort();
 	for (int i = 0; i < 200 && !atomic_load(&c.done); i++)
 		usleep(10000);
 	bool done = atomic_load(&c.done);
-	int level = d.irq_level;
+	int level = d.v.irq_level;
 	/* the page arrives: the queue's work completes */
-	struct uffdio_zeropage z = { .range = { (uint64_t)(uintptr_t)host(&d, qused(BALLOON_VQ_INFLATE)),
-						4096 } };
+	uint8_t *used = vdrv__host(&d.v, vdrv__used_gpa(&d.v, BALLOON_VQ_INFLATE));
+	struct uffdio_zeropage z = { .range = { (uint64_t)(uintptr_t)used, 4096 } };
 	T_CHECK_EQ(t, ioctl(fd, UFFDIO_ZEROPAGE, &z), 0);
 	pthread_join(kicker, NULL);
 	pthread_join(q, NULL);
@@ -872,9 +745,9 @@ static void t_qmp_never_waits(struct t *t)
 	T_CHECK_EQ(t, c.rc, 0);
 	T_CHECK_EQ(t, c.actual, RAM_SIZE);
 	T_CHECK_EQ(t, level, 1);            /* config interrupt while the lock was held */
-	T_CHECK_EQ(t, used_idx(&d, BALLOON_VQ_INFLATE), 1);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, BALLOON_VQ_INFLATE), 1);
 	T_CHECK_EQ(t, cfg32(&d, 0), (uint32_t)((RAM_SIZE / 2) >> 12));
-	T_CHECK_EQ(t, mr(&d, VIRTIO_PCI_ISR, 1) & VIRTIO_ISR_CONFIG, VIRTIO_ISR_CONFIG);
+	T_CHECK_EQ(t, vdrv__read(&d.v, VIRTIO_PCI_ISR, 1) & VIRTIO_ISR_CONFIG, VIRTIO_ISR_CONFIG);
 	T_CHECK_EQ(t, balloon__skip(d.b, 0x400), BALLOON_SKIP_BALLOONED);
 	drv_fini(&d);
 }
