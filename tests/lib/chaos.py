@@ -113,7 +113,8 @@ class Chaos:
             kt.set_params(q, max_bandwidth=fm.BANDWIDTH, max_postcopy_bandwidth=PUSH)
             q.cmd("migrate", uri="tcp:127.0.0.1:%d" % proxy.port)
             r = fm.wait_dirty_round(q, kt.slow(60))
-            if not check("dirty_round", r is not None and r.get("status") == "active", repr(r)):
+            if not check("dirty_round", fm.in_dirty_round(r), "%r; proxy: %s"
+                         % (r, proxy.state())):
                 return src
             q.cmd("migrate-start-postcopy")
             r = kt.wait_migration(q, kt.slow(20), statuses=("postcopy-active",), interval=0.05)

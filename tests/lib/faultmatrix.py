@@ -126,17 +126,20 @@ def goes_on(vm, timeout=20):
     return vm.console.wait(vm.ok_rx, kt.slow(timeout), start=n, proc=vm.proc) is not None
 
 
+def in_dirty_round(r):
+    return r.get("status") == "active" and r.get("ram", {}).get("dirty-sync-count", 0) >= 2
+
+
 def wait_dirty_round(q, timeout):
-    """The source in a dirty round (or already ended)."""
+    """The source's query-migrate once it is in a dirty round or ended, or
+    its last one when timeout passed first (in_dirty_round tells)."""
     deadline = time.time() + timeout
-    while time.time() < deadline:
+    while True:
         r = q.cmd("query-migrate")
-        s = r.get("status")
-        if s not in ("none", "setup", "active") or (
-                s == "active" and r.get("ram", {}).get("dirty-sync-count", 0) >= 2):
+        if r.get("status") not in ("none", "setup", "active") or in_dirty_round(r) or \
+                time.time() >= deadline:
             return r
         time.sleep(0.05)
-    return None
 
 
 def retry(guest, vms, check, src, name="retry"):
@@ -202,11 +205,11 @@ class Cell:
         q.cmd("migrate", uri="tcp:127.0.0.1:%d" % self.proxy.port)
         if self.phase == "dirty":
             r = wait_dirty_round(q, kt.slow(60))
-            check("dirty_round", r is not None and r.get("status") == "active", repr(r))
+            check("dirty_round", in_dirty_round(r), "%r; proxy: %s; src %s; dst %s"
+                  % (r, self.proxy.state(), dump(src), dump(self.dst)))
             self.proxy.fire()
         hit = self.proxy.triggered.wait(kt.slow(60))
-        if not check("fault_hit", hit, "proxy counts %r, error %r; %s"
-                     % (self.proxy.counts, self.proxy.error, dump(src))):
+        if not check("fault_hit", hit, "proxy: %s; %s" % (self.proxy.state(), dump(src))):
             return None
         if self.fault == "kill-src":
             return None

@@ -47,6 +47,7 @@ stalls them too.
 import socket
 import struct
 import threading
+import time
 
 HDR = struct.Struct("<IIQ")
 END = 6
@@ -75,7 +76,20 @@ class FaultProxy:
         self._acted = threading.Event()    # fire() did the action itself
         self._lock = threading.Lock()
         self.error = None
+        self._doing = ("accepting the source", time.time())  # the relay's step, since
         threading.Thread(target=self._run, daemon=True).start()
+
+    def _step(self, what):
+        self._doing = (what, time.time())
+
+    def state(self):
+        """For a failure's message: records seen, bytes forwarded, the
+        error, and what the forward relay has been doing for how long
+        (reading from the source, or writing to a destination that does
+        not read)."""
+        what, since = self._doing
+        return "counts %r, forwarded %d bytes, error %r, relay %s for %.1f s" % (
+            self.counts, self.forwarded, self.error, what, time.time() - since)
 
     def fire(self):
         self._fire.set()
@@ -242,7 +256,9 @@ class FaultProxy:
             threading.Thread(target=self._back, args=(src, dst), daemon=True).start()
             fired = False
             while not self._stall.is_set():
+                self._step("reading from the source")
                 rtype, rec = self._next(src)
+                self._step("relaying a record of type %s, %d bytes" % (rtype, len(rec)))
                 self.counts[rtype] = self.counts.get(rtype, 0) + 1
                 if self._stall.is_set():
                     break
@@ -267,6 +283,7 @@ class FaultProxy:
                         self._act(dst, b"")
         except (OSError, EOFError, struct.error) as e:
             self.error = e
+        self._step("ended")
         if not self._stall.is_set():
             self._close()
 
