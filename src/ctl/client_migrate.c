@@ -1,10 +1,18 @@
 /* `kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS] [--tls-creds ID]
- *  [--auto-converge step|computed] [--postcopy auto|after-pass|off]
+ *  [--auto-converge step|computed|off] [--dirty-limit MB/s] [--postcopy auto|after-pass|off]
  *  [--dest-qmp unix:PATH] [--disk] [--verify] [--json]`: drives a migration through
  * the source's QMP socket (and, for post-copy, sets the destination's
  * capability through its own) and shows its progress.  With --resume a
  * paused post-copy goes on over a new link to URI (migrate-recover at the
- * destination, through --dest-qmp, then migrate resume=true). */
+ * destination, through --dest-qmp, then migrate resume=true).
+ *
+ * A pre-copy migration given no convergence option gets one, so that a
+ * busy guest's migration ends with the source holding a whole copy until
+ * the switchover: dirty-limit at MIGRATE_DEFAULT_LIMIT MB/s per vCPU (or a
+ * sixth of a lower --bandwidth) where the source tracks with the dirty
+ * ring, else the computed throttle (the
+ * figures that chose them: docs/usage.md, "kmig migrate").  Post-copy
+ * stays opt-in; a pre-copy that goes on round after round suggests it. */
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -17,11 +25,19 @@
 
 enum pc_mode { PC_OFF, PC_AFTER_PASS, PC_AUTO };
 
+/* the default dirty limit: 20 MB/s per vCPU, bench/converge's, where it
+ * ended 512 and 1536 MiB of stress at 125 MB/s; a sixth of a lower cap */
+#define MIGRATE_DEFAULT_LIMIT 20
+#define MIGRATE_LIMIT_SHARE 6
+#define MIGRATE_HINT_ROUNDS 10      /* pre-copy rounds before post-copy is suggested */
+
 struct migrate_opts {
 	const char *qmp, *uri, *policy, *compression, *tls_creds, *tls_hostname, *dest_qmp;
 	enum pc_mode postcopy;
 	uint64_t bandwidth_mbs, downtime_ms, dirty_limit;
 	bool have_bw, have_dt, json, verify, resume, disk;
+	bool policy_off;             /* --auto-converge off */
+	bool by_default;             /* the policy is kmig migrate's choice */
 	uint64_t multifd;            /* channels; 0 = off */
 };
 
@@ -33,8 +49,11 @@ static void migrate__usage(FILE *f)
 		"  (tcp:HOST:PORT or unix:PATH; start it with kmig run --incoming URI)\n"
 		"  --bandwidth MB/s              cap (0: unlimited)\n"
 		"  --downtime MS                 the longest pause allowed at the switchover\n"
-		"  --auto-converge step|computed throttle the guest's vCPUs when it dirties too fast\n"
+		"  --auto-converge step|computed|off  throttle the guest's vCPUs when it dirties too\n"
+		"                                fast (off: no convergence help at all)\n"
 		"  --dirty-limit MB/s            cap each vCPU's dirty rate instead\n"
+		"                                (neither given, pre-copy: dirty-limit 20 on the\n"
+		"                                dirty ring, else auto-converge computed)\n"
 		"  --multifd N                   N parallel channels (1 to 16)\n"
 		"  --compression none|zstd|lz4   compress page records\n"
 		"  --postcopy auto|after-pass|off  switch to post-copy when pre-copy cannot end\n"
@@ -81,9 +100,10 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 			o->have_dt = true;
 			break;
 		case 'a':
-			if (strcmp(optarg, "step") && strcmp(optarg, "computed"))
-				die("--auto-converge %s: expected step or computed", optarg);
-			o->policy = optarg;
+			if (strcmp(optarg, "step") && strcmp(optarg, "computed") && strcmp(optarg, "off"))
+				die("--auto-converge %s: expected step, computed or off", optarg);
+			o->policy_off = !strcmp(optarg, "off");
+			o->policy = o->policy_off ? NULL : optarg;
 			break;
 		case 'v': o->verify = true; break;
 		case 'l':
@@ -134,6 +154,8 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		    "more than one destination URI");
 	if (o->disk && o->postcopy != PC_OFF)
 		die("--disk with --postcopy: post-copy cannot carry the disk (leave one out)");
+	if (o->dirty_limit && (o->policy || o->policy_off))
+		die("--dirty-limit with --auto-converge: give one of them");
 	if (o->resume && !o->dest_qmp)
 		die("--resume needs --dest-qmp unix:PATH (the destination listens on URI first)");
 	o->uri = argv[optind];
@@ -185,6 +207,63 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 	return 0;
 }
 
+static json_int_t jint(json_t *o, const char *k)
+{
+	return json_integer_value(json_object_get(o, k));
+}
+
+/* A pre-copy migration with no convergence option: dirty-limit on the
+ * dirty ring, the computed throttle on the bitmap (dirty-limit needs the
+ * ring's per-vCPU rates). */
+static int migrate__default_policy(struct qmp_client *c, struct migrate_opts *o, char *err,
+				   size_t n)
+{
+	if (o->resume || o->policy || o->policy_off || o->dirty_limit || o->postcopy != PC_OFF)
+		return 0;
+	/* a VMM that cannot say (not kmig's) gets the throttle, which needs no ring */
+	json_t *r = qmp_client__call(c, "x-query-dirty-tracking", NULL, err, n);
+	const char *backend = json_string_value(json_object_get(r, "backend"));
+	uint64_t share = o->have_bw && o->bandwidth_mbs ? o->bandwidth_mbs / MIGRATE_LIMIT_SHARE :
+			 MIGRATE_DEFAULT_LIMIT;
+	if (backend && !strcmp(backend, "ring"))
+		o->dirty_limit = share < 1 ? 1 : share > MIGRATE_DEFAULT_LIMIT ?
+				 MIGRATE_DEFAULT_LIMIT : share;
+	else
+		o->policy = "computed";
+	o->by_default = true;
+	json_decref(r);
+	return 0;
+}
+
+static void migrate__print_policy(const struct migrate_opts *o, FILE *f)
+{
+	if (o->postcopy != PC_OFF && !o->policy && !o->dirty_limit)
+		return;
+	if (o->dirty_limit)
+		fprintf(f, "policy: dirty-limit %llu MB/s per vCPU", (unsigned long long)o->dirty_limit);
+	else if (o->policy)
+		fprintf(f, "policy: auto-converge %s", o->policy);
+	else
+		fprintf(f, "policy: none (--auto-converge off)");
+	fprintf(f, "%s\n", !o->by_default ? "" : o->dirty_limit ?
+		" (kmig migrate's default with the dirty ring; --auto-converge off for none)" :
+		" (kmig migrate's default with the dirty bitmap; --auto-converge off for none)");
+}
+
+/* Once, when pre-copy goes on round after round. */
+static void migrate__hint(const struct migrate_opts *o, json_t *q, bool *hinted)
+{
+	const char *st = json_string_value(json_object_get(q, "status"));
+	if (*hinted || o->postcopy != PC_OFF || strcmp(st, "active") ||
+	    jint(json_object_get(q, "ram"), "dirty-sync-count") < MIGRATE_HINT_ROUNDS)
+		return;
+	*hinted = true;
+	fprintf(stderr, "\nkmig migrate: pre-copy is in round %lld and has not ended; --postcopy "
+		"auto would end it (the guest then runs at the destination before all its pages "
+		"are there, and the source no longer holds a whole copy of it)\n",
+		jint(json_object_get(q, "ram"), "dirty-sync-count"));
+}
+
 /* Post-copy needs the capability at the destination too. */
 static int migrate__dest_caps(const struct migrate_opts *o, char *err, size_t n)
 {
@@ -227,11 +306,6 @@ static int migrate__resume(struct qmp_client *c, const struct migrate_opts *o, c
 	r = qmp_client__call(c, "migrate", json_pack("{s:s,s:b}", "uri", o->uri, "resume", 1), err, n);
 	json_decref(r);
 	return r ? 0 : -1;
-}
-
-static json_int_t jint(json_t *o, const char *k)
-{
-	return json_integer_value(json_object_get(o, k));
 }
 
 static void migrate__progress(json_t *q, bool tty)
@@ -294,10 +368,11 @@ int client__migrate_main(int argc, char **argv)
 	if (migrate__dest_caps(&o, err, sizeof(err)))
 		die("destination: %s", err);
 	if (qmp_client__connect(&c, o.qmp, err, sizeof(err)) ||
+	    migrate__default_policy(&c, &o, err, sizeof(err)) ||
 	    (o.resume ? migrate__resume(&c, &o, err, sizeof(err))
 		      : migrate__setup(&c, &o, err, sizeof(err))))
 		die("%s", err);
-	bool tty = isatty(STDERR_FILENO), asked = false;
+	bool tty = isatty(STDERR_FILENO), asked = false, hinted = false;
 	json_t *q = NULL;
 	for (;;) {
 		json_decref(q);
@@ -319,15 +394,22 @@ int client__migrate_main(int argc, char **argv)
 		}
 		if (!o.json)
 			migrate__progress(q, tty);
+		migrate__hint(&o, q, &hinted);
 		usleep(250000);
 	}
 	if (tty && !o.json)
 		fputc('\n', stderr);
 	if (o.json) {
+		if (!o.resume)    /* what this command chose, beside query-migrate's answer */
+			json_object_set_new(q, "x-kmig-migrate", json_pack("{s:s, s:I, s:b}",
+				"policy", o.dirty_limit ? "dirty-limit" : o.policy ? o.policy : "none",
+				"vcpu-dirty-limit", (json_int_t)o.dirty_limit, "by-default", o.by_default));
 		json_dumpf(q, stdout, JSON_INDENT(2));
 		putchar('\n');
 	} else {
 		migrate__summary(q);
+		if (!o.resume)
+			migrate__print_policy(&o, stdout);
 	}
 	const char *st = json_string_value(json_object_get(q, "status"));
 	int rc = !strcmp(st, "completed") ? 0 : !strcmp(st, "postcopy-paused") ? 3 : 1;

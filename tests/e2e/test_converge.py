@@ -14,7 +14,13 @@ is limited to max-bandwidth = 125 MB/s.  Tests:
   verify        a verify guest under the computed throttle with x-verify:
                 no page lost;
   dirty_limit_refused  the dirty-limit capability's refusals (with
-                auto-converge; on the bitmap backend).
+                auto-converge; on the bitmap backend);
+  cli_default   `kmig migrate` with no convergence option on the stress
+                guest (dirty ring): it chooses dirty-limit (a sixth of
+                --bandwidth per vCPU, at most 20 MB/s), says so, and the
+                migration completes; on the bitmap (an idle guest: the
+                choice is what is checked) it chooses the computed throttle
+                and its summary names it.
 
 The converging ones must complete with the downtime roughly honoured:
 downtime-limit is 300 ms and the reported downtime must be at most
@@ -45,8 +51,10 @@ the migration converge on its own; at 4 MB/s every dirty round lasts
 about 8 s, longer than any such stall seen.  The downtime limit, its
 slack and every check are the same.
 """
+import json
 import os
 import re
+import subprocess
 import time
 
 import pytest
@@ -443,6 +451,51 @@ def test_dirty_limit(d, vms, check):
     # the destination's guest is not limited
     check("dst_unlimited", dst.qmp().cmd("query-vcpu-dirty-limit") == [],
           repr(dst.qmp().cmd("query-vcpu-dirty-limit")))
+
+
+# ------------------------------------------------------------------ kmig migrate's default
+
+def kmig_migrate(vm, uri, *args):
+    """kmig migrate on vm, no convergence option: (exit status, stdout);
+    a migration still running when it times out is cancelled."""
+    cmd = [kt.KMIG, "migrate", "--qmp", "unix:" + vm.qmp_path, "--bandwidth",
+           str(BANDWIDTH // 1000000), "--downtime", str(DOWNTIME_LIMIT_MS)] + list(args) + [uri]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True,
+                           timeout=kt.slow(CONVERGE_TIMEOUT) + 30)
+        return p.returncode, p.stdout
+    except subprocess.TimeoutExpired as e:
+        vm.qmp().cmd("migrate_cancel")
+        return None, e.stdout or ""
+
+
+def test_cli_default(d, vms, check):
+    uri = tcp_uri()
+    src, dst = pair(d, vms, "cli", STRESS % 1, uri, extra=RING)
+    if not check("boot", src.console.wait(r"^stress cpu=0", kt.slow(30), proc=src.proc)
+                 is not None, dump(src)):
+        return
+    kt.wait_incoming(dst, kt.slow(30))
+    rc, out = kmig_migrate(src, uri, "--json")
+    r = json.loads(out) if rc is not None and out.strip().startswith("{") else {}
+    want = max(1, min(20, BANDWIDTH // 1000000 // 6))
+    check("chose_dirty_limit", r.get("x-kmig-migrate") == {
+        "policy": "dirty-limit", "vcpu-dirty-limit": want, "by-default": True},
+        "rc %r: %r" % (rc, r.get("x-kmig-migrate", out[-300:])))
+    caps = {c["capability"]: c["state"] for c in src.qmp().cmd("query-migrate-capabilities")}
+    check("caps", caps.get("dirty-limit") is True and caps.get("auto-converge") is False,
+          repr(caps))
+    if check_completed(check, src, dst, r, throttled=True):
+        dst_runs_stress(check, src, dst)
+    # the bitmap: the computed throttle, named in the summary
+    uri = tcp_uri()
+    src, dst = pair(d, vms, "clibm", "workload=idle report_ms=300", uri, extra=BITMAP)
+    kt.wait_incoming(dst, kt.slow(30))
+    rc, out = kmig_migrate(src, uri)
+    check("bitmap_computed", rc == 0 and "policy: auto-converge computed (kmig migrate's "
+          "default with the dirty bitmap" in out, "rc %r: %r" % (rc, out[-400:]))
+    p = src.qmp().cmd("query-migrate-parameters")
+    check("bitmap_params", p.get("x-cpu-throttle-policy") == "computed", repr(p))
 
 
 # ------------------------------------------------------------------ verify

@@ -131,6 +131,10 @@ BAD_MIGRATE = [
     ("bad_bandwidth", ["--qmp", "unix:/x", "--bandwidth", "fast", "tcp:h:1"], ["--bandwidth"]),
     ("disk_postcopy", ["--qmp", "unix:/x", "--disk", "--postcopy", "auto", "tcp:h:1"],
      ["--disk", "post-copy"]),
+    ("bad_policy", ["--qmp", "unix:/x", "--auto-converge", "fast", "tcp:h:1"],
+     ["--auto-converge", "step, computed or off"]),
+    ("two_policies", ["--qmp", "unix:/x", "--auto-converge", "off", "--dirty-limit", "5",
+                      "tcp:h:1"], ["--dirty-limit", "--auto-converge"]),
 ]
 
 
