@@ -81,6 +81,16 @@ struct mig_params {
 	/* x-postcopy-early: with x-postcopy-auto, the hybrid also asks during
 	 * the bulk pass (policy__postcopy_early); off = only after it */
 	bool postcopy_early;
+	/* Seed 000's ideas 1, 3 and 4, on unless one of these (default false)
+	 * turns it off, to measure what it gives (bench/seed000; ideas 2 and 5
+	 * are kmig run --reaper fixed and x-cpu-throttle-policy step):
+	 * x-sync-per-slot: each round's sync harvests once per memslot, as
+	 * QEMU did per memory region, instead of once for all; x-kick-throttled:
+	 * every sync kicks every vCPU out of KVM_RUN, throttled or limited or
+	 * not; x-sync-dirty-rate: the policy's dirty rate is what the round's
+	 * sync found over the round's time (QEMU's dirty-pages-rate) instead
+	 * of the ring's per-second peak. */
+	bool sync_per_slot, kick_throttled, sync_dirty_rate;
 	/* announce-initial, -max, -rounds, -step: the destination's
 	 * self-announcements once the guest is here (dev/announce.h) */
 	struct announce_params announce;

@@ -146,7 +146,7 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
 	static const char *const comp_names[] = { "none", "zstd", "lz4" };
-	json_t *r = json_pack("{s:I, s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:I, s:b, s:b}",
+	json_t *r = json_pack("{s:I, s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:I, s:b, s:b, s:b, s:b, s:b}",
 			 "max-bandwidth", (json_int_t)p.max_bandwidth,
 			 "max-postcopy-bandwidth", (json_int_t)p.max_postcopy_bandwidth,
 			 "downtime-limit", (json_int_t)p.policy.downtime_limit_ms,
@@ -164,7 +164,9 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 			 "tls-authz", p.tls_authz,
 			 "x-free-page-hint-wait", (json_int_t)p.hint_wait_ms,
 			 "x-final-round", p.final_round,
-			 "x-postcopy-early", p.postcopy_early);
+			 "x-postcopy-early", p.postcopy_early,
+			 "x-sync-per-slot", p.sync_per_slot, "x-kick-throttled", p.kick_throttled,
+			 "x-sync-dirty-rate", p.sync_dirty_rate);
 	json_t *an = json_pack("{s:I, s:I, s:I, s:I}",
 			       "announce-initial", (json_int_t)p.announce.initial_ms,
 			       "announce-max", (json_int_t)p.announce.max_ms,
@@ -259,7 +261,7 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 		"vcpu-dirty-limit", "x-compression", "multifd-channels", "tls-creds",
 		"tls-hostname", "tls-authz", "x-free-page-hint-wait", "x-final-round",
 		"x-postcopy-early", "announce-initial", "announce-max", "announce-rounds",
-		"announce-step", NULL };
+		"announce-step", "x-sync-per-slot", "x-kick-throttled", "x-sync-dirty-rate", NULL };
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
@@ -281,6 +283,9 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 	    qmp_arg__uint(args, "x-free-page-hint-wait", &p.hint_wait_ms, false, err) < 0 ||
 	    qmp_arg__bool(args, "x-final-round", &p.final_round, false, err) < 0 ||
 	    qmp_arg__bool(args, "x-postcopy-early", &p.postcopy_early, false, err) < 0 ||
+	    qmp_arg__bool(args, "x-sync-per-slot", &p.sync_per_slot, false, err) < 0 ||
+	    qmp_arg__bool(args, "x-kick-throttled", &p.kick_throttled, false, err) < 0 ||
+	    qmp_arg__bool(args, "x-sync-dirty-rate", &p.sync_dirty_rate, false, err) < 0 ||
 	    qmp_arg__uint(args, "announce-initial", &p.announce.initial_ms, false, err) < 0 ||
 	    qmp_arg__uint(args, "announce-max", &p.announce.max_ms, false, err) < 0 ||
 	    qmp_arg__uint(args, "announce-rounds", &p.announce.rounds, false, err) < 0 ||

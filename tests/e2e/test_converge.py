@@ -15,6 +15,11 @@ is limited to max-bandwidth = 125 MB/s.  Tests:
                 no page lost;
   dirty_limit_refused  the dirty-limit capability's refusals (with
                 auto-converge; on the bitmap backend);
+  seed000_off   seed 000's five ideas all off (x-sync-per-slot,
+                x-kick-throttled, x-sync-dirty-rate, --reaper fixed, step:
+                what bench/seed000 compares against) with x-verify: the
+                switches read back, the migration converges under step and
+                no page is lost;
   cli_default   `kmig migrate` with no convergence option on the stress
                 guest (dirty ring): it chooses dirty-limit (a sixth of
                 --bandwidth per vCPU, at most 20 MB/s), says so, and the
@@ -404,6 +409,27 @@ def test_auto_converge(d, vms, check, policy, cpus, params):
     if not check_completed(check, src, dst, r, throttled=True):
         return
     dst_runs_stress(check, src, dst, cpus)
+
+
+def test_seed000_off(d, vms, check):
+    uri = tcp_uri()
+    src, dst = pair(d, vms, "s000", STRESS % 1, uri, extra=RING + ["--reaper", "fixed"])
+    if not check("boot", src.console.wait(r"^stress cpu=0", kt.slow(30), proc=src.proc)
+                 is not None, dump(src)):
+        return
+    time.sleep(0.5)
+    off = {"x-sync-per-slot": True, "x-kick-throttled": True, "x-sync-dirty-rate": True}
+    q = start_migration(src, dst, uri, {"auto-converge": True, "x-verify": True},
+                        dict(off, **{"x-cpu-throttle-policy": "step", "cpu-throttle-initial": 60,
+                                     "cpu-throttle-increment": 20}))
+    p = q.cmd("query-migrate-parameters")
+    check("switches", all(p.get(k) is True for k in off), repr(p))
+    r, seen = follow(q, kt.slow(CONVERGE_TIMEOUT))
+    summary("converge_seed000_off", r, seen)
+    if r.get("status") not in kt.MIG_FINAL:
+        q.cmd("migrate_cancel")
+    if check_completed(check, src, dst, r, throttled=True):
+        dst_runs_stress(check, src, dst)
 
 
 # ------------------------------------------------------------------ dirty-limit

@@ -266,6 +266,27 @@ int sender__bulk_probe(struct sender *s)
 	return 0;
 }
 
+/* A round's sync: pages newly dirty, or -errno.  Seed 000's patch 1 (one
+ * harvest for every memslot) and 3 (no all-vCPU kick while throttled or
+ * limited), each unless its x- switch turns it off. */
+static int64_t sender__round_sync(struct sender *s)
+{
+	struct migration *m = s->m;
+	pthread_mutex_lock(&m->lock);
+	bool per_slot = m->params.sync_per_slot, kick_always = m->params.kick_throttled;
+	pthread_mutex_unlock(&m->lock);
+	bool kick = kick_always || (atomic_load(&m->vm->throttle_pct) == 0 && !m->limit_set);
+	unsigned syncs = per_slot ? m->vm->ram.nr_blocks : 1, flags = DIRTY_SYNC_DEFER_CLEAR;
+	int64_t got = 0;
+	for (unsigned i = 0; i < syncs; i++) {
+		int64_t g = dirty__sync(m->vm->dirty, &m->todo, (kick ? DIRTY_SYNC_KICK : 0) | flags);
+		if (g < 0)
+			return g;
+		got += g;
+	}
+	return got;
+}
+
 /* Measures the round, asks the policy; returns 1 to switch over. */
 static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64_t ms_round,
 				  uint64_t dirty_pages)
@@ -278,6 +299,10 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 	dirty__get_stats(vm->dirty, &ds);
 	uint64_t rate = dirty__backend(vm->dirty) == DIRTY_RING ?
 			dirty__take_peak(vm->dirty) : ds.rate_pages;
+	pthread_mutex_lock(&m->lock);
+	if (m->params.sync_dirty_rate)     /* seed 000's patch 4 off */
+		rate = ms_round ? dirty_pages * 1000 / ms_round : 0;
+	pthread_mutex_unlock(&m->lock);
 	/* the disk's chunks count as RAM's pages do: what the guest wrote in
 	 * the round is to send, at the rate it wrote it */
 	uint64_t disk_dirty = sender__disk_dirty(s);
@@ -345,10 +370,7 @@ static int sender__iterate(struct sender *s)
 		balloon__hint_done(m->vm->balloon); /* the guest takes its pages back */
 	while (!rc) {
 		uint64_t now = time__now_ms(), out = sender__bytes(s);
-		/* no all-vCPU kick while throttled (seed 000 patch 3) */
-		bool kick = atomic_load(&m->vm->throttle_pct) == 0 && !m->limit_set;
-		int64_t got = dirty__sync(m->vm->dirty, &m->todo,
-					  (kick ? DIRTY_SYNC_KICK : 0) | DIRTY_SYNC_DEFER_CLEAR);
+		int64_t got = sender__round_sync(s);
 		if (got < 0)
 			return (int)got;
 		sender__synced(s);
