@@ -8,8 +8,8 @@
  *
  * A pre-copy migration given no convergence option gets one, so that a
  * busy guest's migration ends with the source holding a whole copy until
- * the switchover: dirty-limit at MIGRATE_DEFAULT_LIMIT MB/s per vCPU (or a
- * sixth of a lower --bandwidth) where the source tracks with the dirty
+ * the switchover: dirty-limit at MIGRATE_DEFAULT_LIMIT MB/s per vCPU (at
+ * most a sixth of --bandwidth over the vCPUs) where the source tracks with the dirty
  * ring, else the computed throttle (the
  * figures that chose them: docs/usage.md, "kmig migrate").  Post-copy
  * stays opt-in; a pre-copy that goes on round after round suggests it. */
@@ -26,7 +26,8 @@
 enum pc_mode { PC_OFF, PC_AFTER_PASS, PC_AUTO };
 
 /* the default dirty limit: 20 MB/s per vCPU, bench/converge's, where it
- * ended 512 and 1536 MiB of stress at 125 MB/s; a sixth of a lower cap */
+ * ended 512 and 1536 MiB of stress at 125 MB/s (1 vCPU); at most a sixth
+ * of a --bandwidth cap shared by the vCPUs, as bench/converge sets it */
 #define MIGRATE_DEFAULT_LIMIT 20
 #define MIGRATE_LIMIT_SHARE 6
 #define MIGRATE_HINT_ROUNDS 10      /* pre-copy rounds before post-copy is suggested */
@@ -223,8 +224,13 @@ static int migrate__default_policy(struct qmp_client *c, struct migrate_opts *o,
 	/* a VMM that cannot say (not kmig's) gets the throttle, which needs no ring */
 	json_t *r = qmp_client__call(c, "x-query-dirty-tracking", NULL, err, n);
 	const char *backend = json_string_value(json_object_get(r, "backend"));
-	uint64_t share = o->have_bw && o->bandwidth_mbs ? o->bandwidth_mbs / MIGRATE_LIMIT_SHARE :
-			 MIGRATE_DEFAULT_LIMIT;
+	json_t *cpus = json_string_value(json_object_get(r, "backend")) ?
+		       qmp_client__call(c, "query-cpus-fast", NULL, err, n) : NULL;
+	uint64_t ncpus = json_array_size(cpus) ? json_array_size(cpus) : 1;
+	json_decref(cpus);
+	/* a sixth of a capped link, shared by the vCPUs */
+	uint64_t share = o->have_bw && o->bandwidth_mbs ?
+			 o->bandwidth_mbs / MIGRATE_LIMIT_SHARE / ncpus : MIGRATE_DEFAULT_LIMIT;
 	if (backend && !strcmp(backend, "ring"))
 		o->dirty_limit = share < 1 ? 1 : share > MIGRATE_DEFAULT_LIMIT ?
 				 MIGRATE_DEFAULT_LIMIT : share;

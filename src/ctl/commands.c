@@ -1,6 +1,7 @@
-/* The VM's QMP commands: run state.  Migration commands are registered by
+/* The VM's QMP commands: run state and query-cpus-fast.  Migration commands are registered by
  * the migration engine (mig/qmp_mig.c). */
 #include <errno.h>
+#include <stdio.h>
 
 #include "ctl/control.h"
 #include "kvm/vm_blk.h"
@@ -64,10 +65,32 @@ static json_t *cmd_quit(void *ctx, json_t *args, struct qmp_error *err)
 	return NULL;
 }
 
+/* QEMU's query-cpus-fast: one entry per vCPU, its thread's id (0 before
+ * it runs), one socket each as kmig's MP table lays them out. */
+static json_t *cmd_query_cpus_fast(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct control *c = ctx;
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
+	int tids[VM_MAX_VCPUS];
+	unsigned n = vm__vcpu_tids(c->vm, tids, VM_MAX_VCPUS);
+	json_t *r = json_array();
+	for (unsigned i = 0; i < n; i++) {
+		char path[64];
+		snprintf(path, sizeof(path), "/machine/unattached/device[%u]", i);
+		json_array_append_new(r, json_pack("{s:i, s:s, s:i, s:s, s:{s:i, s:i, s:i}}",
+			"cpu-index", (int)i, "qom-path", path, "thread-id", tids[i],
+			"target", "x86_64", "props", "socket-id", (int)i, "core-id", 0,
+			"thread-id", 0));
+	}
+	return r;
+}
+
 int control__register_commands(struct control *c)
 {
 	static const struct { const char *name; qmp_handler fn; } cmds[] = {
 		{ "query-status", cmd_query_status },
+		{ "query-cpus-fast", cmd_query_cpus_fast },
 		{ "stop", cmd_stop },
 		{ "cont", cmd_cont },
 		{ "quit", cmd_quit },

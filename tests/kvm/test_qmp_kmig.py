@@ -247,6 +247,12 @@ def test_introspection(d, vms, check):
           "%r" % s)
     r = q.cmd_full("x-query-kvm-stats", bogus=1)
     check("kvm_stats_bad_arg", r.get("error", {}).get("class") == "GenericError", "%r" % r)
+    # QEMU's query-cpus-fast: the vCPU, its thread one of kmig's
+    c = q.cmd("query-cpus-fast")
+    one = c[0] if isinstance(c, list) and len(c) == 1 else {}
+    tid = one.get("thread-id", 0)
+    check("cpus_fast", one.get("cpu-index") == 0 and one.get("target") == "x86_64" and
+          tid > 0 and os.path.exists("/proc/%d/task/%d" % (vm.proc.pid, tid)), "%r" % c)
 
 
 def test_kmig_migration_parameters(d, vms, check):
