@@ -41,7 +41,7 @@ kt = mb.kt
 
 MIB = 1 << 20
 REPORT_MS = mb.REPORT_MS
-MEMORY = "2G"
+MEMORY = "2G"                # --memory
 
 # name: (vmm, dirty ring entries, policy)
 #   step / computed: kmig auto-converge with that x-cpu-throttle-policy
@@ -73,6 +73,15 @@ CONFIGS = {
     "kmig-ring4096+postcopy-start": ("kmig", 4096, "postcopy-start"),
     "qemu-ring4096+postcopy-start": ("qemu", 4096, "postcopy-start"),
 }
+# seed 000's five ideas (docs/policies.md): all on, all off, each off alone
+# (bench/seed000 runs them against QEMU's auto-converge)
+SEED_OFF = {  # policy: the ideas it turns off
+    "seed-all": (), "seed-none": (1, 2, 3, 4, 5),
+    "seed-no1": (1,), "seed-no2": (2,), "seed-no3": (3,), "seed-no4": (4,), "seed-no5": (5,),
+}
+for _ring, _name in ((0, "bitmap"), (4096, "ring4096"), (65536, "ring65536")):
+    for _pol in SEED_OFF:
+        CONFIGS["kmig-%s+%s" % (_name, _pol)] = ("kmig", _ring, _pol)
 POSTCOPY = ("postcopy", "postcopy-start", "hybrid")
 # run order: QEMU rows spread among kmig rows, so outside load hits both alike
 FULL_CONFIGS = ["kmig-bitmap+step", "qemu-bitmap+ac", "kmig-bitmap+computed",
@@ -105,6 +114,23 @@ POLICY_TEXT = {
                   "dirty-limit capability; emulates 8.1's dirty-limit, which sets the same "
                   "limit only after two high rounds)",
 }
+for _pol, _off in SEED_OFF.items():
+    POLICY_TEXT[_pol] = "auto-converge, x-final-round on; seed 000's ideas " + (
+        "all on" if not _off else "all off" if len(_off) == 5 else
+        "on but %s" % ", ".join(str(i) for i in _off))
+
+
+def seed_settings(policy):
+    """The reaper and QMP parameters of a seed-* policy: 1 x-sync-per-slot, 2
+    --reaper fixed, 3 x-kick-throttled, 4 x-sync-dirty-rate, 5 step (else
+    computed).  None for other policies."""
+    if policy not in SEED_OFF:
+        return None
+    off = SEED_OFF[policy]
+    return {"reaper": "fixed" if 2 in off else "adaptive",
+            "params": {"x-cpu-throttle-policy": "step" if 5 in off else "computed",
+                       "x-final-round": True, "x-sync-per-slot": 1 in off,
+                       "x-kick-throttled": 3 in off, "x-sync-dirty-rate": 4 in off}}
 TRACKING = {0: "bitmap", 4096: "ring 4096", 65536: "ring 65536"}
 
 
@@ -121,8 +147,8 @@ def snapshot_binaries(d, build):
                          "guest": src_guest, "guest_sha256": mb.sha256(guest)}
 
 
-def vm_args(env, vmm, ring, cmdline, cpus, d, name, reaper, incoming=None):
-    args = mb.vm_args(env, vmm, ring, cmdline, MEMORY, cpus, d, name, incoming=incoming)
+def vm_args(env, vmm, ring, cmdline, cpus, d, name, reaper, incoming=None, memory=MEMORY):
+    args = mb.vm_args(env, vmm, ring, cmdline, memory, cpus, d, name, incoming=incoming)
     if vmm == "kmig" and ring:
         args += ["--reaper", reaper]
     return args
@@ -208,11 +234,14 @@ def one_case(env, d, size, cfg, rep, a):
     uri = "tcp:127.0.0.1:%d" % mb.free_port()
     res = {"stress_mib": size, "config": cfg, "rep": rep, "vmm": vmm, "dirty_ring": ring,
            "tracking": TRACKING.get(ring, "ring %d" % ring), "policy": policy,
-           "reaper": a.reaper if vmm == "kmig" and ring else None, "cpus": a.cpus,
-           "memory": MEMORY, "guest_cmdline": cmdline, "loadavg": mb.loadavg()}
-    src = mb.Proc(sub, "src", vm_args(env, vmm, ring, cmdline, a.cpus, sub, "src", a.reaper))
-    dst = mb.Proc(sub, "dst", vm_args(env, vmm, ring, cmdline, a.cpus, sub, "dst", a.reaper,
-                                      incoming=uri))
+           "cpus": a.cpus, "memory": a.memory, "guest_cmdline": cmdline, "loadavg": mb.loadavg()}
+    seed = seed_settings(policy)
+    reaper = seed["reaper"] if seed else a.reaper
+    res = dict(res, reaper=reaper if vmm == "kmig" and ring else None)
+    src = mb.Proc(sub, "src", vm_args(env, vmm, ring, cmdline, a.cpus, sub, "src", reaper,
+                                      memory=a.memory))
+    dst = mb.Proc(sub, "dst", vm_args(env, vmm, ring, cmdline, a.cpus, sub, "dst", reaper,
+                                      incoming=uri, memory=a.memory))
     try:
         # settled: a.settle_lines stress reports from every vCPU
         deadline = time.monotonic() + 90
@@ -233,7 +262,8 @@ def one_case(env, d, size, cfg, rep, a):
             return res
         q = src.qmp()
         params = {"max-bandwidth": a.bandwidth, "downtime-limit": a.downtime}
-        caps = {"auto-converge": policy in ("step", "computed", "ac", "hybrid")}
+        caps = {"auto-converge": policy in ("step", "computed", "ac", "hybrid") or
+                seed is not None}
         if policy in POSTCOPY:
             # the same link after the switch: max-postcopy-bandwidth too
             params["max-postcopy-bandwidth"] = a.bandwidth
@@ -255,6 +285,10 @@ def one_case(env, d, size, cfg, rep, a):
             if policy == "dirty-limit":
                 params["vcpu-dirty-limit"] = quota
                 params["x-vcpu-dirty-limit-period"] = a.dirty_limit_period
+            if seed:
+                params.update(seed["params"])
+                if a.final_round != "policy":
+                    params["x-final-round"] = a.final_round == "on"
         q.cmd("migrate-set-parameters", **params)
         q.cmd("migrate-set-capabilities",
               capabilities=[{"capability": k, "state": v} for k, v in caps.items()])
@@ -547,10 +581,10 @@ def throttle_text(s):
 
 
 def tables(summary, heads, info, a, cfg):
-    lines = ["Convergence under memory stress: 2 GiB guest, %d vCPU, max-bandwidth %d B/s, "
+    lines = ["Convergence under memory stress: %s guest, %d vCPU, max-bandwidth %d B/s, "
              "downtime-limit %d ms, cap %d s, kmig reaper %s (nproc %d; load %s at start, %s at "
              "end; the host was shared with other processes)" % (
-                 a.cpus, a.bandwidth, a.downtime, a.cap, a.reaper, info["nproc"],
+                 a.memory, a.cpus, a.bandwidth, a.downtime, a.cap, a.reaper, info["nproc"],
                  " ".join("%.2f" % x for x in info["loadavg_start"]),
                  " ".join("%.2f" % x for x in info.get("loadavg_end", []))),
              ""]
@@ -564,8 +598,8 @@ def tables(summary, heads, info, a, cfg):
     for size in sorted(set(s["stress_mib"] for s in summary)):
         rows = [s for s in summary if s["stress_mib"] == size]
         rows.sort(key=lambda s: (s["vmm"] != "kmig", s["dirty_ring"],
-                                 ["step", "computed", "dirty-limit", "ac", "vcpu-limit", "postcopy",
-                                  "postcopy-start", "hybrid"]
+                                 (["step", "computed", "dirty-limit", "ac", "vcpu-limit",
+                                   "postcopy", "postcopy-start", "hybrid"] + list(SEED_OFF))
                                  .index(s["policy"])))
         qb = next((s for s in rows if s["config"] == qbest[size].get("qemu_best")), None)
         for s in rows:
@@ -702,6 +736,7 @@ def main():
     ap.add_argument("--cap", type=float, default=120.0,
                     help="cancel a migration still running after this many seconds")
     ap.add_argument("--cpus", type=int, default=1)
+    ap.add_argument("--memory", default=MEMORY, help="guest RAM (kmig --memory, QEMU -m)")
     ap.add_argument("--bandwidth", type=int, default=125000000, help="max-bandwidth, bytes/s")
     ap.add_argument("--downtime", type=int, default=300, help="downtime-limit, ms")
     ap.add_argument("--dirty-limit", type=int, default=0,
@@ -795,7 +830,7 @@ def main():
 def write(a, md_path, info, bins, env, runs, partial):
     summary = summarize(runs, a.cap)
     heads = headline(summary)
-    cfg = {"quick": a.quick, "cpus": a.cpus, "memory": MEMORY,
+    cfg = {"quick": a.quick, "cpus": a.cpus, "memory": a.memory,
            "max_bandwidth_bytes_per_s": a.bandwidth, "downtime_limit_ms": a.downtime,
            "cap_s": a.cap, "reps": a.reps, "tsc_khz": env["tsc_khz"],
            "stress_report_ms": REPORT_MS, "settle_lines": a.settle_lines, "poll_s": a.poll,
