@@ -90,6 +90,7 @@ run_units() {
 		i=$((i + 1))
 		[ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
 		if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
+		: > "$dir/$i.run"
 		{
 			local t0=$SECONDS
 			# shellcheck disable=SC2086
@@ -103,9 +104,13 @@ run_units() {
 	i=0
 	while read -r name bin envs; do
 		i=$((i + 1))
-		[ -f "$dir/$i.rc" ] || continue
-		local rc secs
-		read -r rc secs < "$dir/$i.rc"
+		[ -f "$dir/$i.run" ] || continue     # left out by the filter
+		local rc=1 secs=0
+		if [ -f "$dir/$i.rc" ]; then
+			read -r rc secs < "$dir/$i.rc"
+		else     # killed before it could say: a failure, never a silent gap
+			echo "not ok $name: left no exit status" >> "$dir/$i.out"
+		fi
 		echo "== $name"
 		tee "$log" < "$dir/$i.out"
 		count "$rc" "$name"

@@ -221,23 +221,32 @@ static int migrate__default_policy(struct qmp_client *c, struct migrate_opts *o,
 {
 	if (o->resume || o->policy || o->policy_off || o->dirty_limit || o->postcopy != PC_OFF)
 		return 0;
+	o->by_default = true;
 	/* a VMM that cannot say (not kmig's) gets the throttle, which needs no ring */
 	json_t *r = qmp_client__call(c, "x-query-dirty-tracking", NULL, err, n);
 	const char *backend = json_string_value(json_object_get(r, "backend"));
-	json_t *cpus = json_string_value(json_object_get(r, "backend")) ?
-		       qmp_client__call(c, "query-cpus-fast", NULL, err, n) : NULL;
-	uint64_t ncpus = json_array_size(cpus) ? json_array_size(cpus) : 1;
-	json_decref(cpus);
-	/* a sixth of a capped link, shared by the vCPUs */
-	uint64_t share = o->have_bw && o->bandwidth_mbs ?
-			 o->bandwidth_mbs / MIGRATE_LIMIT_SHARE / ncpus : MIGRATE_DEFAULT_LIMIT;
-	if (backend && !strcmp(backend, "ring"))
-		o->dirty_limit = share < 1 ? 1 : share > MIGRATE_DEFAULT_LIMIT ?
-				 MIGRATE_DEFAULT_LIMIT : share;
-	else
+	if (!backend || strcmp(backend, "ring")) {
+		if (!backend)
+			fprintf(stderr, "kmig migrate: the source did not tell its dirty tracking "
+				"(%s): auto-converge computed\n", r ? "no backend" : err);
 		o->policy = "computed";
-	o->by_default = true;
+		json_decref(r);
+		return 0;
+	}
 	json_decref(r);
+	json_t *cpus = qmp_client__call(c, "query-cpus-fast", NULL, err, n);
+	uint64_t ncpus = json_array_size(cpus);
+	if (!ncpus)
+		fprintf(stderr, "kmig migrate: query-cpus-fast: %s: the dirty limit is set as for "
+			"one vCPU\n", cpus ? "no vCPUs" : err);
+	json_decref(cpus);
+	/* a sixth of a capped link (MB of 10^6 there, 2^20 here: near
+	 * enough), shared by the vCPUs */
+	uint64_t share = o->have_bw && o->bandwidth_mbs ?
+			 o->bandwidth_mbs / MIGRATE_LIMIT_SHARE / (ncpus ? ncpus : 1) :
+			 MIGRATE_DEFAULT_LIMIT;
+	o->dirty_limit = share < 1 ? 1 : share > MIGRATE_DEFAULT_LIMIT ? MIGRATE_DEFAULT_LIMIT :
+			 share;
 	return 0;
 }
 
@@ -253,7 +262,7 @@ static void migrate__print_policy(const struct migrate_opts *o, FILE *f)
 		fprintf(f, "policy: none (--auto-converge off)");
 	fprintf(f, "%s\n", !o->by_default ? "" : o->dirty_limit ?
 		" (kmig migrate's default with the dirty ring; --auto-converge off for none)" :
-		" (kmig migrate's default with the dirty bitmap; --auto-converge off for none)");
+		" (kmig migrate's default without the dirty ring; --auto-converge off for none)");
 }
 
 /* Once, when pre-copy goes on round after round. */

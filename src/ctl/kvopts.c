@@ -32,8 +32,12 @@ int kvopts__split(const char *opt, const char *spec, kvopts_fn fn, void *ctx, ch
 			snprintf(err, errlen, "%s %.40s...: too long", opt, spec);
 			return -EINVAL;
 		}
-		if (!kv[0])
+		if (!kv[0] && !*p)
 			continue;                   /* a trailing comma */
+		if (!kv[0]) {
+			snprintf(err, errlen, "%s %s: an empty property", opt, spec);
+			return -EINVAL;
+		}
 		char *v = strchr(kv, '=');
 		if (!v || v == kv) {
 			snprintf(err, errlen, "%s %s: \"%s\" is not key=value", opt, spec, kv);

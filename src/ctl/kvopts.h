@@ -1,7 +1,7 @@
 /* QEMU-style option strings, "key=value,key=value", as kmig run's
  * --drive, --blockdev, --device, --netdev and --balloon take them.  A
- * comma inside a value is written ",," (QEMU's escape); an empty pair
- * (a trailing comma) is skipped.  Every error names the option (opt, e.g.
+ * comma inside a value is written ",," (QEMU's escape); a trailing comma
+ * is ignored, any other empty pair refused.  Every error names the option (opt, e.g.
  * "--drive") and the spec or value it refuses, in err.  Pure string
  * work: no allocation, specs longer than KVOPTS_SPEC_MAX are refused. */
 #ifndef KMIG_CTL_KVOPTS_H

@@ -519,7 +519,7 @@ def test_cli_default(d, vms, check):
     kt.wait_incoming(dst, kt.slow(30))
     rc, out = kmig_migrate(src, uri)
     check("bitmap_computed", rc == 0 and "policy: auto-converge computed (kmig migrate's "
-          "default with the dirty bitmap" in out, "rc %r: %r" % (rc, out[-400:]))
+          "default without the dirty ring" in out, "rc %r: %r" % (rc, out[-400:]))
     p = src.qmp().cmd("query-migrate-parameters")
     check("bitmap_params", p.get("x-cpu-throttle-policy") == "computed", repr(p))
 

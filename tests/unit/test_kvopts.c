@@ -48,6 +48,8 @@ static void t_refused(struct t *t)
 	T_CHECK_EQ(t, kvopts__split("--x", "a=1,novalue", record, &s, err, sizeof(err)), -EINVAL);
 	T_CHECK(t, strstr(err, "--x") && strstr(err, "\"novalue\" is not key=value"));
 	T_CHECK_EQ(t, kvopts__split("--x", "=v", record, &s, err, sizeof(err)), -EINVAL);
+	T_CHECK_EQ(t, kvopts__split("--x", ",a=1", record, &s, err, sizeof(err)), -EINVAL);
+	T_CHECK(t, strstr(err, "an empty property") != NULL);
 	/* fn's own error ends it: the pairs after are never seen */
 	memset(s.pairs, 0, sizeof(s.pairs));
 	s.n = 0;

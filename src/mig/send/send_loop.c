@@ -276,7 +276,11 @@ static int64_t sender__round_sync(struct sender *s)
 	bool per_slot = m->params.sync_per_slot, kick_always = m->params.kick_throttled;
 	pthread_mutex_unlock(&m->lock);
 	bool kick = kick_always || (atomic_load(&m->vm->throttle_pct) == 0 && !m->limit_set);
-	unsigned syncs = per_slot ? m->vm->ram.nr_blocks : 1, flags = DIRTY_SYNC_DEFER_CLEAR;
+	/* the idea is the ring's (one harvest serves every memslot); the
+	 * bitmap reads each slot's log anyway */
+	bool ring = dirty__backend(m->vm->dirty) == DIRTY_RING;
+	unsigned syncs = per_slot && ring ? m->vm->ram.nr_blocks : 1;
+	unsigned flags = DIRTY_SYNC_DEFER_CLEAR;
 	int64_t got = 0;
 	for (unsigned i = 0; i < syncs; i++) {
 		int64_t g = dirty__sync(m->vm->dirty, &m->todo, (kick ? DIRTY_SYNC_KICK : 0) | flags);
