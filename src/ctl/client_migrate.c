@@ -9,10 +9,10 @@
  * A pre-copy migration given no convergence option gets one, so that a
  * busy guest's migration ends with the source holding a whole copy until
  * the switchover: dirty-limit at MIGRATE_DEFAULT_LIMIT MB/s per vCPU (at
- * most a sixth of --bandwidth over the vCPUs) where the source tracks with the dirty
- * ring, else the computed throttle (the
- * figures that chose them: docs/usage.md, "kmig migrate").  Post-copy
- * stays opt-in; a pre-copy that goes on round after round suggests it. */
+ * most a sixth of --bandwidth over the vCPUs) where the source tracks
+ * with the dirty ring, else the computed throttle (the figures that chose
+ * them: docs/usage.md, "kmig migrate").  Post-copy stays opt-in; a
+ * pre-copy that goes on round after round suggests it. */
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -250,6 +250,12 @@ static int migrate__default_policy(struct qmp_client *c, struct migrate_opts *o,
 	return 0;
 }
 
+/* dirty-limit, step, computed or none */
+static const char *migrate__policy_name(const struct migrate_opts *o)
+{
+	return o->dirty_limit ? "dirty-limit" : o->policy ? o->policy : "none";
+}
+
 static void migrate__print_policy(const struct migrate_opts *o, FILE *f)
 {
 	if (o->postcopy != PC_OFF && !o->policy && !o->dirty_limit)
@@ -257,7 +263,7 @@ static void migrate__print_policy(const struct migrate_opts *o, FILE *f)
 	if (o->dirty_limit)
 		fprintf(f, "policy: dirty-limit %llu MB/s per vCPU", (unsigned long long)o->dirty_limit);
 	else if (o->policy)
-		fprintf(f, "policy: auto-converge %s", o->policy);
+		fprintf(f, "policy: auto-converge %s", migrate__policy_name(o));
 	else
 		fprintf(f, "policy: none (--auto-converge off)");
 	fprintf(f, "%s\n", !o->by_default ? "" : o->dirty_limit ?
@@ -417,7 +423,7 @@ int client__migrate_main(int argc, char **argv)
 	if (o.json) {
 		if (!o.resume)    /* what this command chose, beside query-migrate's answer */
 			json_object_set_new(q, "x-kmig-migrate", json_pack("{s:s, s:I, s:b}",
-				"policy", o.dirty_limit ? "dirty-limit" : o.policy ? o.policy : "none",
+				"policy", migrate__policy_name(&o),
 				"vcpu-dirty-limit", (json_int_t)o.dirty_limit, "by-default", o.by_default));
 		json_dumpf(q, stdout, JSON_INDENT(2));
 		putchar('\n');
