@@ -59,7 +59,7 @@ run_one() {
 
 pytest_files() {  # one per line
 	local t
-	for t in tests/guest/test_*.py tests/kvm/test_*.py tests/e2e/test_*.py tests/net/test_*.py; do
+	for t in tests/guest/test_*.py tests/kvm/test_*.py tests/e2e/test_*.py tests/net/test_*.py tests/bench/test_*.py; do
 		[ -f "$t" ] || continue
 		[ -n "$filter" ] && [[ "$(basename "$t")" != *"$filter"* ]] && continue
 		echo "$t"

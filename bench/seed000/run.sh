@@ -17,34 +17,10 @@
 # Needs a native /dev/kvm: under emulation the times mean nothing.
 # Results: bench/results/seed000-PART.json and .md, one per part (vCPUs,
 # bandwidth, and the each-off-alone part), each naming its commit.
+# The cells (one round of a part at one stress size each) are defined and
+# run by the resumable suite, bench/suite/run.py: an interrupted run goes
+# on where it stopped, as long as the build is the same.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-REPS=${REPS:-10}
-ONLY=${ONLY:-}
-PY=${PY:-/usr/bin/python3}
-[ -c /dev/kvm ] || { echo "seed000: needs a native /dev/kvm" >&2; exit 1; }
-CAP=${CAP:-300}
-
-part() {  # NAME CPUS BANDWIDTH CONFIGS
-	local name=$1 cpus=$2 bw=$3 configs=$4
-	[ -n "$ONLY" ] && [[ "$name" != *"$ONLY"* ]] && return 0
-	echo "=== seed000 $name ($(date -u +%H:%M:%S))"
-	$PY bench/converge/run.py --memory 4G --cpus "$cpus" --sizes 1024,3072 \
-		--bandwidth "$bw" --downtime 300 --cap "$CAP" --reps "$REPS" --configs "$configs" \
-		--out "bench/results/seed000-$name.json"
-}
-
-# on against off, every backend, QEMU between them (outside load hits both)
-MAIN="kmig-bitmap+seed-all,qemu-bitmap+ac,kmig-bitmap+seed-none"
-MAIN+=",kmig-ring4096+seed-all,qemu-ring4096+ac,kmig-ring4096+seed-none"
-MAIN+=",kmig-ring65536+seed-all,qemu-ring65536+ac,kmig-ring65536+seed-none"
-# each idea off alone, ring 4096
-EACH="kmig-ring4096+seed-all,kmig-ring4096+seed-no1,kmig-ring4096+seed-no2"
-EACH+=",kmig-ring4096+seed-no3,kmig-ring4096+seed-no4,kmig-ring4096+seed-no5"
-
-for cpus in 2 1; do
-	part "cpus$cpus-125MBs" "$cpus" 125000000 "$MAIN"
-	part "cpus$cpus-unlimited" "$cpus" 0 "$MAIN"
-done
-part "each-off-cpus2-125MBs" 2 125000000 "$EACH"
-echo "=== seed000 done ($(date -u +%H:%M:%S))"
+exec /usr/bin/python3 bench/suite/run.py --seed-reps "${REPS:-10}" \
+	--only "^seed000-.*${ONLY:-}" "$@"

@@ -20,7 +20,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -125,7 +124,8 @@ def main():
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help="comma-separated (default all: %s)" % ",".join(CONFIGS))
     ap.add_argument("--tsc-khz", type=int, default=2000000)
-    ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--out", default=RESULTS,
+                    help="a directory (tls.json and tls.md in it) or a .json path (.md beside)")
     args = ap.parse_args()
     names = args.configs.split(",")
     d = tempfile.mkdtemp(prefix="kmig-tls-bench-")
@@ -146,13 +146,14 @@ def main():
                     "status", "mb_per_s", "total_ms", "error")}), flush=True)
         info["loadavg_end"] = mb.loadavg()
         out = {"host": info, "args": vars(args), "runs": rows}
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "tls.json"), "w") as f:
+        jpath = args.out if args.out.endswith(".json") else os.path.join(args.out, "tls.json")
+        os.makedirs(os.path.dirname(os.path.abspath(jpath)), exist_ok=True)
+        with open(jpath, "w") as f:
             json.dump(out, f, indent=1)
         md = table(rows, args.reps, names)
         head = "TLS benchmark at %s, %s, kvm modules %s, %d MiB filled, %d runs each\n\n" % (
             info["git_head"], info["time"], ",".join(info["kvm_modules"]), args.mb, args.reps)
-        with open(os.path.join(args.out, "tls.md"), "w") as f:
+        with open(os.path.splitext(jpath)[0] + ".md", "w") as f:
             f.write(head + md + "\n")
         print(head + md)
     finally:
