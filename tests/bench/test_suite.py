@@ -261,3 +261,51 @@ def test_catalogue_and_plan():
     p = subprocess.run([PY, os.path.join(ROOT, "bench", "suite", "run.py"), "--plan"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "cells, about" in p.stdout, p.stderr
+
+
+def real_results(benchmark):
+    """The committed results of one benchmark with 2 or more rounds."""
+    out = []
+    for f in sorted(os.listdir(os.path.join(ROOT, "bench", "results"))):
+        if not f.endswith(".json"):
+            continue
+        with open(os.path.join(ROOT, "bench", "results", f)) as fh:
+            doc = json.load(fh)
+        if doc.get("benchmark") == benchmark and not doc.get("partial") and \
+                len({r.get("rep") for r in doc.get("runs", [])}) >= 2:
+            out.append((f, doc))
+    return out
+
+
+@pytest.mark.parametrize("benchmark,script", [("converge", "bench/converge/run.py"),
+                                              ("migrate", "bench/migrate/run.py")])
+def test_rounds_retabled_as_one_run(benchmark, script, tmp_path):
+    """A real result split into its rounds, as the suite would have run it,
+    then merged and retabled by the benchmark itself: the same summary as
+    the run that measured all rounds at once."""
+    found = real_results(benchmark)
+    assert found, "no committed %s result of 2+ rounds to check the merge with" % benchmark
+    name, doc = found[0]
+    reps = sorted({r["rep"] for r in doc["runs"]})
+    st = suite.State(str(tmp_path / "state"), "k", {})
+    retable = [PY, os.path.join(ROOT, script), "--retable", "{json}", "--out", "{out}"]
+    cs = []
+    for rep in reps:
+        c = suite.Cell("%s-r%d" % (benchmark, rep), ["true", "{out}"], group=name, round_=rep,
+                       retable=retable)
+        part = json.loads(json.dumps(doc))
+        part["runs"] = [dict(r, rep=0) for r in doc["runs"] if r["rep"] == rep]
+        for k in ("reps", "reps_cheap", "reps_expensive"):
+            if k in part["config"]:
+                part["config"][k] = 1
+        if "args" in part["config"]:
+            part["config"]["args"]["reps"] = 1
+        with open(suite.out_paths(st, c)[0], "w") as f:
+            json.dump(part, f)
+        st.cell(c.name)["status"] = "done"
+        cs.append(c)
+    suite.finish(st, cs, ROOT, str(tmp_path / "res"), log=quiet)
+    with open(tmp_path / "res" / name) as f:
+        merged = json.load(f)
+    assert len(merged["runs"]) == len(doc["runs"])
+    assert merged["summary"] == doc["summary"]
