@@ -71,6 +71,8 @@ struct cfg {
 	u64 corrupt_refill;	/* fill-free: skip one page's write in this generation */
 	u64 verify_precheck;	/* verify: check each page before rewriting it (default 1) */
 	u64 fill_check;		/* fill-free: fill all free memory; hinted pages must come back untouched */
+	u64 fill_random;	/* fill-free: words that do not compress (a 64-bit mix) */
+	u64 touch;		/* 1: a zero, 2: a one written to every free page first */
 	u64 net;		/* 1: bind a virtio-net device */
 	u32 ip;			/* the guest's IPv4 address, host byte order (default 10.77.0.10) */
 	u64 udp_port;		/* the UDP echo responder's port (default 7777) */
@@ -155,6 +157,7 @@ void palloc_mark_hinted(u64 base, u64 len);	/* the balloon hinted this block */
 int palloc_was_hinted(u64 addr);
 int fill_free_intact(u64 page, u64 *word, u64 *got);	/* page still holds fill-free's fill */	/* addr's 2 MiB chunk was wholly hinted since boot */
 int palloc_extents(struct range *out, int max);
+void touch_free(void);
 
 /* virtio-balloon driver (balloon=1), run from cpu 0's loops */
 void balloon_init(void);

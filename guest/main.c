@@ -135,6 +135,8 @@ static void parse_option(char *key)
 	else if (streq(key, "refill_keep")) num = &cfg.refill_keep;
 	else if (streq(key, "corrupt_refill")) num = &cfg.corrupt_refill;
 	else if (streq(key, "fill_check")) num = &cfg.fill_check;
+	else if (streq(key, "fill_random")) num = &cfg.fill_random;
+	else if (streq(key, "touch")) num = &cfg.touch;
 	else if (streq(key, "verify_precheck")) num = &cfg.verify_precheck;
 	else if (streq(key, "net")) num = &cfg.net;
 	else if (streq(key, "udp_port")) num = &cfg.udp_port;
@@ -487,6 +489,8 @@ void poll_exit(int cpu)
 
 static void run_workload(int cpu)
 {
+	if (cfg.touch && cpu == 0)
+		touch_free();
 	switch (cfg.workload) {
 	case WL_STRESS: stress_run(cpu); break;
 	case WL_IDLE: idle_run(cpu); break;

@@ -73,6 +73,27 @@ void stress_run(int cpu)
 	}
 }
 
+/* touch=N, on cpu 0 before its workload: a byte written to every free
+ * page, so the host maps all of the guest's memory (with huge pages where
+ * it can).  touch=1 writes a zero: the pages stay zero (a migration sends
+ * them as zero pages); touch=2 writes a one: they hold data, as memory in
+ * use does, and must be sent.  The pages stay free.  At most the first 64
+ * extents of the allocator (it rarely has more than a few). */
+void touch_free(void)
+{
+	static struct range ext[64];
+	const u8 val = cfg.touch >= 2;
+	u64 t0 = rdtsc(), pages = 0;
+
+	palloc_init();
+	int total = palloc_extents(ext, 64);
+	for (int i = 0; i < total && i < 64; i++)
+		for (u64 a = ext[i].base; a < ext[i].end; a += PAGE_SIZE, pages++)
+			*(volatile u8 *)a = val;
+	kprintf("touch done pages=%lu extents=%d ms=%lu\n", pages, total,
+		cycles_to_ms(rdtsc() - t0));
+}
+
 /* Heartbeats from cpu 0; the other CPUs halt. */
 void idle_run(int cpu)
 {
@@ -107,9 +128,17 @@ void idle_run(int cpu)
 	}
 }
 
+/* The fill: a pattern a compressor shrinks many times over, or with
+ * fill_random words no compressor shrinks (a 64-bit mix of page and word:
+ * still checkable, as the pattern is) */
 static inline u64 fill_word(u64 pg, u64 i)
 {
-	return 0xa5a5a5a5a5a5a5a5ULL ^ pg ^ i;
+	if (!cfg.fill_random)
+		return 0xa5a5a5a5a5a5a5a5ULL ^ pg ^ i;
+	u64 z = (pg << 9 | i) + 0x9e3779b97f4a7c15ULL;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return (z ^ (z >> 31)) | 1;	/* never zero: a zero page is not sent */
 }
 
 /* Words 1..511 of a page fill-free filled (word 0 links the chain). */

@@ -201,6 +201,25 @@ def vm_args(env, vmm, ring, cmdline, memory, cpus, d, name, incoming=None):
     return args
 
 
+PAGE_STATS = ("pages_4k", "pages_2m", "pages_1g")
+
+
+def kvm_pages(vmm, q):
+    """{pages_4k: n, ...} from the source VMM, or {} if it has none."""
+    try:
+        if vmm == "kmig":
+            vm = q.cmd("x-query-kvm-stats").get("vm", {})
+            return {k: vm[k] for k in PAGE_STATS if k in vm}
+        out = {}
+        for prov in q.cmd("query-stats", target="vm") or []:
+            for st in prov.get("stats", []):
+                if st.get("name") in PAGE_STATS:
+                    out[st["name"]] = st.get("value")
+        return out
+    except (KeyError, AttributeError, TypeError, RuntimeError):
+        return {}
+
+
 def free_port():
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:

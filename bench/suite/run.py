@@ -99,11 +99,18 @@ def catalogue(reps, seed_reps):
                           "kmig-bitmap-step,kmig-ring-computed,kmig-ring-dirty-limit,"
                           "qemu-bitmap-step"], 20),
             ("logstart", ["bench/logstart/run.py", "--sizes", "2,8,16"], 15),
+            # seed 003 on big guests: memory touched first (huge pages
+            # mapped), the policies engaged before the cancel or failure
+            ("logstart-touched", ["bench/logstart/run.py", "--sizes", "2,8,16", "--touch"], 20),
+            ("recovery-8g", ["bench/recovery/run.py", "--memory", "8G", "--touch", "--engaged",
+                             "--configs", "kmig-bitmap-step,kmig-ring-computed,"
+                             "kmig-ring-dirty-limit,qemu-bitmap-step,qemu-ring-step"], 45),
             ("free-pages", ["bench/free-pages/run.py"], 25),
             ("free-pages-ioeventfd", ["bench/free-pages/run.py", "--modes", "hints,hints-exits"],
              15),
             ("tls", ["bench/tls/run.py"], 15),
             ("dirty", ["bench/dirty/run.py"], 10),
+            ("cost", ["bench/cost/run.py"], 25),
             ("net-blackout", ["bench/net-blackout/run.py", "--reps", r], 30)]
     for name, argv, est in lone:
         tail = [] if "--reps" in argv else ["--reps", r]

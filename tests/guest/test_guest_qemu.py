@@ -129,6 +129,25 @@ def test_fill_free(d, vms, check, cpus):
           is not None, vm.console.text()[-300:])
 
 
+def test_touch_and_random_fill(d, vms, check):
+    """touch=1 writes every free page before the workload (so the host maps
+    them all), then fill-free with fill_random=1 fills and keeps its pages
+    and the heartbeats follow."""
+    vm = boot(d, vms, "touch", "workload=fill-free mb=32 touch=1 fill_random=1 report_ms=200",
+              memory="256M")
+    if not ready(check, vm, 1):
+        return
+    m = vm.console.wait(r"touch done pages=(\d+) extents=(\d+) ms=(\d+)", timeout=kt.slow(20),
+                        proc=vm.proc)
+    # 256 MiB less the guest's image and tables: most of it is free
+    check("touched", m is not None and 32768 < int(m.group(1)) < 65536,
+          vm.console.text()[-300:])
+    f = vm.console.wait(r"fill-free done mb=(\d+)", timeout=kt.slow(20), proc=vm.proc)
+    check("filled", f is not None and f.group(1) == "32", vm.console.text()[-300:])
+    check("heartbeat", vm.console.wait(r"heartbeat t_ms=", timeout=kt.slow(5), proc=vm.proc)
+          is not None, vm.console.text()[-300:])
+
+
 def _verify_rounds(cpus):
     """until() for collect: every cpu has two verify ok rounds."""
     def until(text):
