@@ -116,8 +116,11 @@ struct postcopy_src {
 int postcopy_src__init(struct postcopy_src *q, struct mig_stream *s, const struct ram *ram) KMIG_MUST_CHECK;
 /* Starts the return-path reader. */
 int postcopy_src__start(struct postcopy_src *q) KMIG_MUST_CHECK;
-/* Waits up to timeout_ms for a request or an outcome (0 at once). */
+/* Waits up to timeout_ms for a request or an outcome (0 at once: one
+ * that came since the last scan of wanted ends the wait at once too). */
 void postcopy_src__wait(struct postcopy_src *q, int timeout_ms);
+/* The same in ns: the pacing of the background push. */
+void postcopy_src__wait_ns(struct postcopy_src *q, uint64_t timeout_ns);
 /* Joins the reader (after the stream was closed or shut down, or once
  * outcome is set) and frees. */
 void postcopy_src__free(struct postcopy_src *q);

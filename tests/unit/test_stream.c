@@ -1,6 +1,7 @@
 /* Unit tests of the migration stream over socketpairs and local sockets. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,6 +222,79 @@ static void t_rate_limit(struct t *t)
 	T_CHECK_EQ(t, x.ret, 0);
 	T_CHECK_EQ(t, mig_stream__bytes_in(&b), 2 * len);
 	free(dst);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+}
+
+/* Writes len zero bytes and flushes them, urgently or not; ns taken. */
+static uint64_t timed_send(struct t *t, struct mig_stream *s, size_t len, bool urgent)
+{
+	uint8_t *p = calloc(1, len);
+	uint64_t t0 = time__now_ns();
+	mig_stream__set_urgent(s, urgent);
+	T_CHECK_EQ(t, mig_stream__write(s, p, len), 0);
+	T_CHECK_EQ(t, mig_stream__flush(s), 0);
+	mig_stream__set_urgent(s, false);
+	uint64_t ns = time__now_ns() - t0;
+	free(p);
+	return ns;
+}
+
+/* When (time__now_ns()) a normal write may go, by mig_stream__due_ns. */
+static int64_t due_at(struct mig_stream *s)
+{
+	uint64_t now = time__now_ns();
+	return (int64_t)(now + mig_stream__due_ns(s));
+}
+
+#define MS 1000000ll
+
+/* Urgent bytes skip the limiter's wait but are charged to it: the normal
+ * writes after them wait that much longer, and due_ns says how long. */
+static void t_rate_urgent(struct t *t)
+{
+	struct mig_stream a, b;
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	size_t total = (64u << 10) + (16u << 10) + (4u << 10) + (64u << 10);
+	struct drain d = { &b, total, malloc(total), -1 };
+	pthread_t th;
+	pthread_create(&th, NULL, drain_thread, &d);
+	T_CHECK_EQ(t, mig_stream__due_ns(&a), 0);              /* no rate */
+	T_CHECK(t, mig_stream__slice_bytes(&a) == SIZE_MAX);
+	mig_stream__set_rate(&a, 64u << 10);
+	T_CHECK_EQ(t, mig_stream__due_ns(&a), 0);              /* nothing sent yet */
+	T_CHECK_EQ(t, mig_stream__slice_bytes(&a), 8192);
+
+	/* 1 s worth at 64 KiB/s goes at once, and the next normal write is
+	 * due 1 s on (less the 20 ms of idle time credited) */
+	uint64_t ns = timed_send(t, &a, 64u << 10, true);
+	uint64_t due = mig_stream__due_ns(&a);
+	printf("# urgent 64 KiB at 64 KiB/s: %.1f ms, then due in %.0f ms\n", ns / 1e6, due / 1e6);
+	T_CHECK(t, ns < 100 * MS);
+	T_CHECK(t, due > 800 * MS && due <= 1000 * MS);
+
+	/* while the clock is ahead: 16 KiB at once, charged 250 ms */
+	int64_t at0 = due_at(&a);
+	ns = timed_send(t, &a, 16u << 10, true);
+	int64_t at1 = due_at(&a);
+	printf("# urgent 16 KiB: %.1f ms, due %.0f ms later\n", ns / 1e6, (at1 - at0) / 1e6);
+	T_CHECK(t, ns < 100 * MS);
+	T_CHECK(t, at1 - at0 > 200 * MS && at1 - at0 < 300 * MS);
+
+	/* a normal write waits for all of it */
+	int64_t wait = at1 - (int64_t)time__now_ns();
+	ns = timed_send(t, &a, 4u << 10, false);
+	printf("# normal 4 KiB after them: %.0f ms (due in %.0f ms)\n", ns / 1e6, wait / 1e6);
+	T_CHECK(t, wait > 900 * MS && (int64_t)ns + 20 * MS >= wait);
+
+	/* and normal writes are paced as before: 64 KiB take 1 s (less the
+	 * first 8 KiB slice's wait, which follows the 4 KiB just sent) */
+	ns = timed_send(t, &a, 64u << 10, false);
+	printf("# normal 64 KiB: %.0f ms\n", ns / 1e6);
+	T_CHECK(t, ns >= 900 * MS);
+	pthread_join(th, NULL);
+	T_CHECK_EQ(t, d.ret, 0);
+	free(d.buf);
 	mig_stream__close(&a);
 	mig_stream__close(&b);
 }
@@ -481,6 +555,7 @@ int main(void)
 	T_RUN(&t, t_eof_mid_record);
 	T_RUN(&t, t_bad_headers);
 	T_RUN(&t, t_rate_limit);
+	T_RUN(&t, t_rate_urgent);
 	T_RUN(&t, t_shutdown);
 	T_RUN(&t, t_uri);
 	T_RUN(&t, t_listen_connect);

@@ -109,7 +109,12 @@ int postcopy_src__start(struct postcopy_src *q)
 
 void postcopy_src__wait(struct postcopy_src *q, int timeout_ms)
 {
-	struct timespec ts = time__deadline((uint64_t)timeout_ms * 1000000ull);
+	postcopy_src__wait_ns(q, (uint64_t)timeout_ms * 1000000ull);
+}
+
+void postcopy_src__wait_ns(struct postcopy_src *q, uint64_t timeout_ns)
+{
+	struct timespec ts = time__deadline(timeout_ns);
 	pthread_mutex_lock(&q->lock);
 	if (!atomic_load(&q->outcome) && !atomic_load(&q->asked))
 		pthread_cond_timedwait(&q->cond, &q->lock, &ts);

@@ -16,8 +16,15 @@
 
 /* pages pushed between two looks at the destination's requests: 64 KiB,
  * 0.5 ms of a 125 MB/s link, is what a request waits at most behind the
- * push (64 pages made it 2 ms: a median request latency of 1.8 ms) */
+ * push (64 pages made it 2 ms: a median request latency of 1.8 ms).  With
+ * max-postcopy-bandwidth the push waits for its turn where a request
+ * wakes it (pc__send_rest), never inside the stream. */
 #define PC_PUSH_PAGES 16
+/* what a push's records take besides its pages' bytes: their headers and
+ * offsets (8 bytes a page) */
+#define PC_PUSH_SLACK 1024
+/* the longest wait for the push's turn before looking at the rate again */
+#define PC_PUSH_WAIT_NS 50000000ull
 /* how long the source waits for RP_RUNNING, and for RP_OK after END */
 #define PC_RUNNING_WAIT_MS 10000
 
@@ -84,16 +91,14 @@ static int pc__send(struct sender *s, size_t p)
 	return sender__send_page(s, p);
 }
 
-/* Sends what the destination asked for, and moves the push to follow the
- * last page asked for (a guest that faults on a page tends to touch the
- * next ones).  A page already sent since the switch is on its way: the
+/* Queues what the destination asked for, and moves the push to follow
+ * the last page asked for (a guest that faults on a page tends to touch
+ * the next ones).  A page already sent since the switch is on its way: the
  * destination asked before it arrived, and it is not sent twice.  Returns
- * pages sent or -errno. */
-static int pc__serve(struct sender *s, struct postcopy_src *q, size_t *cursor)
+ * pages queued or -errno. */
+static int pc__queue_wanted(struct sender *s, struct postcopy_src *q, size_t *cursor)
 {
 	int n = 0;
-	if (!atomic_exchange(&q->asked, false))
-		return 0;    /* nothing asked since the last scan */
 	for (size_t p = bitmap__next_set(&q->wanted, 0); p < q->wanted.nbits;
 	     p = bitmap__next_set(&q->wanted, p + 1)) {
 		bitmap__clear_bit(&q->wanted, p);
@@ -111,7 +116,33 @@ static int pc__serve(struct sender *s, struct postcopy_src *q, size_t *cursor)
 			return rc;
 		n++;
 	}
-	return pc__flushed(s, n);
+	return n;
+}
+
+/* Sends what the destination asked for at once: a vCPU there waits for
+ * it.  The bytes skip the rate limiter's wait and are charged to it (the
+ * push after them waits longer), so max-postcopy-bandwidth holds on
+ * average.  Returns pages sent or -errno. */
+static int pc__serve(struct sender *s, struct postcopy_src *q, size_t *cursor)
+{
+	if (!atomic_exchange(&q->asked, false))
+		return 0;    /* nothing asked since the last scan */
+	mig_stream__set_urgent(s->stream, true);
+	int n = pc__queue_wanted(s, q, cursor);
+	n = n < 0 ? n : pc__flushed(s, n);
+	mig_stream__set_urgent(s->stream, false);
+	return n;
+}
+
+/* Pages of one push: PC_PUSH_PAGES, or as many as go in one slice of the
+ * rate limit (at least one), so the push's flush never waits inside the
+ * stream, where a request could not wake it. */
+static int pc__push_pages(struct sender *s)
+{
+	size_t slice = mig_stream__slice_bytes(s->stream);
+	size_t n = slice >= PC_PUSH_SLACK + RAM_PAGE_SIZE ?
+		   (slice - PC_PUSH_SLACK) / RAM_PAGE_SIZE : 1;
+	return n < PC_PUSH_PAGES ? (int)n : PC_PUSH_PAGES;
 }
 
 /* The next pages of todo from *cursor, round to the start once at the
@@ -119,11 +150,11 @@ static int pc__serve(struct sender *s, struct postcopy_src *q, size_t *cursor)
 static int pc__push(struct sender *s, size_t *cursor)
 {
 	struct bitmap *todo = &s->m->todo;
-	int n = 0;
+	int n = 0, most = pc__push_pages(s);
 	size_t p = *cursor < todo->nbits ? *cursor : 0;
 	if (bitmap__next_set(todo, p) >= todo->nbits)
 		p = 0;
-	while (n < PC_PUSH_PAGES && (p = bitmap__next_set(todo, p)) < todo->nbits) {
+	while (n < most && (p = bitmap__next_set(todo, p)) < todo->nbits) {
 		if (p == s->pc_skip || mig_fault__skip(&s->fault, p)) {
 			bitmap__clear_bit(todo, p);
 			s->pc_skip = p++;   /* never sent, asked for or not */
@@ -150,7 +181,10 @@ static int pc__outcome(struct sender *s, struct postcopy_src *q)
 	return o;
 }
 
-/* Until every page is out: requests first, then the background push. */
+/* Until every page is out: requests first, then the background push.
+ * With a rate limit the push waits for its turn (mig_stream__due_ns) on
+ * the return path's condition: a request that comes meanwhile is served
+ * at once, not after the wait. */
 static int pc__send_rest(struct sender *s, struct postcopy_src *q)
 {
 	size_t cursor = 0;
@@ -161,17 +195,19 @@ static int pc__send_rest(struct sender *s, struct postcopy_src *q)
 			rc = -EPROTO;   /* RP_OK before END */
 		if (rc)
 			return rc;
-		int served = pc__serve(s, q, &cursor);
+		int served = pc__serve(s, q, &cursor), pushed = 0;
 		if (served < 0)
 			return served;
-		int pushed = pc__push(s, &cursor);
-		if (pushed < 0)
+		uint64_t due = mig_stream__due_ns(s->stream);
+		if (due)
+			postcopy_src__wait_ns(q, due < PC_PUSH_WAIT_NS ? due : PC_PUSH_WAIT_NS);
+		else if ((pushed = pc__push(s, &cursor)) < 0)
 			return pushed;
 		if (time__now_ms() - last_stats >= SENDER_POLL_MS) {
 			pc__stats(s, q);
 			last_stats = time__now_ms();
 		}
-		if (!served && !pushed)
+		if (!due && !served && !pushed)
 			return 0;
 	}
 }

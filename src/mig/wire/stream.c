@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -18,7 +19,8 @@
 #include "base/timeutil.h"
 
 #define STREAM_BURST_NS   20000000ull   /* idle time credited: 20 ms of sending */
-#define STREAM_MIN_CHUNK  4096ull       /* smallest send at low rates */
+#define STREAM_SLICE_NS   20000000ull   /* a normal send goes in slices of 20 ms */
+#define STREAM_MIN_CHUNK  8192ull       /* smallest slice: a page and its record header */
 #define STREAM_MAX_SLEEP  50000000ull   /* re-check rate/shutdown every 50 ms */
 
 int mig_stream__init(struct mig_stream *s, int fd)
@@ -147,33 +149,85 @@ int mig_stream__set_nodelay(struct mig_stream *s, bool on)
 	return errno == EOPNOTSUPP || errno == ENOPROTOOPT ? 0 : -errno;
 }
 
-/* Rate limiter: a virtual clock (s->rate_clock_ns) advances by the send
- * time of every chunk at the configured rate; the caller sleeps until the
- * clock has caught up.  Idle time is credited up to STREAM_BURST_NS, so the
- * time a migration spends syncing or scanning between sends is not lost
- * bandwidth, without allowing long bursts.  Returns how many of `want`
- * bytes to send now. */
-static size_t stream__throttle(struct mig_stream *s, size_t want)
+/* Rate limiter: a virtual clock (s->rate_clock_ns) says when the bytes
+ * sent so far are due at the configured rate.  A normal send waits until
+ * the clock has caught up with now, then goes (at most one slice of
+ * STREAM_SLICE_NS) and moves the clock on by its own send time; an urgent
+ * send (mig_stream__set_urgent) goes at once and moves the clock all the
+ * same, so the sends after it wait for it.  Idle time is credited up to
+ * STREAM_BURST_NS, so the time a migration spends syncing or scanning
+ * between sends is not lost bandwidth, without allowing long bursts. */
+
+static bool stream__limited(struct mig_stream *s, uint64_t *rate)
 {
-	uint64_t rate = atomic_load_explicit(&s->rate, memory_order_relaxed);
-	if (!rate || atomic_load(&s->shut))
-		return want;
-	uint64_t chunk = rate / 50 > STREAM_MIN_CHUNK ? rate / 50 : STREAM_MIN_CHUNK;
-	size_t n = want < chunk ? want : (size_t)chunk;
+	*rate = atomic_load_explicit(&s->rate, memory_order_relaxed);
+	return *rate && !atomic_load(&s->shut);
+}
+
+static size_t stream__slice(uint64_t rate)
+{
+	uint64_t n = rate * STREAM_SLICE_NS / 1000000000ull;
+	return n > STREAM_MIN_CHUNK ? (size_t)n : (size_t)STREAM_MIN_CHUNK;
+}
+
+/* Sleeps until the bytes sent so far are due (or the limit is lifted, or
+ * the stream shut down), in steps of STREAM_MAX_SLEEP that look again. */
+static void stream__wait_due(struct mig_stream *s)
+{
+	uint64_t rate;
+	for (uint64_t now = time__now_ns(); s->rate_clock_ns > now; now = time__now_ns()) {
+		uint64_t wait = s->rate_clock_ns - now;
+		time__sleep_ns(wait < STREAM_MAX_SLEEP ? wait : STREAM_MAX_SLEEP);
+		if (!stream__limited(s, &rate))
+			return;
+	}
+}
+
+/* Moves the clock on by the send time of n bytes at rate. */
+static void stream__charge(struct mig_stream *s, size_t n, uint64_t rate)
+{
 	uint64_t now = time__now_ns();
 	uint64_t floor = now > STREAM_BURST_NS ? now - STREAM_BURST_NS : 0;
 	if (s->rate_clock_ns < floor)
 		s->rate_clock_ns = floor;
 	s->rate_clock_ns += (uint64_t)n * 1000000000ull / rate;
-	while (s->rate_clock_ns > now) {
-		uint64_t wait = s->rate_clock_ns - now;
-		time__sleep_ns(wait < STREAM_MAX_SLEEP ? wait : STREAM_MAX_SLEEP);
-		rate = atomic_load_explicit(&s->rate, memory_order_relaxed);
-		if (!rate || atomic_load(&s->shut))
-			break;
-		now = time__now_ns();
+}
+
+/* Waits as the limit wants and charges the clock; returns how many of
+ * `want` bytes to send now (all of them when urgent or unlimited). */
+static size_t stream__throttle(struct mig_stream *s, size_t want)
+{
+	uint64_t rate;
+	if (!stream__limited(s, &rate))
+		return want;
+	if (!s->urgent) {
+		stream__wait_due(s);
+		if (!stream__limited(s, &rate))
+			return want;
+		size_t slice = stream__slice(rate);
+		want = want < slice ? want : slice;
 	}
-	return n;
+	stream__charge(s, want, rate);
+	return want;
+}
+
+void mig_stream__set_urgent(struct mig_stream *s, bool on)
+{
+	s->urgent = on;
+}
+
+uint64_t mig_stream__due_ns(struct mig_stream *s)
+{
+	uint64_t rate, now = time__now_ns();
+	if (!stream__limited(s, &rate) || s->rate_clock_ns <= now)
+		return 0;
+	return s->rate_clock_ns - now;
+}
+
+size_t mig_stream__slice_bytes(struct mig_stream *s)
+{
+	uint64_t rate;
+	return stream__limited(s, &rate) ? stream__slice(rate) : SIZE_MAX;
 }
 
 /* A failed TLS record call: the stream's own error if the transport set

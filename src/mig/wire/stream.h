@@ -21,7 +21,7 @@
  * (GnuTLS allows one sender and one receiver per session; tls.h's
  * sessions never update their keys and refuse the peer's key updates,
  * whose handling in a read touches the writer's key state too).
- * set_rate, shutdown, error,
+ * set_rate, slice_bytes, shutdown, error,
  * strerror and the byte counters may be called from any thread.
  * init/close must not race with anything.
  */
@@ -52,6 +52,7 @@ struct mig_stream {
 	size_t wlen;
 	_Atomic uint64_t rate;          /* bytes per second, 0 = unlimited */
 	uint64_t rate_clock_ns;         /* rate limiter: when the bytes sent so far are due */
+	bool urgent;                    /* sends skip the limiter's wait (still charged) */
 	/* reader side */
 	uint8_t *rbuf;
 	size_t rpos, rlen;
@@ -114,10 +115,28 @@ int mig_stream__reply(struct mig_stream *s, const void *buf, size_t len) KMIG_MU
 int mig_stream__get_record(struct mig_stream *s, struct proto_hdr *hdr, void *buf,
 			   size_t cap) KMIG_MUST_CHECK;
 
-/* Send rate limit in bytes per second (0 = unlimited).  Token bucket in
- * 20 ms slices; takes effect within one slice. */
+/* Send rate limit in bytes per second (0 = unlimited).  A virtual clock
+ * says when the bytes sent so far are due at the rate: a send waits until
+ * then and goes in slices of 20 ms of sending (at least 8 KiB), each
+ * moving the clock on; idle time is credited up to 20 ms.  A new rate
+ * takes effect within 50 ms. */
 void mig_stream__set_rate(struct mig_stream *s, uint64_t bytes_per_sec);
 uint64_t mig_stream__rate(struct mig_stream *s);
+/* Urgent sending, for bytes someone is waiting for (a page a post-copy
+ * destination asked for): while on, every send of s (a flush, a write that
+ * fills the buffer) goes at once, without the limiter's wait and without
+ * slicing, and is charged to the clock all the same, so the normal sends
+ * after it wait that much longer and the average stays within the rate.
+ * Writer thread only; turn it off again after the urgent bytes are
+ * flushed. */
+void mig_stream__set_urgent(struct mig_stream *s, bool on);
+/* ns until a normal send may go without waiting: 0 when the bytes sent so
+ * far are due, without a rate, or after shutdown.  For a writer that does
+ * its waiting where something else can wake it.  Writer thread only. */
+uint64_t mig_stream__due_ns(struct mig_stream *s);
+/* The most a normal send sends after its wait (more waits again between
+ * slices); SIZE_MAX without a rate.  Any thread. */
+size_t mig_stream__slice_bytes(struct mig_stream *s);
 /* Aborts the stream from any thread: shutdown(SHUT_RDWR) so a blocked
  * read or write returns; the sticky error becomes -ECANCELED.  On a
  * non-socket fd (pipe, file) only the error is set: a call blocked in the
