@@ -17,6 +17,8 @@ Writes bench/results/converge.json and bench/results/converge.md (also
 printed).  Never asserts.
 """
 import argparse
+import atexit
+import contextlib
 import importlib.util
 import json
 import os
@@ -72,6 +74,9 @@ CONFIGS = {
     # earliest switch a user of either VMM can ask for
     "kmig-ring4096+postcopy-start": ("kmig", 4096, "postcopy-start"),
     "qemu-ring4096+postcopy-start": ("qemu", 4096, "postcopy-start"),
+    # QEMU 7.2 with its postcopy-preempt capability (off by default): the
+    # pages asked for on a channel of their own
+    "qemu-ring4096+postcopy-preempt": ("qemu", 4096, "postcopy-preempt"),
 }
 # seed 000's five ideas (docs/policies.md): all on, all off, each off alone
 # (bench/seed000 runs them against QEMU's auto-converge)
@@ -82,7 +87,7 @@ SEED_OFF = {  # policy: the ideas it turns off
 for _ring, _name in ((0, "bitmap"), (4096, "ring4096"), (65536, "ring65536")):
     for _pol in SEED_OFF:
         CONFIGS["kmig-%s+%s" % (_name, _pol)] = ("kmig", _ring, _pol)
-POSTCOPY = ("postcopy", "postcopy-start", "hybrid")
+POSTCOPY = ("postcopy", "postcopy-start", "hybrid", "postcopy-preempt")
 # run order: QEMU rows spread among kmig rows, so outside load hits both alike
 FULL_CONFIGS = ["kmig-bitmap+step", "qemu-bitmap+ac", "kmig-bitmap+computed",
                 "kmig-ring4096+step", "qemu-ring4096+ac", "kmig-ring4096+computed",
@@ -106,6 +111,9 @@ POLICY_TEXT = {
     "postcopy-start": "postcopy-ram on both sides, migrate-start-postcopy at the first "
                       "poll that finds the migration active (the earliest a user can ask), "
                       "max-postcopy-bandwidth = max-bandwidth, no auto-converge",
+    "postcopy-preempt": "as postcopy (migrate-start-postcopy once the bulk pass is over), "
+                        "with QEMU 7.2's postcopy-preempt capability on both sides: the pages "
+                        "asked for go on a channel of their own",
     "hybrid": "postcopy-ram on both sides and x-postcopy-auto (x-postcopy-early on, the "
               "default): kmig switches by itself (policies.md \"Hybrid\"), "
               "max-postcopy-bandwidth = max-bandwidth, "
@@ -223,6 +231,11 @@ def slowdown(seen, t_start, t_end):
 
 # ------------------------------------------------------------ one migration
 
+def in_ns(net, side, args):
+    """args run in host A's or B's namespace of scripts/two-hosts (--rtt-ms)."""
+    return ["ip", "netns", "exec", net[side]] + args if net else args
+
+
 def one_case(env, d, size, cfg, rep, a):
     vmm, ring, policy = CONFIGS[cfg]
     cmdline = "workload=stress cpus=%d mb=%d report_ms=%d" % (a.cpus, size, REPORT_MS)
@@ -231,17 +244,19 @@ def one_case(env, d, size, cfg, rep, a):
     tag = re.sub(r"[^A-Za-z0-9]+", "-", "s%d-%s-%d" % (size, cfg, rep))
     sub = os.path.join(d, tag)
     os.mkdir(sub)
-    uri = "tcp:127.0.0.1:%d" % mb.free_port()
+    net = env.get("net")    # --rtt-ms: source on host A, destination on host B
+    uri = "tcp:%s:%d" % (net["KMIG_NET_B"] if net else "127.0.0.1", mb.free_port())
     res = {"stress_mib": size, "config": cfg, "rep": rep, "vmm": vmm, "dirty_ring": ring,
            "tracking": TRACKING.get(ring, "ring %d" % ring), "policy": policy,
            "cpus": a.cpus, "memory": a.memory, "guest_cmdline": cmdline, "loadavg": mb.loadavg()}
     seed = seed_settings(policy)
     reaper = seed["reaper"] if seed else a.reaper
     res = dict(res, reaper=reaper if vmm == "kmig" and ring else None)
-    src = mb.Proc(sub, "src", vm_args(env, vmm, ring, cmdline, a.cpus, sub, "src", reaper,
-                                      memory=a.memory))
-    dst = mb.Proc(sub, "dst", vm_args(env, vmm, ring, cmdline, a.cpus, sub, "dst", reaper,
-                                      incoming=uri, memory=a.memory))
+    src = mb.Proc(sub, "src", in_ns(net, "a", vm_args(env, vmm, ring, cmdline, a.cpus, sub,
+                                                      "src", reaper, memory=a.memory)))
+    dst = mb.Proc(sub, "dst", in_ns(net, "b", vm_args(env, vmm, ring, cmdline, a.cpus, sub,
+                                                      "dst", reaper, incoming=uri,
+                                                      memory=a.memory)))
     try:
         # settled: a.settle_lines stress reports from every vCPU
         deadline = time.monotonic() + 90
@@ -271,6 +286,9 @@ def one_case(env, d, size, cfg, rep, a):
             # both destinations measure how long their vCPUs waited for pages
             dcaps = [{"capability": "postcopy-ram", "state": True},
                      {"capability": "postcopy-blocktime", "state": True}]
+            if policy == "postcopy-preempt":
+                caps["postcopy-preempt"] = True
+                dcaps.append({"capability": "postcopy-preempt", "state": True})
             dst.qmp().cmd("migrate-set-capabilities", capabilities=dcaps)
             if policy == "hybrid":
                 caps["x-postcopy-auto"] = True
@@ -308,7 +326,8 @@ def one_case(env, d, size, cfg, rep, a):
             r = q.cmd("query-migrate")
             samples += 1
             ram = r.get("ram", {})
-            if policy == "postcopy" and not pc_asked and ram.get("dirty-sync-count", 0) >= (
+            if policy in ("postcopy", "postcopy-preempt") and not pc_asked and \
+                    ram.get("dirty-sync-count", 0) >= (
                     1 if vmm == "kmig" else 2):
                 q.cmd("migrate-start-postcopy")
                 pc_asked = True
@@ -387,6 +406,7 @@ def one_case(env, d, size, cfg, rep, a):
                 res["dst_query_final"] = dq
                 res["postcopy_dst"] = dq.get("x-postcopy")
                 res["postcopy_blocktime_ms"] = dq.get("postcopy-blocktime")
+                res["postcopy_vcpu_blocktime_ms"] = dq.get("postcopy-vcpu-blocktime")
             except (OSError, EOFError, RuntimeError) as e:
                 res["dst_query_error"] = repr(e)
             res["postcopy_requests"] = last.get("ram", {}).get("postcopy-requests")
@@ -471,6 +491,10 @@ def summarize(runs, cap):
             s["median_latency_p50_us"] = med(x.get("latency-p50-us") for x in pd)
             s["median_latency_p99_us"] = med(x.get("latency-p99-us") for x in pd)
             s["median_postcopy_blocktime_ms"] = med(r.get("postcopy_blocktime_ms") for r in conv)
+            # QEMU's postcopy-vcpu-blocktime: one figure per vCPU; their sum
+            s["median_postcopy_vcpu_blocktime_ms"] = med(
+                sum(r["postcopy_vcpu_blocktime_ms"]) for r in conv
+                if isinstance(r.get("postcopy_vcpu_blocktime_ms"), list))
         out.append(s)
     return out
 
@@ -484,10 +508,11 @@ def postcopy_table(summary):
     lines = ["", "Post-copy beside kmig's best pre-copy (medians):", "",
              "| stress | config | status | total (s) | switch at (s) | downtime (ms) | "
              "s below ½ pace | worst max ms/GiB | requests | request latency p50 / p99 (µs) "
-             "| blocktime (ms) | sent (MiB) | after switch (MiB) | runs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| blocktime (ms) | vCPU blocktime (ms) | sent (MiB) | after switch (MiB) | runs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in rows:
-        lines.append("| %d MiB | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s | %s | %s | %d |" % (
+        lines.append("| %d MiB | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s | %s | %s | "
+                     "%s | %d |" % (
             s["stress_mib"], s["config"], status_text(s, 0),
             fmt(s["time_s"], "≥%.0f" if s["time_is_lower_bound"] else "%.1f"),
             fmt(s.get("median_postcopy_active_s"), "%.1f"), fmt(s["median_downtime_ms"], "%d"),
@@ -495,6 +520,7 @@ def postcopy_table(summary):
             fmt(s.get("median_postcopy_requests"), "%d"),
             fmt(s.get("median_latency_p50_us"), "%d"), fmt(s.get("median_latency_p99_us"), "%d"),
             fmt(s.get("median_postcopy_blocktime_ms"), "%d"),
+            fmt(s.get("median_postcopy_vcpu_blocktime_ms"), "%d"),
             fmt(s["median_sent_bytes"] and s["median_sent_bytes"] / MIB, "%.0f"),
             fmt(s.get("median_postcopy_bytes") and s["median_postcopy_bytes"] / MIB, "%.0f"),
             s["runs"]))
@@ -752,6 +778,10 @@ def main():
                     help="kmig x-final-round: policy = off for step rows (like-for-like), "
                          "on for the others")
     ap.add_argument("--tsc-khz", type=int, default=0)
+    ap.add_argument("--rtt-ms", type=int, default=0,
+                    help="run the source on host A and the destination on host B of "
+                         "scripts/two-hosts, whose wire adds this round-trip time (a relay: "
+                         "no netem here); 0: both on loopback")
     ap.add_argument("--build", default=os.path.join(ROOT, os.environ.get("KMIG_BUILD", "build")),
                     help="directory with kmig and guest/kmig-guest.elf")
     ap.add_argument("--keep", action="store_true", help="keep the per-case directories")
@@ -792,6 +822,13 @@ def main():
     kmig, guest, bins = snapshot_binaries(d, a.build)
     env = {"kmig": kmig, "guest": guest}
     env["tsc_khz"] = a.tsc_khz or mb.calibrate_tsc(env, d)
+    if a.rtt_ms:
+        # the migration crosses scripts/two-hosts' wire, whose relay adds
+        # the round-trip time; torn down when this process exits
+        import twohosts
+        stack = contextlib.ExitStack()
+        atexit.register(stack.close)
+        env["net"] = stack.enter_context(twohosts.topology(extra=["--rtt-ms", str(a.rtt_ms)]))
     print("nproc %d, load %s, tsc_khz %s, vcpu dirty limit %d MB/s, %d case(s) x %d rep(s)" % (
         info["nproc"], " ".join("%.2f" % x for x in info["loadavg_start"]), env["tsc_khz"],
         dirty_limit_mbps(a), len(cases), a.reps), flush=True)
@@ -836,6 +873,7 @@ def write(a, md_path, info, bins, env, runs, partial):
            "stress_report_ms": REPORT_MS, "settle_lines": a.settle_lines, "poll_s": a.poll,
            "kmig_reaper": a.reaper, "vcpu_dirty_limit_mbps": dirty_limit_mbps(a),
            "x_vcpu_dirty_limit_period_ms": a.dirty_limit_period,
+           "rtt_ms": getattr(a, "rtt_ms", 0),
            "qemu_args": "-accel kvm[,dirty-ring-size=N] -nodefaults -nographic -machine pc "
                         "(default cpu model) -bios qboot.rom when installed -monitor none",
            "configs": {k: {"vmm": v[0], "dirty_ring": v[1], "policy": v[2],

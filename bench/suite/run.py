@@ -61,6 +61,7 @@ SEED_MAIN = ",".join("kmig-%s+seed-all,qemu-%s+ac,kmig-%s+seed-none" % (b, b, b)
 SEED_EACH = ",".join("kmig-ring4096+seed-%s" % x
                      for x in ("all", "no1", "no2", "no3", "no4", "no5"))
 PUSH = "kmig-ring4096+postcopy,qemu-ring4096+postcopy"
+PC_RTT = "kmig-ring4096+postcopy,qemu-ring4096+postcopy,qemu-ring4096+postcopy-preempt"
 
 
 def rounds(name, group, argv, sizes, reps, est, retable=RETABLE_CONVERGE):
@@ -93,6 +94,10 @@ def catalogue(reps, seed_reps):
             group="migrate.json", round_=rep, retable=RETABLE_MIGRATE, est_min=12))
     cells += rounds("postcopy", "postcopy.json", ["bench/postcopy/run.py"], (256, 512, 1536),
                     reps, 12)
+    for rtt in (1, 10):     # post-copy behind a link that adds round-trip time
+        cells += rounds("postcopy-rtt%dms" % rtt, "postcopy-rtt%dms.json" % rtt,
+                        ["bench/postcopy/run.py", "--rtt-ms", str(rtt), "--configs", PC_RTT],
+                        (512,), reps, 6)
     cells += rounds("postcopy-push", "postcopy-push.json",
                     CONVERGE + ["--cap", "120", "--configs", PUSH], (512, 1536), reps, 5)
     lone = [("recovery", ["bench/recovery/run.py", "--configs",
