@@ -116,7 +116,8 @@ def catalogue(reps, seed_reps):
             ("tls", ["bench/tls/run.py"], 15),
             ("dirty", ["bench/dirty/run.py"], 10),
             ("cost", ["bench/cost/run.py"], 25),
-            ("net-blackout", ["bench/net-blackout/run.py", "--reps", r], 30)]
+            ("net-blackout", ["bench/net-blackout/run.py", "--reps", r], 30),
+            ("disk", ["bench/disk/run.py"], 30)]
     for name, argv, est in lone:
         tail = [] if "--reps" in argv else ["--reps", r]
         cells.append(suite.Cell(name, [PY] + argv + tail + ["--out", "{out}"],
