@@ -101,7 +101,7 @@ CONFIGS = {
 WORKLOADS = "idle,write-4,write-16,write-64"
 REPORT_RX = re.compile(r"^disk (ok|bad) round=(\d+) blocks=(\d+) writes=(\d+) flushes=\d+ "
                        r"max_lat_us=(\d+) errors=(\d+)")
-LOSS_RX = re.compile(r"^(disk BAD|disk error|disk bad|verify BAD)")
+LOSS_RX = re.compile(r"^(disk BAD|disk error|disk bad|verify BAD|blk error)")
 
 
 def rate_of(wl):
@@ -285,13 +285,18 @@ def migrate(env, src, dst, vmm, route, h, uri, run, a):
     if route == "mirror" and not mirror_ready(src, dst, h, run, a, t0):
         return t0, None, {}
     q.cmd("migrate", uri=uri)
-    r, done = {}, None
+    r, done, disk = {}, None, None
     while time.monotonic() - t0 < a.cap:
         r = q.cmd("query-migrate")
+        disk = r.get("disk", disk)
         if r.get("status") in kt.MIG_FINAL:
             done = time.monotonic()
             break
         mig.poll_consoles((src, dst), 0.1)
+    if disk and "disk" not in r:
+        # QEMU shows `disk` only while the block migration is active: its
+        # last poll, at most 0.1 s before the end
+        r["disk"] = dict(disk, **{"x-bench-last-active-poll": True})
     if done is None:
         q.cmd("migrate_cancel")
         run["error"] = "not completed after %g s (cancelled)" % a.cap
@@ -372,6 +377,7 @@ def one_run(env, d, h, wl, cfg, a, base, n):
         run["data_loss"] = bool(loss)
         if loss:
             print("DATA LOSS %s %s: %s" % (wl, cfg, " / ".join(loss[:4])), flush=True)
+            run["src_out"], run["dst_out"] = src.output()[-600:], dst.output()[-600:]
         if run["status"] == "completed" and route != "shared" and not writing and a.compare:
             dst.qmp().cmd("stop")
             run["images_equal"] = images_equal(src_img, dst_img)
@@ -525,7 +531,10 @@ def main():
                         print(json.dumps(r), flush=True)
                         runs.append(r)
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        if a.keep:
+            print("kept %s" % d, flush=True)
+        else:
+            shutil.rmtree(d, ignore_errors=True)
     summary = summarize(runs)
     text = table(summary, info, a)
     if a.emulated_smoke:
