@@ -278,6 +278,37 @@ static void vcpu__probe_halt(struct vcpu *v)
 	atomic_store(&v->dead_halted, dead);
 }
 
+static bool vcpu__park_wanted(struct vm *vm)
+{
+	pthread_mutex_lock(&vm->lock);
+	bool park = vcpu__must_park(vm);
+	pthread_mutex_unlock(&vm->lock);
+	return park;
+}
+
+static bool vcpu__exit_is_io(const struct kvm_run *run)
+{
+	return run->exit_reason == KVM_EXIT_IO || run->exit_reason == KVM_EXIT_MMIO;
+}
+
+/* KVM finishes an exit to userspace (PIO, MMIO: the data of a read goes
+ * to the guest's register, RIP past the instruction) only at the next
+ * KVM_RUN.  A vCPU about to park re-enters once with immediate_exit set,
+ * which finishes it without running the guest, so the state a migration
+ * saves is past the instruction.  Else the destination would execute it
+ * again: a UART's IIR read twice loses its THRE interrupt, and Linux's
+ * console stops for good.  String I/O may need more exits: a few rounds. */
+static void vcpu__finish_io(struct vcpu *v)
+{
+	for (int i = 0; i < 16 && v->io_unfinished && vcpu__park_wanted(v->vm); i++) {
+		__atomic_store_n(&v->run->immediate_exit, 1, __ATOMIC_SEQ_CST);
+		int rc = ioctl(v->fd, KVM_RUN, 0);
+		v->io_unfinished = rc == 0 && vcpu__exit_is_io(v->run);
+		if (rc == 0 && !vcpu__handle_exit(v))
+			return;
+	}
+}
+
 static void *vcpu__thread(void *arg)
 {
 	struct vcpu *v = arg;
@@ -285,9 +316,13 @@ static void *vcpu__thread(void *arg)
 	snprintf(name, sizeof(name), "vcpu%u", v->index);
 	pthread_setname_np(pthread_self(), name);
 	atomic_store(&v->tid, (int)gettid());
-	while (vcpu__gate(v)) {
+	for (;;) {
+		vcpu__finish_io(v);
+		if (!vcpu__gate(v))
+			break;
 		vcpu__throttle(v);
 		int rc = ioctl(v->fd, KVM_RUN, 0);
+		v->io_unfinished = rc == 0 && vcpu__exit_is_io(v->run);
 		if (rc < 0) {
 			if (errno == EINTR || errno == EAGAIN) {
 				if (atomic_exchange(&v->probe, false))
