@@ -10,6 +10,8 @@ static void refill_step(u64 g);
 
 struct gib_stats {
 	u64 sum, n, max;	/* completed GiBs in this report period, in cycles */
+	u64 total;		/* pages written since the start: the work done, so a
+				 * reader can tell how much time the guest lost */
 };
 
 static void stress_report(int cpu, struct gib_stats *st, u64 inprogress)
@@ -18,8 +20,8 @@ static void stress_report(int cpu, struct gib_stats *st, u64 inprogress)
 	u64 max = st->n ? st->max : inprogress;
 	u64 a = avg * 100 / tsc_khz, m = max * 100 / tsc_khz;
 
-	kprintf("stress cpu=%d t_ms=%lu ms_per_gib=%lu.%02lu max_ms_per_gib=%lu.%02lu\n",
-		cpu, now_ms(), a / 100, a % 100, m / 100, m % 100);
+	kprintf("stress cpu=%d t_ms=%lu ms_per_gib=%lu.%02lu max_ms_per_gib=%lu.%02lu pages=%lu\n",
+		cpu, now_ms(), a / 100, a % 100, m / 100, m % 100, st->total);
 	st->sum = st->n = st->max = 0;
 }
 
@@ -27,7 +29,7 @@ void stress_run(int cpu)
 {
 	const struct share *s = &shares[cpu];
 	const u64 period = cfg.report_ms * tsc_khz;
-	struct gib_stats st = { 0, 0, 0 };
+	struct gib_stats st = { 0, 0, 0, 0 };
 	u8 val = 1;
 	u64 pages = 0, gib_start = rdtsc(), next_report = gib_start + period;
 
@@ -43,6 +45,7 @@ void stress_run(int cpu)
 				for (u64 i = 0; i < n; i++)
 					p[i * PAGE_SIZE] = val;
 				pages += n;
+				st.total += n;
 				u64 t = rdtsc();
 				if (pages >= PAGES_PER_GIB) {
 					u64 c = (t - gib_start) * PAGES_PER_GIB / pages;

@@ -260,7 +260,8 @@ def calibrate_tsc(env, d):
 
 # ------------------------------------------------------------ guest lines
 
-STRESS_RX = re.compile(r"^stress cpu=(\d+) t_ms=(\d+) ms_per_gib=([\d.]+) max_ms_per_gib=([\d.]+)")
+STRESS_RX = re.compile(r"^stress cpu=(\d+) t_ms=(\d+) ms_per_gib=([\d.]+) max_ms_per_gib=([\d.]+)"
+                       r"(?: pages=(\d+))?")
 TMS_RX = re.compile(r"t_ms=(\d+)")
 
 
@@ -270,8 +271,39 @@ def stress_lines(seen):
         m = STRESS_RX.match(line)
         if m:
             out.append({"host": host_t, "cpu": int(m.group(1)), "t_ms": int(m.group(2)),
-                        "ms_per_gib": float(m.group(3)), "max_ms_per_gib": float(m.group(4))})
+                        "ms_per_gib": float(m.group(3)), "max_ms_per_gib": float(m.group(4)),
+                        "pages": int(m.group(5)) if m.group(5) else None})
     return out
+
+
+def guest_lost(lines, g0, t_start, t_end):
+    """The time the guest lost while migrating, from its own work count:
+    for each vCPU, the host seconds between its first report after t_start
+    and its last before t_end, less the time its page writes in between
+    would have taken at its pre-migration rate (the median of its pages per
+    guest second between reports before guest time g0, the first report
+    left out: it includes first touch).  Every cause counts alike: throttle, dirty limit, pauses,
+    pages not yet there after a post-copy switch, a starved vCPU.  Host
+    times, because QEMU restores the guest TSC as it was at the pause and
+    kmig advances it.  Returns {cpu: seconds} (vCPUs without a pages count
+    or pre-migration rate left out) and their sum, or None."""
+    per = {}
+    for c in sorted(set(l["cpu"] for l in lines)):
+        lc = [l for l in lines if l["cpu"] == c and l["pages"] is not None]
+        before = [l for l in lc if l["t_ms"] <= g0][1:]
+        win = [l for l in lc if t_start <= l["host"] <= t_end]
+        rates = [(b["pages"] - a["pages"]) * 1000.0 / (b["t_ms"] - a["t_ms"])
+                 for a, b in zip(before, before[1:]) if b["t_ms"] > a["t_ms"]]
+        if not rates or len(win) < 2:
+            continue
+        rate = statistics.median(rates)
+        if rate <= 0:
+            continue
+        work_s = (win[-1]["pages"] - win[0]["pages"]) / rate
+        per[str(c)] = round((win[-1]["host"] - win[0]["host"]) - work_s, 3)
+    if not per:
+        return None
+    return {"per_cpu_s": per, "sum_s": round(sum(per.values()), 3)}
 
 
 def guest_offset(seen):
@@ -298,6 +330,7 @@ def slowdown(seen, t_start, t_end):
     during = [l for l in lines if l["t_ms"] > g0 and l["t_ms"] - REPORT_MS < g1]
     if not before:
         return {"note": "no pre-migration stress lines"}
+    lost = guest_lost(lines, g0, t_start, t_end)
     base = statistics.median(l["ms_per_gib"] for l in before)
     slow_s = sum(REPORT_MS / 1000.0 for l in during if l["ms_per_gib"] > 2 * base)
     # longest silence of cpu 0 between two reports that overlaps the window:
@@ -309,6 +342,7 @@ def slowdown(seen, t_start, t_end):
             "worst_max_ms_per_gib": max((l["max_ms_per_gib"] for l in during), default=None),
             "worst_ms_per_gib": max((l["ms_per_gib"] for l in during), default=None),
             "s_below_half_pace": slow_s, "lines_during": len(during),
+            "guest_lost_s": lost and lost["sum_s"], "guest_lost_per_cpu_s": lost and lost["per_cpu_s"],
             "max_report_gap_ms": gap,
             "window_guest_ms": [round(g0), round(g1)],
             "reports": [[l["cpu"], l["t_ms"], l["ms_per_gib"], l["max_ms_per_gib"]]
@@ -522,6 +556,7 @@ def summarize(runs):
                                          if x.get("worst_max_ms_per_gib") is not None),
                                         default=None)
         s["median_s_below_half_pace"] = med(x.get("s_below_half_pace") for x in g)
+        s["median_guest_lost_s"] = med(x.get("guest_lost_s") for x in g)
         s["max_report_gap_ms"] = max((x["max_report_gap_ms"] for x in g
                                       if x.get("max_report_gap_ms") is not None), default=None)
         s["median_baseline_ms_per_gib"] = med(x.get("baseline_ms_per_gib") for x in g)

@@ -12,7 +12,7 @@ import kmigtest as kt
 pytestmark = pytest.mark.kvm
 
 READY = r"kmig-guest ready cpus=(\d+) mem_mb=(\d+)"
-STRESS = r"^stress cpu=(\d+) t_ms=(\d+) ms_per_gib=(\d+\.\d\d) max_ms_per_gib=(\d+\.\d\d)$"
+STRESS = r"^stress cpu=(\d+) t_ms=(\d+) ms_per_gib=(\d+\.\d\d) max_ms_per_gib=(\d+\.\d\d) pages=(\d+)$"
 HEARTBEAT = r"^heartbeat t_ms=(\d+) gap_ms=(\d+)$"
 FILL_DONE = r"^fill-free done mb=(\d+) free_pages=(\d+) extents=(\d+)$"
 VERIFY_OK = r"^verify ok round=(\d+) cpu=(\d+) pages=(\d+) max_gap_ms=\d+ tsc_back_us=\d+$"
@@ -71,6 +71,8 @@ def test_stress(d, vms, check, name, extra):
     check(name + "_rates_positive", all(a > 0 for a in avg), "ms_per_gib=%s" % avg)
     check(name + "_max_ge_avg", all(b >= a for a, b in zip(avg, mx)),
           "ms_per_gib=%s max=%s" % (avg, mx))
+    pages = [int(m.group(5)) for m in ms]
+    check(name + "_pages_grow", all(a < b for a, b in zip(pages, pages[1:])), "pages=%s" % pages)
     check(name + "_still_running", vm.proc.poll() is None,
           "kmig exited with %s; %s" % (vm.proc.poll(), why(vm)))
     check(name + "_no_guest_errors",

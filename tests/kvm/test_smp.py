@@ -11,7 +11,7 @@ import kmigtest as kt
 pytestmark = pytest.mark.kvm
 
 READY = r"kmig-guest ready cpus=(\d+) mem_mb=(\d+)"
-STRESS = r"^stress cpu=(\d+) t_ms=(\d+) ms_per_gib=(\d+\.\d\d) max_ms_per_gib=(\d+\.\d\d)$"
+STRESS = r"^stress cpu=(\d+) t_ms=(\d+) ms_per_gib=(\d+\.\d\d) max_ms_per_gib=(\d+\.\d\d) pages=(\d+)$"
 HEARTBEAT = r"^heartbeat t_ms=(\d+) gap_ms=(\d+)$"
 FILL_DONE = r"^fill-free done mb=(\d+) free_pages=(\d+) extents=(\d+)$"
 VERIFY_OK = r"^verify ok round=(\d+) cpu=(\d+) pages=(\d+) max_gap_ms=\d+ tsc_back_us=\d+$"
