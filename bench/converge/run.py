@@ -379,26 +379,9 @@ def one_case(env, d, size, cfg, rep, a):
             res["sent_bytes"] = last.get("ram", {}).get("transferred")
             res["dirty_sync_count"] = last.get("ram", {}).get("dirty-sync-count")
             res["query_at_cap"] = last
-            try:
-                q.cmd("migrate_cancel")
-                fin = kt.wait_migration(q, timeout=15)
-                res["after_cancel_status"] = fin.get("status")
-                res["after_cancel_ram_transferred"] = fin.get("ram", {}).get("transferred")
-            except (OSError, EOFError, RuntimeError) as e:
-                res["cancel_error"] = repr(e)
+            mb.cancel_at_cap(q, res)
         else:
-            ram = last.get("ram", {})
-            res["converged"] = last.get("status") == "completed"
-            res["status"] = last.get("status")
-            res.update({"total_time_ms": last.get("total-time"),
-                        "downtime_ms": last.get("downtime"),
-                        "setup_time_ms": last.get("setup-time"),
-                        "sent_bytes": ram.get("transferred"),
-                        "dirty_sync_count": ram.get("dirty-sync-count"),
-                        "mbps": ram.get("mbps"),
-                        "final_throttle_pct": last.get("cpu-throttle-percentage"),
-                        "error_desc": last.get("error-desc")})
-            res["query_final"] = last
+            res.update(mb.final_result(last))
         mb.poll_consoles((src, dst), 0.3)
         if policy in POSTCOPY:
             # the guest runs at the destination from the switch on: its

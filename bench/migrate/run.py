@@ -383,6 +383,31 @@ def poll_consoles(procs, seconds):
 
 # ------------------------------------------------------------ one migration
 
+
+def cancel_at_cap(q, res):
+    """A migration still running at the cap: cancelled, and what the
+    source says after it, into res."""
+    try:
+        q.cmd("migrate_cancel")
+        fin = kt.wait_migration(q, timeout=15)
+        res["after_cancel_status"] = fin.get("status")
+        res["after_cancel_ram_transferred"] = fin.get("ram", {}).get("transferred")
+        res["source_status_after_cancel"] = q.cmd("query-status").get("status")
+    except (OSError, EOFError, RuntimeError) as e:
+        res["cancel_error"] = repr(e)
+
+
+def final_result(last):
+    """The fields of a run taken from the source's last query-migrate."""
+    ram = last.get("ram", {})
+    return {"converged": last.get("status") == "completed", "status": last.get("status"),
+            "total_time_ms": last.get("total-time"), "downtime_ms": last.get("downtime"),
+            "setup_time_ms": last.get("setup-time"), "sent_bytes": ram.get("transferred"),
+            "normal_pages": ram.get("normal"), "zero_pages": ram.get("duplicate"),
+            "dirty_sync_count": ram.get("dirty-sync-count"), "mbps": ram.get("mbps"),
+            "final_throttle_pct": last.get("cpu-throttle-percentage"),
+            "error_desc": last.get("error-desc"), "query_final": last}
+
 def one_case(env, d, wl_name, bw_name, cfg_name, rep, a):
     workload, mb, memory = WORKLOADS[wl_name]
     vmm, ring, ac = CONFIGS[cfg_name]
@@ -458,29 +483,9 @@ def one_case(env, d, wl_name, bw_name, cfg_name, rep, a):
             res["sent_bytes"] = last.get("ram", {}).get("transferred")
             res["dirty_sync_count"] = last.get("ram", {}).get("dirty-sync-count")
             res["query_at_cap"] = last
-            try:
-                q.cmd("migrate_cancel")
-                fin = kt.wait_migration(q, timeout=15)
-                res["after_cancel_status"] = fin.get("status")
-                res["after_cancel_ram_transferred"] = fin.get("ram", {}).get("transferred")
-                res["source_status_after_cancel"] = q.cmd("query-status").get("status")
-            except (OSError, EOFError, RuntimeError) as e:
-                res["cancel_error"] = repr(e)
+            cancel_at_cap(q, res)
         else:
-            ram = last.get("ram", {})
-            res["converged"] = last.get("status") == "completed"
-            res["status"] = last.get("status")
-            res.update({"total_time_ms": last.get("total-time"),
-                        "downtime_ms": last.get("downtime"),
-                        "setup_time_ms": last.get("setup-time"),
-                        "sent_bytes": ram.get("transferred"),
-                        "normal_pages": ram.get("normal"),
-                        "zero_pages": ram.get("duplicate"),
-                        "dirty_sync_count": ram.get("dirty-sync-count"),
-                        "mbps": ram.get("mbps"),
-                        "final_throttle_pct": last.get("cpu-throttle-percentage"),
-                        "error_desc": last.get("error-desc")})
-            res["query_final"] = last
+            res.update(final_result(last))
         # the source's last lines, then the guest pace
         poll_consoles((src, dst), 0.3)
         if workload == "stress":
