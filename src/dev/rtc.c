@@ -159,12 +159,25 @@ static bool rtc__updates(const struct rtc *r)
 
 static void rtc__set_line(struct rtc *r, bool level)
 {
-	if (level != r->line && r->irq) {
-		r->line = level;
+	bool changed = level != r->line;
+	r->line = level;
+	if (changed && r->irq && !r->held)
 		r->irq(r->irq_ctx, level);
-	} else {
-		r->line = level;
-	}
+}
+
+void rtc__hold(struct rtc *r)
+{
+	pthread_mutex_lock(&r->lock);
+	r->held++;
+	pthread_mutex_unlock(&r->lock);
+}
+
+void rtc__release(struct rtc *r)
+{
+	pthread_mutex_lock(&r->lock);
+	if (r->held && !--r->held && r->irq)
+		r->irq(r->irq_ctx, r->line);
+	pthread_mutex_unlock(&r->lock);
 }
 
 /* IRQF exactly while a flag is set whose interrupt is enabled; the line
@@ -426,7 +439,8 @@ int rtc__load(struct rtc *r, const uint8_t *in, size_t len)
 	 * side last set: the irqchip's state, loaded before, holds the level
 	 * the source left (the next read of C must lower it there, or the next
 	 * flag raises no edge), or a lower one when a flag came after the
-	 * irqchip was saved (this raises it) */
+	 * irqchip was saved (this raises it); while held (the VM is paused,
+	 * its vCPUs' state perhaps not loaded yet), at the release */
 	bool level = r->ram[R_C] & r->ram[R_B] & C_FLAGS;
 	r->line = !level;
 	rtc__update_irq(r);

@@ -62,6 +62,7 @@ struct rtc {
 	rtc_irq_fn irq;
 	void *irq_ctx;
 	bool line;
+	unsigned held;              /* rtc__hold depth: the line is not driven */
 	int64_t last_sec, last_period;
 	pthread_cond_t cond;        /* a register that moves the next event changed */
 	pthread_t thread;
@@ -85,8 +86,17 @@ void rtc__pio(struct rtc *r, uint16_t port, bool is_write, uint8_t *data);
 void rtc__pio_at(struct rtc *r, uint16_t port, bool is_write, uint8_t *data, int64_t host_s);
 void rtc__save(struct rtc *r, uint8_t out[RTC_STATE_SIZE]);
 /* -EINVAL for a wrong size, version, index, register C value or offset.
- * Drives the interrupt line (when connected) to the level the state holds:
- * call it after the irqchip's state is loaded. */
+ * Drives the interrupt line (when connected and not held) to the level the
+ * state holds: call it after the irqchip's state is loaded. */
 int rtc__load(struct rtc *r, const uint8_t *in, size_t len);
+/* While the vCPUs are paused (a level of rtc__hold per pause level) the
+ * clock goes on and sets its flags, but the line is not driven: an
+ * interrupt raised then would reach local APICs whose state is not there
+ * yet (a migration's destination loads the vCPUs after the devices, and a
+ * fresh local APIC drops it) or is being saved (the source).  The last
+ * rtc__release drives the line to its level: a flag that came meanwhile
+ * raises an edge once the vCPUs' state is in place. */
+void rtc__hold(struct rtc *r);
+void rtc__release(struct rtc *r);
 
 #endif

@@ -273,6 +273,8 @@ int vm__start(struct vm *vm, bool start_paused)
 	vm->pause_depth = start_paused ? 1 : 0;
 	vm->status = start_paused ? VM_STATUS_PAUSED : VM_STATUS_RUNNING;
 	pthread_mutex_unlock(&vm->lock);
+	if (start_paused)
+		rtc__hold(&vm->rtc);   /* released with that pause level */
 	struct ioevent *io[VM_IOEVENTS];
 	unsigned nio = vm__ioevents(vm, io);
 	for (unsigned i = 0; i < nio; i++) {
@@ -396,6 +398,7 @@ static void vm__hold_devices(struct vm *vm, bool parked, uint64_t wait_ns)
 {
 	struct ioevent *io[VM_IOEVENTS];
 	unsigned n = vm__ioevents(vm, io), held = 0;
+	rtc__hold(&vm->rtc);   /* its line waits for the vCPUs (dev/rtc.h) */
 	while (parked && held < n && ioevent__hold(io[held], wait_ns))
 		held++;
 	/* the disk's requests in flight complete (and are flushed) now,
@@ -424,6 +427,7 @@ static void vm__release_devices(struct vm *vm)
 {
 	struct ioevent *io[VM_IOEVENTS];
 	unsigned n = vm__ioevents(vm, io);
+	rtc__release(&vm->rtc);
 	if (!n)
 		return;
 	pthread_mutex_lock(&vm->lock);

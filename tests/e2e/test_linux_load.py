@@ -152,7 +152,8 @@ def check_guest(check, name, vm, gen, probe, start=0):
     # rtcwait saw 2 RTC interrupts; timer and UART counts go on
     check(name + "_interrupts", probe is None or (
         p is not None and p.group(2) == "OK" and int(p.group(3)) > 0 and int(p.group(4)) > 0
-        and int(p.group(5)) > 0), p and p.group(0))
+        and int(p.group(5)) > 0), "%s / %s" % (p and p.group(0), " / ".join(
+            [l for l in vm.console.text().splitlines() if "KMIG-LINUX rtcdiag" in l][-2:])))
     bad = bad_lines(vm, start)
     check(name + "_console_clean", not bad, "%s; it began: %s" % (
         " / ".join(bad[:5]), lg.around_first_bad(vm, start)))
