@@ -187,6 +187,15 @@ static void t_alarm_armed_late(struct t *t)
 	rtc__destroy(&r);
 }
 
+/* Alarm bytes "any" (every second), then AIE on at T0. */
+static void alarm_every_second(struct rtc *r)
+{
+	wr(r, 0x01, 0xc0, T0);
+	wr(r, 0x03, 0xc0, T0);
+	wr(r, 0x05, 0xc0, T0);
+	wr(r, 0x0b, 0x02 | 0x20, T0);
+}
+
 /* Saved with the line high (an alarm the guest has not acknowledged: the
  * VM stopped for the switchover just after it): the destination's
  * irqchip holds that level, so the destination's RTC must lower the line
@@ -198,10 +207,7 @@ static void t_load_line_high(struct t *t)
 	struct line l, ld;
 	uint8_t st[RTC_STATE_SIZE];
 	irq_rtc(&r, &l);
-	wr(&r, 0x01, 0xc0, T0);                     /* alarm every second */
-	wr(&r, 0x03, 0xc0, T0);
-	wr(&r, 0x05, 0xc0, T0);
-	wr(&r, 0x0b, 0x02 | 0x20, T0);              /* AIE */
+	alarm_every_second(&r);
 	rtc__tick_at(&r, T0 * NS);
 	rtc__tick_at(&r, (T0 + 1) * NS);
 	T_CHECK(t, l.level == 1 && l.raises == 1);
@@ -232,10 +238,7 @@ static void t_hold_line(struct t *t)
 	struct line l, ld;
 	uint8_t st[RTC_STATE_SIZE];
 	irq_rtc(&r, &l);
-	wr(&r, 0x01, 0xc0, T0);                     /* alarm every second */
-	wr(&r, 0x03, 0xc0, T0);
-	wr(&r, 0x05, 0xc0, T0);
-	wr(&r, 0x0b, 0x02 | 0x20, T0);              /* AIE: this second's alarm */
+	alarm_every_second(&r);                     /* this second's alarm too */
 	rtc__tick_at(&r, T0 * NS);
 	T_CHECK(t, l.level == 1 && l.raises == 1);
 	rd(&r, 0x0c, T0);                           /* acknowledged */
