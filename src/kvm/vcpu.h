@@ -25,10 +25,11 @@ struct vcpu {
 	pthread_t thread;
 	bool thread_started;
 	atomic_int tid;              /* the vCPU thread's id, once it runs (0 before) */
+	bool io_unfinished;          /* vCPU thread only: the last exit was PIO/MMIO,
+				      * finished by the next KVM_RUN */
 	/* under vm->lock */
 	uint64_t kick_req, kick_ack;
 	bool parked;
-	bool io_unfinished;          /* the last exit was PIO/MMIO: finished by the next KVM_RUN */
 	bool sleep_seen;             /* began a throttle sleep since vm->sleep_watch */
 	/* throttling: the current run slice began at last_throttle_ns (vCPU
 	 * thread only) and ends at throttle_due_ns, when the throttle thread
