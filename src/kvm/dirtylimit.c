@@ -150,10 +150,9 @@ void dirtylimit__tick(struct dirtylimit *dl, uint64_t now_ms)
 	for (unsigned i = 0; i < dl->vm->nr_vcpus; i++) {
 		if (!dl->quota[i])
 			continue;
-		uint64_t rate = dirtyrate__pages_to_mbps(dirty__vcpu_rate(dl->vm->dirty, i),
-							 RAM_PAGE_SIZE);
-		dl->sleep_us[i] = dirtylimit__next_sleep_us(dl->sleep_us[i], dl->quota[i], rate,
-							    dl->period_ms);
+		dl->sleep_us[i] = dirtylimit__next_sleep_pages(dl->sleep_us[i], dl->quota[i],
+							       dirty__vcpu_rate(dl->vm->dirty, i),
+							       RAM_PAGE_SIZE, dl->period_ms);
 		dirtylimit__apply(dl, i);
 	}
 	pthread_mutex_unlock(&dl->lock);

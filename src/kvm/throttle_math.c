@@ -102,6 +102,20 @@ uint64_t dirtylimit__next_sleep_us(uint64_t current_sleep_us, uint64_t quota_mbp
 	return current_sleep_us - (current_sleep_us - target) / 2;
 }
 
+uint64_t dirtylimit__next_sleep_pages(uint64_t current_sleep_us, uint64_t quota_mbps,
+				      uint64_t measured_pps, uint64_t page_size,
+				      uint64_t period_ms)
+{
+	if (!page_size)
+		return current_sleep_us;
+	/* quota in pages/s (MB = 2^20 bytes), at least 1 */
+	uint64_t quota_pps = quota_mbps ? muldiv(quota_mbps, 1u << 20, page_size) : 0;
+
+	if (quota_mbps && !quota_pps)
+		quota_pps = 1;
+	return dirtylimit__next_sleep_us(current_sleep_us, quota_pps, measured_pps, period_ms);
+}
+
 uint64_t dirtylimit__model_rate(uint64_t unthrottled_mbps, uint64_t sleep_us,
 				uint64_t period_ms)
 {

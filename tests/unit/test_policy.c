@@ -106,6 +106,14 @@ static void t_dirtylimit_special(struct t *t)
 	/* Under: half of the excess released.  measured 50 under 300 ms: R = 200,
 	 * sleep* = 100 ms, so 300 - 100 = 200 ms. */
 	T_CHECK_EQ(t, dirtylimit__next_sleep_us(300000, 100, 50, 100), 200000);
+	/* In pages/s: quota 1 MB/s (256 pages of 4 KiB), measured 230 pages/s
+	 * (0.9 MB/s, read as 0 MB/s in whole MB/s) under 500 ms of sleep: under
+	 * the quota, so half the excess is released, not the whole sleep
+	 * (R = 230 * 1.5 = 345 pages/s, sleep* = 1000 * 89 / 256 ms). */
+	T_CHECK_EQ(t, dirtylimit__next_sleep_pages(500000, 1, 230, 4096, 1000), 423829);
+	/* over it: 512 pages/s (2 MB/s) under no sleep: 1 s more */
+	T_CHECK_EQ(t, dirtylimit__next_sleep_pages(0, 1, 512, 4096, 1000), 1000000);
+	T_CHECK_EQ(t, dirtylimit__next_sleep_pages(1234, 1, 512, 0, 1000), 1234);
 	/* Under with no sleep: stays 0. */
 	T_CHECK_EQ(t, dirtylimit__next_sleep_us(0, 100, 10, 100), 0);
 	/* Current sleep above the cap is clamped first. */
