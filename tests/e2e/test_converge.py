@@ -7,8 +7,8 @@ is limited to max-bandwidth = 125 MB/s.  Tests:
 
   no_policy     no policy (dirty ring): the migration does not converge;
                 after a bounded time it is cancelled, and the source runs on
-                with dirty tracking off (its stress pace comes back) and no
-                throttle;
+                with dirty tracking off (x-query-dirty-tracking; natively
+                also its stress pace comes back) and no throttle;
   auto_converge x-cpu-throttle-policy step (1 vCPU) and computed (2 vCPUs);
   dirty_limit   the dirty-limit capability (dirty ring on both sides);
   verify        a verify guest under the computed throttle with x-verify:
@@ -367,15 +367,22 @@ def test_no_policy(d, vms, check):
     check("src_prints", src.console.wait(r"^stress cpu=0", kt.slow(5),
                                          start=len(src.console.lines)) is not None
           and src.console.count(r"^stress cpu=0") > n, dump(src))
-    # dirty logging is off again: the pace comes back to near the one
-    # before the migration (huge pages may take a while to come back, so
-    # loosely: within 10x, where tracking costs ~100x here)
+    # dirty logging is off again, as KVM and kmig say it
+    ok, detail = kt.recovered(q)
+    check("tracking_off", ok, detail)
+    # and the guest's pace comes back to near the one before the migration
+    # (huge pages may take a while to come back, so loosely: within 10x,
+    # where tracking costs ~100x here).  Natively only: under emulation the
+    # pace after a cancel depends on the emulated machine's load (a CI run
+    # on a busy host read 165-210 ms/GiB against 6-19 before, with KVM's
+    # logging off), so there it is printed, not asserted.
     settle(src.console, 1.5)
     after, after_vals = pace_over(src.console, 2.0)
     print("# %s: ms_per_gib median before %s, during %s, after cancel %s"
           % (name, base, during, after))
-    check("tracking_off", base is not None and after is not None and after < 10 * base,
-          "ms_per_gib before %r, during %r, after %r" % (base_vals, during_vals, after_vals))
+    if not kt.emulated():
+        check("pace_back", base is not None and after is not None and after < 10 * base,
+              "ms_per_gib before %r, during %r, after %r" % (base_vals, during_vals, after_vals))
     # the cancelled migration's status stays until the next migrate
     check("status_kept", q.cmd("query-migrate").get("status") == "cancelled",
           repr(q.cmd("query-migrate")))

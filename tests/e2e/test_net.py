@@ -235,6 +235,7 @@ def test_cancel_then_postcopy(d, vms, check, hosts):
     check("guest_clean", not bad, " / ".join(bad[:3]))
 
 
+@pytest.mark.slow   # under emulation a minute and more: make test-full runs it there
 def test_device_marks_negative_control(d, vms, check, hosts):
     h = hosts
     src, dst, uri = start_pair(d, vms, h, kmig=kt.KMIG_FAULTS,

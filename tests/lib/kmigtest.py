@@ -84,7 +84,9 @@ def kvm_module():
 
 def emulated():
     """True inside scripts/kvm-vm: everything runs under TCG emulation, so
-    tests scale their rounds and timeouts (never their assertions) to it."""
+    tests scale their rounds and timeouts (never their assertions) to it;
+    a guest pace read after dirty logging is the one exception, asserted
+    natively only (docs/testing.md, "Paces under emulation")."""
     return os.environ.get("KMIG_TEST_EMULATED") == "1"
 
 
@@ -396,6 +398,33 @@ def recovered(qmp, user_limits=()):
           and t.get("users") == 0 and t.get("pending-pages") == 0
           and t.get("throttle-percentage") == 0 and lim == list(user_limits))
     return ok, "x-query-dirty-tracking %r, query-vcpu-dirty-limit %r" % (t, lim)
+
+
+STRESS_PAGES_RX = re.compile(r"^stress cpu=(\d+) .* pages=(\d+)")
+
+
+def stress_pages(console):
+    """{cpu: the last pages= count} of the stress lines printed so far."""
+    console.poll()
+    last = {}
+    for line in console.lines:
+        m = STRESS_PAGES_RX.search(line)
+        if m:
+            last[int(m.group(1))] = int(m.group(2))
+    return last
+
+
+def stress_page_rate(console, secs):
+    """The stress guest's page writes per second of host time over the next
+    secs, summed over its vCPUs (from each one's cumulative pages= count).
+    Host time, not the guest's: a vCPU held asleep by a throttle or a dirty
+    limit writes nothing meanwhile, however fast it runs when it runs.
+    Returns (rate, per-cpu deltas)."""
+    a, t0 = stress_pages(console), time.time()
+    time.sleep(secs)
+    b, t1 = stress_pages(console), time.time()
+    deltas = {c: b[c] - a.get(c, 0) for c in b}
+    return sum(deltas.values()) / (t1 - t0), deltas
 
 
 def wait_balloon(qmp, want, timeout):

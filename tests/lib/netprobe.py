@@ -133,7 +133,9 @@ class Run:
     """A netprobe process: waits for its ready line; stop() (SIGTERM) or
     wait() returns its result."""
 
-    def __init__(self, argv, netns=None, wrap=None, timeout=10.0):
+    # the start is a Python interpreter's: a CI run on a busy emulated
+    # machine (scripts/kvm-vm) saw two probers print nothing in 10 s
+    def __init__(self, argv, netns=None, wrap=None, timeout=60.0):
         self.wrap = wrap
         cmd = [PY, os.path.abspath(__file__)] + argv
         if netns:
@@ -147,9 +149,10 @@ class Run:
                 " ".join(argv), self.proc.stderr.read()[-500:]))
         self.ready = json.loads(line)["ready"]
 
-    def stop(self, timeout=60.0):
+    def stop(self, timeout=120.0):
         # generous: an emulated machine (scripts/kvm-vm) under two
-        # migrations stalled a prober's exit past 15 s once
+        # migrations stalled a prober's exit past 15 s once, and past 60 s
+        # in a CI rehearsal
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.wait(timeout)
@@ -215,7 +218,7 @@ def tcplines(dst, port, seconds=None, netns=None):
     argv = ["tcplines", "--dst", dst, "--port", str(port)]
     if seconds is not None:
         argv += ["--seconds", str(seconds)]
-    return Run(argv, netns, timeout=30.0)
+    return Run(argv, netns)
 
 
 def arpwatch(ifname, seconds=None, netns=None):
