@@ -1,7 +1,8 @@
 /* dirty-limit: holds each vCPU's dirty rate under a quota (MB/s, MB = 2^20)
  * by making it sleep, in proportion to how far it is over, measured from
  * its dirty ring (ring backend only).  The control law is
- * dirtylimit__next_sleep_us (kvm/throttle_math.h); the sleep is spread over
+ * dirtylimit__next_sleep_us (kvm/throttle_math.h), applied in pages/s by
+ * dirtylimit__next_sleep_pages; the sleep is spread over
  * the 10 ms run slices of the throttle timer (kvm/throttle.c) so the guest
  * sees short pauses rather than one long one.
  *

@@ -71,9 +71,6 @@ uint64_t throttle__run_sleep_ns(uint64_t sleep10_ns, uint64_t slice_ns, uint64_t
 uint64_t dirtylimit__next_sleep_us(uint64_t current_sleep_us, uint64_t quota_mbps,
 				   uint64_t measured_mbps, uint64_t period_ms);
 
-/* Dirty rate the model predicts for a vCPU dirtying unthrottled_mbps when it
- * runs period_ms and then sleeps sleep_us: R * run / (run + sleep).  Used by
- * tests and by the engine to report the expected effect of a sleep. */
 /* dirtylimit__next_sleep_us for a quota in MB/s and a rate measured in
  * pages of page_size per second: the law is applied in pages/s, so a rate
  * under 1 MB/s is not read as 0 (which would drop the whole sleep) when the
@@ -82,6 +79,9 @@ uint64_t dirtylimit__next_sleep_pages(uint64_t current_sleep_us, uint64_t quota_
 				      uint64_t measured_pps, uint64_t page_size,
 				      uint64_t period_ms);
 
+/* Dirty rate the model predicts for a vCPU dirtying unthrottled_mbps when it
+ * runs period_ms and then sleeps sleep_us: R * run / (run + sleep).  Used by
+ * tests and by the engine to report the expected effect of a sleep. */
 uint64_t dirtylimit__model_rate(uint64_t unthrottled_mbps, uint64_t sleep_us,
 				uint64_t period_ms);
 

@@ -4,17 +4,19 @@ Tests: calc-dirty-rate / query-dirty-rate in each mode (dirty-ring on a
 --dirty-ring VM with 2 vCPUs, dirty-bitmap on a bitmap VM, page-sampling on
 both) on a stress guest and on an idle guest; bad arguments; and
 set-vcpu-dirty-limit / query-vcpu-dirty-limit / cancel-vcpu-dirty-limit on
-a stress guest (the quota is honoured loosely and slows the guest, counted
-as its page writes per second of host time; the cancel switches dirty
-logging off and lets it write far faster again, natively at near its
-unlimited pace), plus their errors.
+a stress guest (the quota is honoured loosely and slows the guest well
+below its pace under tracking with no limit, counted as its page writes
+per second of host time; the cancel switches dirty logging off and lets
+it write far faster again, natively at near its untracked pace), plus
+their errors.
 
 Rates are MB/s with MB = 2^20 (docs/policies.md).  Only loose relations are
 asserted (two noisy host cores): a stress guest dirties hundreds of MB/s, an
 idle one next to nothing.  Under emulation (scripts/kvm-vm) a tracked
-stress guest still dirties some 25-50 MB/s per vCPU (a fault per page per
-harvest; the idle one 0), above the 20 MB/s quota, so the same relations
-hold there; only the waits for the pace to settle are longer (settle()).
+stress guest still dirties some 15-50 MB/s per vCPU (a fault per page per
+harvest; the idle one 0), so the dirty limit's quota there is 2 MB/s
+(natively 20) and the same relations hold; only the waits for the pace to
+settle are longer (settle()).
 """
 import os
 import re
@@ -234,7 +236,16 @@ def test_limit(d, vms, check):
           repr(q.cmd("query-vcpu-dirty-limit")))
     settle(vm.console, 1.0, cpus=2)            # past the first touch of every page
     base, base_vals = kt.stress_page_rate(vm.console, 2.0)
-    quota = 20
+    # the pace with dirty tracking on and no real limit (a quota no vCPU
+    # reaches): what the limit must slow down, as tracking alone costs the
+    # guest a fault per page per harvest.  Under emulation a tracked vCPU
+    # dirties only ~15-50 MB/s (16 in three runs at 7936294, which a quota
+    # of 6 held to 5.6), so the quota there is well below that.
+    huge = 1 << 20
+    quota = 2 if kt.emulated() else 20
+    q.cmd("set-vcpu-dirty-limit", **{"dirty-rate": huge})
+    settle(vm.console, 1.5, cpus=2)            # the first pass under tracking faults
+    tracked, tracked_vals = kt.stress_page_rate(vm.console, 2.0)
     q.cmd("set-vcpu-dirty-limit", **{"dirty-rate": quota})
     lim = q.cmd("query-vcpu-dirty-limit")
     check("query_set", isinstance(lim, list)
@@ -242,16 +253,17 @@ def test_limit(d, vms, check):
           and all(x.get("limit-rate") == quota and "current-rate" in x for x in lim), repr(lim))
     # the controller measures over 1 s periods (the default) and needs a
     # few of them: bounded wait until two samples in a row are within 2x
-    # the quota on every vCPU.  A rate of 0 is no sample: setting the quota
-    # starts dirty tracking, and until its first period closes every vCPU
-    # reads 0 (the check once passed on those alone)
+    # the quota on every vCPU.  Tracking has been on since the first quota,
+    # so the first samples are the tracked rate, not the 0 every vCPU reads
+    # until tracking's first period closes (this check once passed on those
+    # alone); a 0 now is a rate under 1 MB/s, within the quota
     t0 = time.time()
     samples, good = [], 0
     while time.time() - t0 < kt.slow(12) and good < 2:
         time.sleep(0.5)
         lim = q.cmd("query-vcpu-dirty-limit")
         samples.append(lim)
-        within = len(lim) == 2 and all(0 < x.get("current-rate", 0) <= 2 * quota
+        within = len(lim) == 2 and all(x.get("current-rate", 1 << 30) <= 2 * quota
                                        for x in lim)
         good = good + 1 if within else 0
     print("# %s: quota %d MB/s, current-rate within 2x after %.1f s; samples %r"
@@ -260,13 +272,14 @@ def test_limit(d, vms, check):
     check("current_near_quota", good >= 2,
           "current-rate not within 2x of %d MB/s after %d s: %r" % (quota, kt.slow(12), samples))
     # the guest's own count of its page writes, per second of host time:
-    # under the quota (40 MB/s for both vCPUs, ~10k pages/s) it writes far
-    # fewer than unlimited (hundreds of thousands per second natively and
-    # under emulation alike)
+    # limited, it goes on writing (the limit slows, never stops it) and
+    # writes far fewer than tracked without a limit
     slow, slow_vals = kt.stress_page_rate(vm.console, 2.0)
-    print("# %s: page writes/s before %.0f, limited %.0f" % (name, base, slow))
-    check("guest_slowed", base > 5 * slow,
-          "page writes/s before %.0f %r, limited %.0f %r" % (base, base_vals, slow, slow_vals))
+    print("# %s: page writes/s untracked %.0f, tracked %.0f, limited %.0f"
+          % (name, base, tracked, slow))
+    check("guest_slowed", slow > 0 and tracked > 2 * slow,
+          "page writes/s untracked %.0f %r, tracked %.0f %r, limited %.0f %r"
+          % (base, base_vals, tracked, tracked_vals, slow, slow_vals))
     # per-vCPU cancel first: the other vCPU keeps its quota
     q.cmd("cancel-vcpu-dirty-limit", **{"cpu-index": 1})
     lim = q.cmd("query-vcpu-dirty-limit")
@@ -275,8 +288,8 @@ def test_limit(d, vms, check):
     q.cmd("cancel-vcpu-dirty-limit")
     check("cancel_all", q.cmd("query-vcpu-dirty-limit") == [],
           repr(q.cmd("query-vcpu-dirty-limit")))
-    t = q.cmd("x-query-dirty-tracking")
-    check("tracking_off", t.get("logging") is False and t.get("users") == 0, repr(t))
+    ok, detail = kt.recovered(q)
+    check("tracking_off", ok, detail)
     settle(vm.console, 1.5, cpus=2)   # the first pass after the cancel faults its pages back
     after, after_vals = kt.stress_page_rate(vm.console, 2.0)
     print("# %s: page writes/s after cancel %.0f" % (name, after))

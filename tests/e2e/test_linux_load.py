@@ -32,7 +32,8 @@ this machine's KVM cannot run Linux).
                  `make test` runs the 1-vCPU chain whole and the first two
                  hops with 2 vCPUs; KMIG_TEST_FULL=1 (make test-full)
                  runs the 2-vCPU chain whole too.
-  soak           the soak's Linux row: 12 hops (48 with KMIG_TEST_FULL=1)
+  soak           the soak's Linux row: 24 hops, 12 under emulation (48 with
+                 KMIG_TEST_FULL=1)
                  of one Linux guest, configurations and backends changing
                  every hop.
 """
@@ -309,13 +310,14 @@ SOAK = [
          params={"x-cpu-throttle-policy": "computed"}),
 ]
 SOAK_N = int(os.environ.get("KMIG_LINUX_SOAK_N",
-                            "48" if os.environ.get("KMIG_TEST_FULL") == "1" else "12"))
+                            "48" if os.environ.get("KMIG_TEST_FULL") == "1"
+                            else "12" if kt.emulated() else "24"))
 
 
 def test_soak(d, check):
     """The soak's Linux row: one Linux guest (1 vCPU, memcheck verify over
-    64 MiB) migrated SOAK_N times (12, each configuration three times; 48
-    with KMIG_TEST_FULL=1), the
+    64 MiB) migrated SOAK_N times (24; under emulation 12, each
+    configuration three times; 48 with KMIG_TEST_FULL=1), the
     configuration changing every hop (SOAK), each hop with x-verify and
     memcheck going on with no page bad, its clock never back, its console
     clean."""
