@@ -160,13 +160,6 @@ SAN_E2E="tests/e2e/test_migrate.py tests/e2e/test_multifd.py tests/e2e/test_migr
 # post-copy's recovery and the hostile peers run plainly there).
 SAN_E2E_EMULATED="tests/e2e/test_migrate.py tests/e2e/test_migrate_fail.py
 	tests/e2e/test_postcopy.py::test_verify"
-san_e2e() {
-	if [ "${KMIG_TEST_EMULATED:-}" = 1 ] && [ "${KMIG_TEST_ALL:-}" != 1 ]; then
-		echo "$SAN_E2E_EMULATED"
-	else
-		echo "$SAN_E2E"
-	fi
-}
 # Cancel, failure and hostile-peer tests with kmig built with
 # ThreadSanitizer (make TSAN=1 all): a data race reported fails the test.
 # TSan slows kmig's page loops tenfold and more, so the cut leaves out the
@@ -185,11 +178,12 @@ TSAN_E2E_EMULATED="tests/e2e/test_migrate_fail.py::test_cancel_stalled
 	tests/e2e/test_migrate_fail.py::test_nobody_listens_and_bad_uris
 	tests/e2e/test_migrate_fail.py::test_second_migrate tests/e2e/test_migrate_fail.py::test_garbage
 	tests/e2e/test_converge.py::test_dirty_limit_refused"
-tsan_e2e() {
+# $1: the whole list, $2: its cut under emulation (unless KMIG_TEST_ALL=1)
+cut_list() {
 	if [ "${KMIG_TEST_EMULATED:-}" = 1 ] && [ "${KMIG_TEST_ALL:-}" != 1 ]; then
-		echo "$TSAN_E2E_EMULATED"
+		echo "$2"
 	else
-		echo "$TSAN_E2E"
+		echo "$1"
 	fi
 }
 
@@ -212,7 +206,7 @@ kvm_items() {  # the kvm part, one item per line: C tests, pytest files, san:e2e
 		pytest_files
 	fi
 	if [ -x build-san/kmig ]; then
-		for t in $(san_e2e); do
+		for t in $(cut_list "$SAN_E2E" "$SAN_E2E_EMULATED"); do
 			[ -z "$filter" ] || [[ "san:$t" == *"$filter"* ]] && echo "san:$t"
 		done
 	fi
@@ -282,7 +276,7 @@ run_kvm_part() {
 		san:*) KMIG_BUILD=build-san run_pytest "$expr" "${item#san:}" ;;
 		*.py) run_pytest "$expr" "$item" ;;
 		tsan:e2e) KMIG_BUILD=build-tsan TSAN_OPTIONS=${TSAN_OPTIONS:-second_deadlock_stack=1} \
-			run_pytest "$expr" $(tsan_e2e) ;;
+			run_pytest "$expr" $(cut_list "$TSAN_E2E" "$TSAN_E2E_EMULATED") ;;
 		*) run_one "$(basename "$item")" "$item" ;;
 		esac
 		[ -n "${KMIG_PROGRESS:-}" ] && echo "$item $((passed - p0)) $((failed - f0))" \
