@@ -22,6 +22,10 @@ REPORT_OK = r"^memcheck mode=verify thr=\d+ gen=\d+ pages=\d+ bad=0 "
 # docs/platform.md)
 BAD = ("watchdog", "stall", "soft lockup", "hard LOCKUP", "BUG:", "Oops", "Call Trace",
        "WARNING:", "Kernel panic", "memcheck BAD", "unstable", "KMIG-LINUX insmod")
+# the init's probe line (guest/linux/init, kmig.probe); raised and woke are
+# absent from initramfs images built before they were added
+PROBE = re.compile(r"KMIG-LINUX probe n=(\d+) rtc=(\w+) timer=(\d+) rtc0=(\d+) serial=(\d+) "
+                   r"virtio=(\d+)(?: raised=(-?\d+) woke=(-?\d+))?")
 # the clocksource watchdog's note that an interval grew by a stop (the
 # downtime): it skips that one comparison, it reports nothing wrong
 BENIGN = ("Long readout interval, skipping watchdog check",)
@@ -84,3 +88,29 @@ def bad_lines(vm_, start=0):
     """Console lines from line start on that tell of a problem."""
     return [l for l in vm_.console.text().splitlines()[start:]
             if any(b in l for b in BAD) and not any(b in l for b in BENIGN)]
+
+
+def late_wake(p):
+    """Whether a failed probe p (a PROBE match) is a late wake-up: Linux
+    counted more RTC interrupts while rtcwait waited than woke it.  The
+    device delivered; the guest's own work item that passes an RTC
+    interrupt on to its readers (and arms the next alarm) ran late, as it
+    does on a source the throttle holds (docs/testing.md, "The RTC under a
+    throttle").  A lost interrupt is never counted."""
+    return p.group(7) is not None and int(p.group(7)) > int(p.group(8)) >= 0
+
+
+def probe_verdict(probes):
+    """Whether the probes a guest printed after a point (PROBE matches, in
+    order) show its interrupts arriving: (True, line) at the first OK probe
+    whose timer, RTC and UART counts are all above 0; (False, line) at an
+    OK probe with a count of 0 or at a failed probe, except that the first
+    probe may be a late wake (its wait may have begun on a throttled
+    source), if an OK probe follows; (None, text) while undecided."""
+    for i, p in enumerate(probes):
+        if p.group(2) == "OK":
+            return all(int(p.group(k)) > 0 for k in (3, 4, 5)), p.group(0)
+        if i > 0 or not late_wake(p):
+            return False, p.group(0)
+    return None, probes[0].group(0) + " (a late wake; the next probe decides)" \
+        if probes else "no probe yet"
