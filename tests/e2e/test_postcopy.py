@@ -117,7 +117,7 @@ def start(src, dst, uri, params=None, verify=False):
     kt.set_caps(dst.qmp(), postcopy_ram=True)
     q = src.qmp()
     kt.set_caps(q, postcopy_ram=True, x_verify=verify)
-    kt.set_params(q, max_bandwidth=LIMIT, **(params or {}))
+    kt.set_params(q, **dict({"max_bandwidth": LIMIT}, **(params or {})))
     kt.wait_incoming(dst)
     q.cmd("migrate", uri=uri)
     return q
@@ -242,6 +242,14 @@ def test_hybrid(d, vms, check, mode, backend):
     params = {"x_postcopy_early": early}
     if mode == "converges":
         params["downtime_limit"] = 5000
+    # early: the decision needs the guest to rewrite faster than the link
+    # carries, a given natively.  Under emulation the guest's tracked pace
+    # is a few times 20 MB/s at most, and with the bitmap only pages the
+    # pass has read count as rewritten: once (CI of 9c3e19c) a 4.3 s pass
+    # ended before the probes had seen enough, and the switch came after
+    # it.  A quarter of the link there keeps the guest well ahead.
+    cap = LIMIT // 4 if mode == "early" and kt.emulated() else LIMIT
+    params["max_bandwidth"] = cap
     q = start(src, dst, uri, params, verify=True)
     r, seen = kt.follow(q, kt.slow(60))
     if mode == "converges":
@@ -262,11 +270,11 @@ def test_hybrid(d, vms, check, mode, backend):
     if not completed_postcopy(check, src, dst, r, seen):
         return
     check("by_itself", sw.get("by") == "x-postcopy-auto", repr(sw))
-    # early: the guest rewrites its 64 MiB far faster than 20 MB/s, so the
-    # pass's first half second shows more rewritten than 300 ms carry
+    # early: the guest rewrites its 64 MiB far faster than the link, so
+    # the pass's first probes show more rewritten than 300 ms carry
     check("when", sw.get("in-bulk-pass") is early, repr(sw))
     if early:
-        check("rewritten", sw.get("rewritten", 0) > LIMIT * 300 // 1000, repr(sw))
+        check("rewritten", sw.get("rewritten", 0) > cap * 300 // 1000, repr(sw))
         check("no_round", r.get("ram", {}).get("dirty-sync-count", 0) <= 1, repr(r))
     else:
         check("one_round", r.get("ram", {}).get("dirty-sync-count", 0) <= 2, repr(r))
