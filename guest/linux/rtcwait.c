@@ -16,7 +16,8 @@
  * item for it has run (and that item arms the next alarm), so one that
  * comes late shows a guest too starved to run that item in time (a vCPU
  * the throttle holds); after an interrupt lost on its way to Linux, no
- * alarm is armed and nothing comes.  An error is printed as
+ * alarm is armed and nothing comes (so long as nothing else arms the RTC's
+ * alarm or sets its time meanwhile).  An error is printed as
  * "rtcwait error: ...".
  */
 #include <errno.h>

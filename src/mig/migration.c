@@ -399,11 +399,14 @@ json_t *migration__query(struct migration *m)
 				"latency-p50-us", (json_int_t)st.postcopy_lat_p50_us,
 				"latency-p99-us", (json_int_t)st.postcopy_lat_p99_us));
 		if (st.postcopy)  /* source: how the switch came */
-			json_object_set_new(r, "x-postcopy-switch", json_pack("{s:s, s:b, s:I, s:I}",
+			json_object_set_new(r, "x-postcopy-switch",
+				json_pack("{s:s, s:b, s:I, s:I, s:I, s:I}",
 				"by", st.postcopy_auto ? "x-postcopy-auto" : "migrate-start-postcopy",
 				"in-bulk-pass", st.postcopy_in_bulk,
 				"at-ms", (json_int_t)st.postcopy_switch_ms,
-				"rewritten", (json_int_t)st.postcopy_rewritten));
+				"rewritten", (json_int_t)st.postcopy_rewritten,
+				"bandwidth", (json_int_t)st.postcopy_bw_bps,
+				"dirty-rate", (json_int_t)st.postcopy_rate_bps));
 		if (st.blocktime)
 			migration__blocktime_json(r, &st);
 		json_object_set_new(r, "cpu-throttle-percentage", json_integer(st.throttle_pct));

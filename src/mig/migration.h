@@ -115,6 +115,8 @@ struct mig_stats {
 	bool postcopy_in_bulk;       /* the switch came during the bulk pass */
 	uint64_t postcopy_switch_ms; /* when, from the start */
 	uint64_t postcopy_rewritten; /* hybrid in the bulk pass: bytes sent, then rewritten */
+	uint64_t postcopy_bw_bps;    /* hybrid: the bandwidth and dirty rate (B/s) */
+	uint64_t postcopy_rate_bps;  /* its switch decided on */
 	uint64_t postcopy_requests;  /* RP_REQ received (source) */
 	uint64_t postcopy_faults;    /* destination: faults, pages asked for, mapped as zero */
 	uint64_t postcopy_asked, postcopy_zero_mapped;

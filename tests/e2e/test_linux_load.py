@@ -153,8 +153,8 @@ def check_guest(check, name, vm, gen, probe, start=0):
     check(name + "_no_bad_page", r and all(x[3] == 0 for x in r), kt.dump(vm))
     check(name + "_clock_never_back", r and all(x[6] == 0 for x in r),
           "back counts %r" % sorted({x[6] for x in r}))
-    # rtcwait saw 2 RTC interrupts (the first probe: or 1 late, then the
-    # next probe 2); timer and UART counts go on
+    # rtcwait saw 2 RTC interrupts (the first probe may instead hear one
+    # late, if the next hears 2); timer and UART counts go on
     check(name + "_interrupts", probe is None or verdict is True, "%s / %s" % (line, " / ".join(
         [l for l in vm.console.text().splitlines() if "KMIG-LINUX rtcdiag" in l][-2:])))
     bad = bad_lines(vm, start)

@@ -35,6 +35,11 @@ def test_late_wake_then_ok():
     assert verdict(LATE, line(6, "OK", rtc0=11, raised=2)) is True
 
 
+def test_late_at_once_is_late():
+    # the interrupt came the moment rtcwait gave up: 0 ms late still came
+    assert verdict(line(5, "FAIL", raised=1, late=0), line(6, "OK", rtc0=11, raised=2)) is True
+
+
 def test_late_wake_then_fail():
     assert verdict(LATE, line(6, "FAIL", rtc0=10, raised=1, late=300)) is False
     assert verdict(LATE, line(6, "FAIL", rtc0=10, raised=0)) is False

@@ -84,9 +84,9 @@ def kvm_module():
 
 def emulated():
     """True inside scripts/kvm-vm: everything runs under TCG emulation, so
-    tests scale their rounds and timeouts (never their assertions) to it;
-    a guest pace read after dirty logging is the one exception, asserted
-    natively only (docs/testing.md, "Paces under emulation")."""
+    tests scale their rounds, timeouts and links (never their assertions)
+    to it; a guest pace read after dirty logging is the one exception,
+    asserted natively only (docs/testing.md, "Paces under emulation")."""
     return os.environ.get("KMIG_TEST_EMULATED") == "1"
 
 

@@ -200,6 +200,8 @@ static bool sender__hybrid_switch(struct sender *s, const struct policy_input *i
 	}
 	pthread_mutex_lock(&m->lock);
 	m->stats.postcopy_auto = true;
+	m->stats.postcopy_bw_bps = in->bandwidth_bps;
+	m->stats.postcopy_rate_bps = in->dirty_rate_bps;
 	pthread_mutex_unlock(&m->lock);
 	log_info("migration: post-copy (x-postcopy-auto) %s: %llu MB left, dirty rate %llu MB/s, "
 		 "bandwidth %llu MB/s", when, (unsigned long long)(in->remaining_bytes / 1000000),
