@@ -370,15 +370,15 @@ static void migrate__summary(json_t *q)
 	if (jint(ram, "postcopy-bytes"))
 		printf("post-copy: %lld MiB after the switch, %lld pages asked for by the destination\n",
 		       jint(ram, "postcopy-bytes") >> 20, jint(ram, "postcopy-requests"));
-	if (sw)
+	if (sw) {
 		printf("switched by %s at %lld ms, %s the bulk pass",
 		       json_string_value(json_object_get(sw, "by")), jint(sw, "at-ms"),
 		       json_is_true(json_object_get(sw, "in-bulk-pass")) ? "during" : "after");
-	if (sw && jint(sw, "bandwidth")) /* the hybrid's own decision */
-		printf(" (dirty rate %lld MB/s, bandwidth %lld MB/s)",
-		       jint(sw, "dirty-rate") / 1000000, jint(sw, "bandwidth") / 1000000);
-	if (sw)
+		if (jint(sw, "bandwidth")) /* the hybrid's own decision */
+			printf(" (dirty rate %lld MB/s, bandwidth %lld MB/s)",
+			       jint(sw, "dirty-rate") / 1000000, jint(sw, "bandwidth") / 1000000);
 		printf("\n");
+	}
 	const char *e = json_string_value(json_object_get(q, "error-desc"));
 	if (e)
 		printf("error: %s\n", e);
