@@ -9,6 +9,7 @@ pkgs=(
   libjansson-dev       # JSON for the QMP control socket
   libzstd-dev          # zstd compression of migration pages
   liblz4-dev           # lz4 compression of migration pages
+  zlib1g-dev           # zlib compression of migration pages (QEMU's multifd-compression zlib)
   binutils             # objdump: the guest build scans its ring-0 code
   qemu-system-x86      # test and benchmark peer, runs the same guest ELF
   python3              # test and benchmark drivers

@@ -14,7 +14,12 @@ migrates it over tcp:127.0.0.1 with no bandwidth limit (kmig max-bandwidth
                                     without multifd too; QEMU 7.2 does not)
   kmig-zstd-mfN, qemu-zstd-mfN      multifd, N = 1, 2, 4 channels, zstd at
                                     level 1 on both (QEMU's default level)
+  kmig-zlib-mf2, qemu-zlib-mf2      multifd, 2 channels, zlib at level 1
   kmig-lz4-mfN                      multifd with lz4 (QEMU 7.2 has none)
+
+With multifd both VMMs get the same parameters (QEMU's names:
+multifd-compression, multifd-zstd-level, multifd-zlib-level); kmig's
+own x-compression sets kmig-zstd and the lz4 rows.
 
 Per run, from the final query-migrate: total time, ram.transferred (as
 the VMM counts it), ram.normal-bytes (guest data sent); the bytes that
@@ -66,6 +71,8 @@ for _n in (1, 2, 4):
     CONFIGS["kmig-zstd-mf%d" % _n] = ("kmig", _n, "zstd")
     CONFIGS["qemu-zstd-mf%d" % _n] = ("qemu", _n, "zstd")
     CONFIGS["kmig-lz4-mf%d" % _n] = ("kmig", _n, "lz4")
+CONFIGS["kmig-zlib-mf2"] = ("kmig", 2, "zlib")
+CONFIGS["qemu-zlib-mf2"] = ("qemu", 2, "zlib")
 DATA = ("pattern", "random")
 
 
@@ -101,12 +108,14 @@ def migration_params(vmm, channels, comp):
     params = {"max-bandwidth": 0 if vmm == "kmig" else mb.QEMU_UNLIMITED, "downtime-limit": 300}
     if channels:
         params["multifd-channels"] = channels
-    if vmm == "kmig":
-        params["x-compression"] = comp
-    elif channels:
-        params["multifd-compression"] = comp
-        if comp == "zstd":
-            params["multifd-zstd-level"] = 1
+    if channels and comp != "lz4":
+        params["multifd-compression"] = comp         # QEMU's names, on both VMMs
+        if comp != "none":
+            params["multifd-%s-level" % comp] = 1
+        if vmm == "kmig":
+            params["x-compression"] = "none"
+    elif vmm == "kmig":
+        params["x-compression"] = comp               # one stream, or lz4 (kmig's own)
     return caps, params
 
 

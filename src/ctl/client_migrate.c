@@ -22,6 +22,7 @@
 
 #include "base/units.h"
 #include "ctl/client.h"
+#include "mig/comp.h"
 
 enum pc_mode { PC_OFF, PC_AFTER_PASS, PC_AUTO };
 
@@ -56,7 +57,7 @@ static void migrate__usage(FILE *f)
 		"                                (neither given, pre-copy: dirty-limit 20 on the\n"
 		"                                dirty ring, else auto-converge computed)\n"
 		"  --multifd N                   N parallel channels (1 to 16)\n"
-		"  --compression none|zstd|lz4   compress page records\n"
+		"  --compression C               compress page records: none, zstd, lz4, zlib\n"
 		"  --postcopy auto|after-pass|off  switch to post-copy when pre-copy cannot end\n"
 		"  --dest-qmp unix:PATH          the destination's QMP (post-copy, --resume)\n"
 		"  --resume                      resume a paused post-copy migration\n"
@@ -116,8 +117,8 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 				die("--multifd %s: 1 to 16 channels", optarg);
 			break;
 		case 'c':
-			if (strcmp(optarg, "none") && strcmp(optarg, "zstd") && strcmp(optarg, "lz4"))
-				die("--compression %s: expected none, zstd or lz4", optarg);
+			if (mig_comp__parse(optarg, false, &(enum proto_comp){ 0 }))
+				die("--compression %s: expected none, zstd, lz4 or zlib", optarg);
 			o->compression = optarg;
 			break;
 		case 'p':

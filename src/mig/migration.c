@@ -38,6 +38,7 @@ void migration__init(struct migration *m, struct vm *vm, struct control *ctl)
 	m->params.dirty_limit_period_ms = 1000;
 	m->params.vcpu_dirty_limit = 1;
 	m->params.multifd_channels = 2;
+	mig_comp_params__init(&m->params.comp);
 	m->params.announce = (struct announce_params)ANNOUNCE_DEFAULTS;
 	m->params.final_round = true;
 	m->params.postcopy_early = true;

@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "dev/announce.h"
 #include "kvm/dirtylimit.h"
+#include "mig/comp.h"
 #include "mig/policy/calcrate.h"
 #include "mig/multifd.h"
 #include "mig/policy/policy.h"
@@ -58,7 +59,7 @@ struct mig_params {
 	bool throttle_policy_set;         /* named by the user (else QEMU's step-law
 					   * parameters choose step) */
 	bool cap_dirty_limit;        /* dirty-limit: limit vCPU dirty rates instead of throttling */
-	enum proto_comp compression; /* x-compression: none | zstd | lz4 */
+	struct mig_comp_params comp; /* x-compression, multifd-compression and levels */
 	bool cap_multifd;            /* multifd: pages over parallel channels */
 	bool cap_pause_before_switchover; /* stop in pre-switchover until migrate-continue */
 	bool cap_postcopy_ram;       /* postcopy-ram: migrate-start-postcopy may switch */

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "base/log.h"
+#include "mig/comp.h"
 #include "mig/wire/proto.h"
 #include "mig/recv/recv.h"
 #include "mig/wire/stream.h"
@@ -55,7 +56,7 @@ struct multifd_send_chan {
 struct multifd_send {
 	_Atomic unsigned n;          /* channels fully open */
 	unsigned next;               /* round-robin */
-	enum proto_comp comp;
+	struct mig_comp comp;
 	const struct proto_ram *ram;
 	atomic_int err;              /* first worker error */
 	atomic_bool stop;            /* shutdown: connects in progress give up */
@@ -70,7 +71,7 @@ struct multifd_send {
  * multifd_send__close leaves it); ram and tls must outlive the channels.
  * err gets a reason on failure; multifd_send__close cleans up either way. */
 int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
-		       const struct proto_ram *ram, enum proto_comp comp, uint64_t rate,
+		       const struct proto_ram *ram, struct mig_comp comp, uint64_t rate,
 		       const struct tls_config *tls, const uint8_t session[PROTO_SESSION_LEN],
 		       char *err, size_t errlen) KMIG_MUST_CHECK;
 /* Queues a batch (blocks while the chosen channel's queue is full). */

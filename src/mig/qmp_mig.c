@@ -145,8 +145,7 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
-	static const char *const comp_names[] = { "none", "zstd", "lz4" };
-	json_t *r = json_pack("{s:I, s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:I, s:b, s:b, s:b, s:b, s:b}",
+	json_t *r = json_pack("{s:I, s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:s, s:i, s:i, s:i, s:s, s:s, s:s, s:I, s:b, s:b, s:b, s:b, s:b}",
 			 "max-bandwidth", (json_int_t)p.max_bandwidth,
 			 "max-postcopy-bandwidth", (json_int_t)p.max_postcopy_bandwidth,
 			 "downtime-limit", (json_int_t)p.policy.downtime_limit_ms,
@@ -158,7 +157,10 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 			 "x-cpu-throttle-policy", policy_names[p.throttle_policy],
 			 "x-vcpu-dirty-limit-period", (json_int_t)p.dirty_limit_period_ms,
 			 "vcpu-dirty-limit", (json_int_t)p.vcpu_dirty_limit,
-			 "x-compression", comp_names[p.compression],
+			 "x-compression", mig_comp__name(p.comp.stream),
+			 "multifd-compression", mig_comp__name(p.comp.multifd),
+			 "multifd-zstd-level", p.comp.zstd_level,
+			 "multifd-zlib-level", p.comp.zlib_level,
 			 "multifd-channels", p.multifd_channels,
 			 "tls-creds", p.tls_creds, "tls-hostname", p.tls_hostname,
 			 "tls-authz", p.tls_authz,
@@ -212,6 +214,37 @@ static int params_str(json_t *args, const char *name, char *out, size_t cap,
 	return 0;
 }
 
+/* One algorithm's name: absent leaves *kind. */
+static int params_comp_kind(json_t *args, const char *name, bool multifd_only,
+			    enum proto_comp *kind, struct qmp_error *err)
+{
+	const char *v = NULL;
+	int rc = qmp_arg__str(args, name, &v, false, err);
+	if (rc <= 0)
+		return rc;
+	if (mig_comp__parse(v, multifd_only, kind)) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Parameter '%s' expects %s", name,
+			       multifd_only ? "none, zlib or zstd (lz4: x-compression)" :
+					      "none, zstd, lz4 or zlib");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* x-compression, multifd-compression and their levels (mig/comp.h). */
+static int params_comp(json_t *args, struct mig_comp_params *c, struct qmp_error *err)
+{
+	unsigned zstd = (unsigned)c->zstd_level, zlib = (unsigned)c->zlib_level;
+	if (params_comp_kind(args, "x-compression", false, &c->stream, err) < 0 ||
+	    params_comp_kind(args, "multifd-compression", true, &c->multifd, err) < 0 ||
+	    params_uint(args, "multifd-zstd-level", PROTO_ZSTD_LEVEL_MAX, &zstd, err) < 0 ||
+	    params_uint(args, "multifd-zlib-level", PROTO_ZLIB_LEVEL_MAX, &zlib, err) < 0)
+		return -EINVAL;
+	c->zstd_level = (int)zstd;
+	c->zlib_level = (int)zlib;
+	return 0;
+}
+
 /* tls-creds, tls-hostname, tls-authz: the objects must exist (--object). */
 static int params_tls(struct migration *m, json_t *args, struct mig_params *p,
 		      struct qmp_error *err)
@@ -258,16 +291,16 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 		"max-bandwidth", "max-postcopy-bandwidth", "downtime-limit", "throttle-trigger-threshold",
 		"cpu-throttle-initial", "cpu-throttle-increment", "cpu-throttle-tailslow",
 		"max-cpu-throttle", "x-cpu-throttle-policy", "x-vcpu-dirty-limit-period",
-		"vcpu-dirty-limit", "x-compression", "multifd-channels", "tls-creds",
+		"vcpu-dirty-limit", "x-compression", "multifd-compression", "multifd-zstd-level",
+		"multifd-zlib-level", "multifd-channels", "tls-creds",
 		"tls-hostname", "tls-authz", "x-free-page-hint-wait", "x-final-round",
 		"x-postcopy-early", "announce-initial", "announce-max", "announce-rounds",
 		"announce-step", "x-sync-per-slot", "x-kick-throttled", "x-sync-dirty-rate", NULL };
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
-	const char *pol = NULL, *comp = NULL;
-	if (qmp_arg__check_known(args, known, err) ||
-	    qmp_arg__str(args, "x-compression", &comp, false, err) < 0 ||
+	const char *pol = NULL;
+	if (qmp_arg__check_known(args, known, err) || params_comp(args, &p.comp, err) ||
 	    qmp_arg__uint(args, "max-bandwidth", &p.max_bandwidth, false, err) < 0 ||
 	    qmp_arg__uint(args, "max-postcopy-bandwidth", &p.max_postcopy_bandwidth, false, err) < 0 ||
 	    qmp_arg__uint(args, "downtime-limit", &p.policy.downtime_limit_ms, false, err) < 0 ||
@@ -313,16 +346,6 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 		qmp_error__set(err, QMP_ERROR_GENERIC, "x-vcpu-dirty-limit-period must be 1..1000 ms "
 			       "and vcpu-dirty-limit at least 1 MB/s");
 		return NULL;
-	}
-	if (comp) {
-		if (!strcmp(comp, "none") || !strcmp(comp, "zstd") || !strcmp(comp, "lz4")) {
-			p.compression = !strcmp(comp, "none") ? PROTO_COMP_NONE :
-					!strcmp(comp, "zstd") ? PROTO_COMP_ZSTD : PROTO_COMP_LZ4;
-		} else {
-			qmp_error__set(err, QMP_ERROR_GENERIC,
-				       "Parameter 'x-compression' expects none, zstd or lz4");
-			return NULL;
-		}
 	}
 	if (pol) {
 		p.throttle_policy_set = true;

@@ -4,6 +4,7 @@
 mutates from.  See docs/protocol.md for the records."""
 import os
 import struct
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PG = 4096
@@ -23,6 +24,13 @@ def start(blocks=((0, 16 * PG), (1 << 32, 8 * PG))):
 def pages(block, offsets, fill):
     p = struct.pack("<II", block, len(offsets)) + b"".join(struct.pack("<Q", o) for o in offsets)
     return rec(2, p + b"".join(bytes([fill + i]) * PG for i in range(len(offsets))))
+
+
+def pages_zlib(block, offsets, fill):
+    """A PAGES record compressed with zlib (flag COMPRESSED_ZLIB)."""
+    raw = b"".join(bytes([fill + i]) * PG for i in range(len(offsets)))
+    p = struct.pack("<II", block, len(offsets)) + b"".join(struct.pack("<Q", o) for o in offsets)
+    return rec(2, p + struct.pack("<I", len(raw)) + zlib.compress(raw, 1), 1 << 3)
 
 
 def zero(block, offsets):
@@ -58,6 +66,7 @@ def recv_seeds():
         "main_channels": b"\0" + start() + channel(0, 2) + body + sync(1) + end(),
         "main_checksum": b"\0" + start() + body + end(bytes(32)),
         "channel": b"\1" + pages(0, [2 * PG], 0x33) + zero(0, [3 * PG]) + sync(1) + sync(2),
+        "main_zlib": b"\0" + start() + pages_zlib(0, [0, 3 * PG], 0x21) + sync(1) + end(),
         "error": b"\0" + start() + rec(7, struct.pack("<I", 125) + b"cancelled"),
         "postcopy": b"\2" + start() + body + discard(0, [0, PG]) + rec(10, b"")
                     + pages(0, [PG], 0x55) + zero(1, [7 * PG]) + end(),

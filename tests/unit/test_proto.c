@@ -36,6 +36,9 @@ static void t_header(struct t *t)
 		{ PROTO_ZERO, PROTO_F_COMPRESSED_ZSTD, 16 },   /* flag not allowed */
 		{ PROTO_PAGES, 1u << 31, 16 },                 /* unknown bit */
 		{ PROTO_PAGES, PROTO_F_COMPRESSED_ZSTD | PROTO_F_COMPRESSED_LZ4, 16 },
+		{ PROTO_PAGES, PROTO_F_COMPRESSED_ZLIB | PROTO_F_COMPRESSED_ZSTD, 16 },
+		{ PROTO_PAGES, PROTO_F_COMPRESSED_ZLIB | PROTO_F_COMPRESSED_LZ4, 16 },
+		{ PROTO_ZERO, PROTO_F_COMPRESSED_ZLIB, 16 },   /* flag not allowed */
 		{ PROTO_END, 0, 32 },                          /* len vs flag */
 		{ PROTO_END, PROTO_F_HAS_CHECKSUM, 0 },
 		{ PROTO_SYNC, 0, 4 },
@@ -157,15 +160,18 @@ static void t_pages_comp(struct t *t)
 		offs[i] = (uint64_t)(15 - i) * 4096;
 	size_t cap = proto__pages_record_size(16);
 	uint8_t *b = malloc(cap), *out = malloc(16 * 4096);
-	enum proto_comp kinds[2] = { PROTO_COMP_ZSTD, PROTO_COMP_LZ4 };
-	for (int k = 0; k < 2; k++) {
-		ssize_t n = proto__encode_pages_comp(&codec, kinds[k], b, cap, 0, 16, offs, blk);
+	enum proto_comp kinds[3] = { PROTO_COMP_ZSTD, PROTO_COMP_LZ4, PROTO_COMP_ZLIB };
+	const uint32_t flags[3] = { PROTO_F_COMPRESSED_ZSTD, PROTO_F_COMPRESSED_LZ4,
+				    PROTO_F_COMPRESSED_ZLIB };
+	for (int k = 0; k < 3; k++) {
+		int level = kinds[k] == PROTO_COMP_LZ4 ? 0 : PROTO_LEVEL_DEFAULT;
+		ssize_t n = proto__encode_pages_comp(&codec, kinds[k], level, b, cap, 0, 16, offs, blk);
 		T_CHECK(t, n > 0 && (size_t)n < cap / 4);
 		struct proto_hdr h;
 		struct proto_pages pg;
 		const char *why = NULL;
 		T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
-		T_CHECK_EQ(t, h.flags, k == 0 ? PROTO_F_COMPRESSED_ZSTD : PROTO_F_COMPRESSED_LZ4);
+		T_CHECK_EQ(t, h.flags, flags[k]);
 		T_CHECK_EQ(t, proto__decode_pages(b + 16, h.length, h.flags, &pg, &why), 0);
 		T_CHECK_EQ(t, pg.comp, kinds[k]);
 		T_CHECK_EQ(t, pg.raw_len, 16 * 4096);
@@ -187,16 +193,88 @@ static void t_pages_comp(struct t *t)
 		x ^= x << 13; x ^= x >> 7; x ^= x << 17;
 		rnd[i] = (uint8_t)x;
 	}
-	ssize_t n = proto__encode_pages_comp(&codec, PROTO_COMP_ZSTD, b, cap, 0, 16, offs, rnd);
-	T_CHECK_EQ(t, n, (ssize_t)cap);
-	T_CHECK_EQ(t, b[4], 0);
+	for (int k = 0; k < 3; k++) {
+		int level = kinds[k] == PROTO_COMP_LZ4 ? 0 : PROTO_LEVEL_DEFAULT;
+		ssize_t n = proto__encode_pages_comp(&codec, kinds[k], level, b, cap, 0, 16, offs, rnd);
+		T_CHECK_EQ(t, n, (ssize_t)cap);
+		T_CHECK_EQ(t, b[4], 0);
+	}
 	/* one-shot API */
-	ssize_t c = proto__compress(NULL, PROTO_COMP_LZ4, blk, 4096, out, 4096);
+	ssize_t c = proto__compress(NULL, PROTO_COMP_LZ4, 0, blk, 4096, out, 4096);
 	T_CHECK(t, c > 0);
-	T_CHECK_EQ(t, proto__compress(NULL, PROTO_COMP_ZSTD, rnd, 4096, out, 100), -ENOSPC);
-	T_CHECK_EQ(t, proto__compress(NULL, 7, blk, 4096, out, 4096), -EINVAL);
+	T_CHECK_EQ(t, proto__compress(NULL, PROTO_COMP_ZSTD, 1, rnd, 4096, out, 100), -ENOSPC);
+	T_CHECK_EQ(t, proto__compress(NULL, PROTO_COMP_ZLIB, 1, rnd, 4096, out, 100), -ENOSPC);
+	T_CHECK_EQ(t, proto__compress(NULL, 7, 0, blk, 4096, out, 4096), -EINVAL);
 	proto_codec__free(&codec);
 	free(rnd); free(b); free(out); free(blk);
+}
+
+/* Levels: the valid ranges, a level that changes on one codec, a higher
+ * level that packs tighter, zlib's level 0 (stored) sent plain, and a
+ * zlib blob with bytes after its end refused. */
+static void t_comp_levels(struct t *t)
+{
+	T_CHECK(t, proto__comp_level_ok(PROTO_COMP_ZSTD, 0));
+	T_CHECK(t, proto__comp_level_ok(PROTO_COMP_ZSTD, PROTO_ZSTD_LEVEL_MAX));
+	T_CHECK(t, !proto__comp_level_ok(PROTO_COMP_ZSTD, PROTO_ZSTD_LEVEL_MAX + 1));
+	T_CHECK(t, !proto__comp_level_ok(PROTO_COMP_ZSTD, -1));
+	T_CHECK(t, proto__comp_level_ok(PROTO_COMP_ZLIB, PROTO_ZLIB_LEVEL_MAX));
+	T_CHECK(t, !proto__comp_level_ok(PROTO_COMP_ZLIB, PROTO_ZLIB_LEVEL_MAX + 1));
+	T_CHECK(t, !proto__comp_level_ok(PROTO_COMP_LZ4, 1));
+	T_CHECK(t, !proto__comp_level_ok(PROTO_COMP_NONE, 0));
+	enum { N = 16 };
+	uint8_t *blk = malloc(N * 4096), *out = malloc(N * 4096);
+	size_t cap = proto__pages_record_size(N);
+	uint8_t *b = malloc(cap);
+	uint64_t offs[N], x = 0x9e3779b97f4a7c15ull;
+	for (int i = 0; i < N; i++)
+		offs[i] = (uint64_t)i * 4096;
+	static const char *const words[] = { "page ", "dirty ", "ring ", "vcpu ", "migrate ",
+					     "throttle ", "converge ", "switchover ", "guest ",
+					     "bitmap ", "stream ", "channel " };
+	for (int i = 0; i < N * 4096;) {          /* text-like: compresses, not trivially */
+		x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+		for (const char *w = words[x % 12]; *w && i < N * 4096; w++)
+			blk[i++] = (uint8_t)*w;
+	}
+	struct proto_codec codec = {0};
+	const enum proto_comp kinds[2] = { PROTO_COMP_ZLIB, PROTO_COMP_ZSTD };
+	const int levels[2][3] = { { 1, 9, 1 }, { 1, 19, 1 } };
+	for (int k = 0; k < 2; k++) {
+		ssize_t len[3];
+		for (int l = 0; l < 3; l++) {
+			len[l] = proto__encode_pages_comp(&codec, kinds[k], levels[k][l], b, cap, 0, N,
+							  offs, blk);
+			struct proto_hdr h;
+			struct proto_pages pg;
+			const char *why = NULL;
+			T_CHECK(t, len[l] > 0 && (size_t)len[l] < cap);
+			T_CHECK_EQ(t, proto__decode_header(b, 16, &h), 0);
+			T_CHECK_EQ(t, proto__decode_pages(b + 16, h.length, h.flags, &pg, &why), 0);
+			T_CHECK_EQ(t, pg.comp, kinds[k]);
+			T_CHECK_EQ(t, proto__decompress(&codec, pg.comp, pg.data, pg.data_len, out,
+							pg.raw_len), 0);
+			T_CHECK(t, memcmp(out, blk, N * 4096) == 0);
+		}
+		T_CHECK(t, len[1] < len[0]);     /* the higher level packs tighter */
+		if (len[1] >= len[0])
+			printf("# kind %d: %zd bytes at level %d, %zd at %d\n", kinds[k], len[0],
+			       levels[k][0], len[1], levels[k][1]);
+		T_CHECK_EQ(t, len[2], len[0]);   /* and the codec goes back to the first */
+		T_CHECK_EQ(t, proto__encode_pages_comp(&codec, kinds[k], -1, b, cap, 0, N, offs, blk),
+			   -EINVAL);
+	}
+	T_CHECK_EQ(t, proto__encode_pages_comp(&codec, PROTO_COMP_ZLIB, 0, b, cap, 0, N, offs, blk),
+		   (ssize_t)cap);               /* stored never shrinks: sent plain */
+	T_CHECK_EQ(t, b[4], 0);
+	ssize_t c = proto__compress(&codec, PROTO_COMP_ZLIB, 1, blk, 4096, b, cap - 1);
+	T_CHECK(t, c > 0);
+	b[c] = 0;                                /* a byte after the stream's end */
+	T_CHECK_EQ(t, proto__decompress(&codec, PROTO_COMP_ZLIB, b, (size_t)c + 1, out, 4096), -EPROTO);
+	T_CHECK_EQ(t, proto__decompress(&codec, PROTO_COMP_ZLIB, b, (size_t)c, out, 4096), 0);
+	T_CHECK_EQ(t, proto__decompress(NULL, PROTO_COMP_ZLIB, b, (size_t)c + 1, out, 4096), -EPROTO);
+	proto_codec__free(&codec);
+	free(b); free(out); free(blk);
 }
 
 static void t_small_records(struct t *t)
@@ -514,6 +592,7 @@ int main(void)
 	T_RUN(&t, t_start);
 	T_RUN(&t, t_pages);
 	T_RUN(&t, t_pages_comp);
+	T_RUN(&t, t_comp_levels);
 	T_RUN(&t, t_small_records);
 	T_RUN(&t, t_resume_records);
 	T_RUN(&t, t_page_sum);

@@ -83,9 +83,9 @@ static int build_stream(struct fake *src, struct rec *out)
 	for (size_t i = 0; i < 4 * PG; i++)
 		src->ram.blocks[1].host[i] = (uint8_t)(i % 17 == 0);
 	uint64_t o1[2] = { 0, PG }, o2[2] = { 2 * PG, 3 * PG };
-	out[n].len = proto__encode_pages_comp(&codec, PROTO_COMP_ZSTD, out[n].buf, cap, 1, 2, o1,
+	out[n].len = proto__encode_pages_comp(&codec, PROTO_COMP_ZSTD, 1, out[n].buf, cap, 1, 2, o1,
 					      src->ram.blocks[1].host); n++;
-	out[n].len = proto__encode_pages_comp(&codec, PROTO_COMP_LZ4, out[n].buf, cap, 1, 2, o2,
+	out[n].len = proto__encode_pages_comp(&codec, PROTO_COMP_LZ4, 0, out[n].buf, cap, 1, 2, o2,
 					      src->ram.blocks[1].host); n++;
 	/* zero pages: block 0 pages 1, 2 and block 1 page 7 */
 	memset(src->ram.blocks[0].host + PG, 0, 2 * PG);
@@ -436,29 +436,33 @@ static void t_reject_compressed(struct t *t)
 	struct proto_codec c = {0};
 	uint64_t o[2] = { 0, PG };
 	uint8_t *zeros = calloc(4, PG);
-	for (int kind = PROTO_COMP_ZSTD; kind <= PROTO_COMP_LZ4; kind++) {
+	const uint32_t flag[] = { [PROTO_COMP_ZSTD] = PROTO_F_COMPRESSED_ZSTD,
+				  [PROTO_COMP_LZ4] = PROTO_F_COMPRESSED_LZ4,
+				  [PROTO_COMP_ZLIB] = PROTO_F_COMPRESSED_ZLIB };
+	for (int kind = PROTO_COMP_ZSTD; kind <= PROTO_COMP_ZLIB; kind++) {
+		int level = kind == PROTO_COMP_LZ4 ? 0 : 1;
 		/* corrupt blob */
 		neg__setup(&x, true);
-		ssize_t n = proto__encode_pages_comp(&c, kind, x.buf, sizeof(x.buf), 0, 2, o, zeros);
+		ssize_t n = proto__encode_pages_comp(&c, kind, level, x.buf, sizeof(x.buf), 0, 2, o,
+						     zeros);
 		T_CHECK(t, n > 0 && n < 200);
 		memset(x.buf + 16 + 8 + 16 + 4, 0xee, (size_t)n - 44);
 		neg__expect(t, &x, n, -EPROTO, "decompress");
 		neg__done(&x);
 		/* blob of 1 page while count says 2: raw length mismatch */
 		neg__setup(&x, true);
-		n = proto__encode_pages_comp(&c, kind, x.buf, sizeof(x.buf), 0, 2, o, zeros);
+		n = proto__encode_pages_comp(&c, kind, level, x.buf, sizeof(x.buf), 0, 2, o, zeros);
 		le__put32(x.buf + 40, PG);
 		neg__expect(t, &x, n, -EPROTO, "raw length");
 		neg__done(&x);
 		/* valid 1-page blob with count 2 and raw length patched to 2 pages */
 		neg__setup(&x, true);
 		uint8_t one[256];
-		n = proto__encode_pages_comp(&c, kind, one, sizeof(one), 0, 1, o, zeros);
+		n = proto__encode_pages_comp(&c, kind, level, one, sizeof(one), 0, 1, o, zeros);
 		T_CHECK(t, n > 0);
 		size_t blob = (size_t)n - 16 - 16 - 4;
 		ssize_t h = proto__encode_pages_head(x.buf, sizeof(x.buf),
-			kind == PROTO_COMP_ZSTD ? PROTO_F_COMPRESSED_ZSTD : PROTO_F_COMPRESSED_LZ4,
-			0, 2, o, 4 + blob);
+			flag[kind], 0, 2, o, 4 + blob);
 		le__put32(x.buf + h, 2 * PG);
 		memcpy(x.buf + h + 4, one + 16 + 16 + 4, blob);
 		neg__expect(t, &x, h + 4 + (ssize_t)blob, -EPROTO, "decompress");

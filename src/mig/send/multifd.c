@@ -30,8 +30,9 @@ static int chan__pages(struct multifd_send_chan *c, uint32_t block, uint32_t cou
 {
 	const struct proto_ram_block *b = &c->mf->ram->blocks[block];
 	ssize_t n;
-	if (c->mf->comp != PROTO_COMP_NONE)
-		n = proto__encode_pages_comp(&c->codec, c->mf->comp, c->rec, MULTIFD_REC_CAP,
+	if (c->mf->comp.kind != PROTO_COMP_NONE)
+		n = proto__encode_pages_comp(&c->codec, c->mf->comp.kind, c->mf->comp.level,
+					     c->rec, MULTIFD_REC_CAP,
 					     block, count, offs, b->host);
 	else
 		n = proto__encode_pages(c->rec, MULTIFD_REC_CAP, block, count, offs, b->host);
@@ -137,7 +138,7 @@ static void chan__free(struct multifd_send_chan *c)
 }
 
 int multifd_send__open(struct multifd_send *mf, unsigned n, const char *uri,
-		       const struct proto_ram *ram, enum proto_comp comp, uint64_t rate,
+		       const struct proto_ram *ram, struct mig_comp comp, uint64_t rate,
 		       const struct tls_config *tls, const uint8_t session[PROTO_SESSION_LEN],
 		       char *err, size_t errlen)
 {

@@ -64,8 +64,9 @@ static int sender__flush_pages(struct sender *s)
 		return multifd_send__queue(s->mf, PROTO_PAGES, (uint32_t)s->pblock, n, s->poffs);
 	}
 	const struct ram_block *b = &s->ram->blocks[s->pblock];
-	if (s->comp != PROTO_COMP_NONE) {
-		ssize_t n = proto__encode_pages_comp(&s->codec, s->comp, s->rec, s->rec_cap,
+	if (s->comp.kind != PROTO_COMP_NONE) {
+		ssize_t n = proto__encode_pages_comp(&s->codec, s->comp.kind, s->comp.level,
+						     s->rec, s->rec_cap,
 						     (uint32_t)s->pblock, s->pn, s->poffs, b->host);
 		s->pn = 0;
 		return n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);

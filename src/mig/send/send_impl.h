@@ -36,7 +36,7 @@ struct sender {
 	uint8_t *rec;               /* record buffer */
 	size_t rec_cap;
 	bool zero_detect;
-	enum proto_comp comp;        /* x-compression of PAGES records */
+	struct mig_comp comp;        /* of the main stream's PAGES records (mig/comp.h) */
 	struct proto_codec codec;
 	bool paused;                /* we stopped the vCPUs */
 	bool tracking;              /* we hold dirty tracking on */

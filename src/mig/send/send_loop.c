@@ -70,7 +70,8 @@ static int sender__open_channels(struct sender *s, const char *uri, const struct
 	m->mf_open = true; /* migrate_cancel may shut the channels down from now on */
 	pthread_mutex_unlock(&m->lock);
 	s->mf = &m->mf;
-	rc = multifd_send__open(&m->mf, n, uri, pr, s->comp, m->params.max_bandwidth,
+	rc = multifd_send__open(&m->mf, n, uri, pr, mig_comp__channel(&m->params.comp),
+				m->params.max_bandwidth,
 				m->tls_out.creds ? &m->tls_out : NULL, session, err, sizeof(err));
 	if (rc)
 		migration__set_error(m, "%s", err);
@@ -508,7 +509,7 @@ void *migration__send_thread(void *arg)
 	s->discard_end = UINT64_MAX;
 	s->rec = malloc(s->rec_cap);
 	s->zero_detect = m->params.cap_zero_detect;
-	s->comp = m->params.compression;
+	s->comp = mig_comp__stream(&m->params.comp);
 	policy__state_init(&m->pstate);
 	rc = s->rec ? 0 : -ENOMEM;
 	if (!rc && (m->params.cap_verify || m->params.cap_postcopy_ram) && m->vm->balloon)

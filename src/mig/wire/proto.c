@@ -49,7 +49,7 @@ int proto__encode_header(void *buf, size_t cap, uint32_t type, uint32_t flags,
 static uint32_t proto__allowed_flags(uint32_t type)
 {
 	switch (type) {
-	case PROTO_PAGES: return PROTO_F_COMPRESSED_ZSTD | PROTO_F_COMPRESSED_LZ4;
+	case PROTO_PAGES: return PROTO_F_COMPRESSED_ANY;
 	case PROTO_END:   return PROTO_F_HAS_CHECKSUM;
 	case PROTO_POSTCOPY: return PROTO_F_HAS_CHECKSUM;
 	case PROTO_DISK:  return PROTO_F_HAS_CHECKSUM;
@@ -65,7 +65,7 @@ const char *proto__header_problem(const struct proto_hdr *h)
 		return "unknown flag bits for this record type";
 	if (h->length > PROTO_MAX_PAYLOAD)
 		return "record length exceeds the 16 MiB limit";
-	if ((h->flags & PROTO_F_COMPRESSED_ZSTD) && (h->flags & PROTO_F_COMPRESSED_LZ4))
+	if (__builtin_popcount(h->flags & PROTO_F_COMPRESSED_ANY) > 1)
 		return "PAGES record with two compression flags";
 	switch (h->type) {
 	case PROTO_START:
@@ -219,7 +219,7 @@ ssize_t proto__encode_pages_head(void *buf, size_t cap, uint32_t flags, uint32_t
 {
 	if (proto__check_run(count, PROTO_MAX_PAGES) ||
 	    (flags & ~proto__allowed_flags(PROTO_PAGES)) ||
-	    flags == (PROTO_F_COMPRESSED_ZSTD | PROTO_F_COMPRESSED_LZ4))
+	    __builtin_popcount(flags & PROTO_F_COMPRESSED_ANY) > 1)
 		return -EINVAL;
 	uint64_t head = 8 + 8ull * count;
 	if (data_len > PROTO_MAX_PAYLOAD)
@@ -458,7 +458,8 @@ int proto__decode_pages(const void *payload, size_t len, uint32_t flags,
 	size_t rest = len - (size_t)used;
 	uint64_t raw = (uint64_t)pg->count * PROTO_PAGE_SIZE;
 	pg->comp = (flags & PROTO_F_COMPRESSED_ZSTD) ? PROTO_COMP_ZSTD :
-		   (flags & PROTO_F_COMPRESSED_LZ4) ? PROTO_COMP_LZ4 : PROTO_COMP_NONE;
+		   (flags & PROTO_F_COMPRESSED_LZ4) ? PROTO_COMP_LZ4 :
+		   (flags & PROTO_F_COMPRESSED_ZLIB) ? PROTO_COMP_ZLIB : PROTO_COMP_NONE;
 	pg->raw_len = (uint32_t)raw;
 	if (pg->comp == PROTO_COMP_NONE) {
 		if (rest != raw)

@@ -69,6 +69,9 @@ enum proto_type {
 #define PROTO_F_COMPRESSED_ZSTD  (1u << 0)   /* PAGES */
 #define PROTO_F_COMPRESSED_LZ4   (1u << 1)   /* PAGES */
 #define PROTO_F_HAS_CHECKSUM     (1u << 2)   /* END, POSTCOPY, DISK INFO */
+#define PROTO_F_COMPRESSED_ZLIB  (1u << 3)   /* PAGES */
+#define PROTO_F_COMPRESSED_ANY   (PROTO_F_COMPRESSED_ZSTD | PROTO_F_COMPRESSED_LZ4 | \
+				  PROTO_F_COMPRESSED_ZLIB)
 
 struct proto_hdr {
 	uint32_t type;
@@ -100,7 +103,9 @@ struct proto_start {
  * PAGES, data/data_len is the page data: count * PROTO_PAGE_SIZE raw
  * bytes, or (comp != PROTO_COMP_NONE) one compressed blob that must
  * decompress to exactly raw_len == count * PROTO_PAGE_SIZE bytes. */
-enum proto_comp { PROTO_COMP_NONE = 0, PROTO_COMP_ZSTD = 1, PROTO_COMP_LZ4 = 2 };
+enum proto_comp {
+	PROTO_COMP_NONE = 0, PROTO_COMP_ZSTD = 1, PROTO_COMP_LZ4 = 2, PROTO_COMP_ZLIB = 3
+};
 struct proto_pages {
 	uint32_t block;
 	uint32_t count;
@@ -309,20 +314,28 @@ void proto__ram_page_sum_as_zero(const struct proto_ram *ram, const struct bitma
 /* The same hash over one buffer, as if it were a single block. */
 void proto__hash_buf(const void *buf, size_t len, uint8_t out[PROTO_HASH_LEN]);
 
-/* ---- compression (zstd level 1, lz4 default) ----
- * A codec keeps the zstd contexts and a staging buffer between calls.
- * Zero-initialised struct proto_codec is valid; free it with
+/* ---- compression: zstd and zlib at a level, lz4 at its default ----
+ * A codec keeps the compressors' contexts and a staging buffer between
+ * calls.  Zero-initialised struct proto_codec is valid; free it with
  * proto_codec__free.  Not thread-safe. */
+#define PROTO_LEVEL_DEFAULT   1     /* zstd and zlib: fastest but one (QEMU's default) */
+#define PROTO_ZSTD_LEVEL_MAX  20    /* 0 is zstd's own default (3) */
+#define PROTO_ZLIB_LEVEL_MAX  9     /* 0 stores: such records go plain */
 struct proto_codec {
 	void *zc, *zd;                 /* ZSTD_CCtx, ZSTD_DCtx, lazily created */
+	void *zlc, *zld;               /* zlib's deflate and inflate streams, lazily */
+	int zlc_level;                 /* the level zlc was set up for */
 	uint8_t *stage;                /* PROTO_MAX_PAGES pages, lazily allocated */
 };
 void proto_codec__free(struct proto_codec *c);
 /* Worst-case compressed size of len bytes (0 for an unknown kind). */
 size_t proto__compress_bound(enum proto_comp kind, size_t len);
-/* Compresses src into dst; returns the compressed size or -ENOSPC/-EINVAL/
- * -ENOMEM.  c may be NULL (one-shot contexts). */
-ssize_t proto__compress(struct proto_codec *c, enum proto_comp kind, const void *src,
+/* Is level valid for kind?  (lz4 takes only 0: it has no level.) */
+bool proto__comp_level_ok(enum proto_comp kind, int level);
+/* Compresses src into dst at level (proto__comp_level_ok); returns the
+ * compressed size or -ENOSPC/-EINVAL/-ENOMEM.  c may be NULL (one-shot
+ * contexts). */
+ssize_t proto__compress(struct proto_codec *c, enum proto_comp kind, int level, const void *src,
 			size_t len, void *dst, size_t cap) KMIG_MUST_CHECK;
 /* Decompresses exactly `expected` bytes into dst (capacity expected);
  * -EPROTO if the blob is corrupt or yields any other size. */
@@ -333,8 +346,8 @@ int proto__decompress(struct proto_codec *c, enum proto_comp kind, const void *s
  * compressor must see stable input), then compressed into buf after the
  * header and offsets.  If compression does not shrink the data, an
  * uncompressed record is written instead.  Returns the record size. */
-ssize_t proto__encode_pages_comp(struct proto_codec *c, enum proto_comp kind, void *buf,
-				 size_t cap, uint32_t block, uint32_t count,
+ssize_t proto__encode_pages_comp(struct proto_codec *c, enum proto_comp kind, int level,
+				 void *buf, size_t cap, uint32_t block, uint32_t count,
 				 const uint64_t *offsets, const uint8_t *block_host) KMIG_MUST_CHECK;
 
 #endif

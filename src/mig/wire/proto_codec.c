@@ -6,19 +6,38 @@
 #include <lz4.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 #include <zstd.h>
 #include <zstd_errors.h>
 
 #include "mig/wire/proto_le.h"
 
-#define PROTO_ZSTD_LEVEL 1
-
 void proto_codec__free(struct proto_codec *c)
 {
 	ZSTD_freeCCtx(c->zc);
 	ZSTD_freeDCtx(c->zd);
+	if (c->zlc)
+		(void)deflateEnd(c->zlc);
+	if (c->zld)
+		(void)inflateEnd(c->zld);
+	free(c->zlc);
+	free(c->zld);
 	free(c->stage);
 	memset(c, 0, sizeof(*c));
+}
+
+bool proto__comp_level_ok(enum proto_comp kind, int level)
+{
+	switch (kind) {
+	case PROTO_COMP_ZSTD:
+		return level >= 0 && level <= PROTO_ZSTD_LEVEL_MAX;
+	case PROTO_COMP_ZLIB:
+		return level >= 0 && level <= PROTO_ZLIB_LEVEL_MAX;
+	case PROTO_COMP_LZ4:
+		return level == 0;
+	default:
+		return false;
+	}
 }
 
 size_t proto__compress_bound(enum proto_comp kind, size_t len)
@@ -28,35 +47,111 @@ size_t proto__compress_bound(enum proto_comp kind, size_t len)
 		return ZSTD_compressBound(len);
 	case PROTO_COMP_LZ4:
 		return len > LZ4_MAX_INPUT_SIZE ? 0 : (size_t)LZ4_compressBound((int)len);
+	case PROTO_COMP_ZLIB:
+		return compressBound(len);
 	default:
 		return 0;
 	}
 }
 
-static ssize_t proto__zstd_compress(struct proto_codec *c, const void *src, size_t len,
-				    void *dst, size_t cap)
+static ssize_t proto__zstd_compress(struct proto_codec *c, int level, const void *src,
+				    size_t len, void *dst, size_t cap)
 {
 	size_t r;
 	if (c) {
 		if (!c->zc && !(c->zc = ZSTD_createCCtx()))
 			return -ENOMEM;
-		r = ZSTD_compressCCtx(c->zc, dst, cap, src, len, PROTO_ZSTD_LEVEL);
+		r = ZSTD_compressCCtx(c->zc, dst, cap, src, len, level);
 	} else {
-		r = ZSTD_compress(dst, cap, src, len, PROTO_ZSTD_LEVEL);
+		r = ZSTD_compress(dst, cap, src, len, level);
 	}
 	if (ZSTD_isError(r))
 		return ZSTD_getErrorCode(r) == ZSTD_error_dstSize_tooSmall ? -ENOSPC : -EINVAL;
 	return (ssize_t)r;
 }
 
-ssize_t proto__compress(struct proto_codec *c, enum proto_comp kind, const void *src,
+/* The codec's deflate stream, set up for level and reset; NULL without
+ * memory. */
+static z_stream *proto__deflater(struct proto_codec *c, int level)
+{
+	z_stream *z = c->zlc;
+	if (z && c->zlc_level != level) {
+		(void)deflateEnd(z);
+		free(z);
+		c->zlc = z = NULL;
+	}
+	if (z)
+		return deflateReset(z) == Z_OK ? z : NULL;
+	if (!(z = calloc(1, sizeof(*z))))
+		return NULL;
+	if (deflateInit(z, level) != Z_OK) {
+		free(z);
+		return NULL;
+	}
+	c->zlc = z;
+	c->zlc_level = level;
+	return z;
+}
+
+/* One zlib stream (RFC 1950) per call; len and cap fit zlib's uInt as
+ * both are bounded by PROTO_MAX_PAYLOAD. */
+static ssize_t proto__zlib_compress(struct proto_codec *c, int level, const void *src,
+				    size_t len, void *dst, size_t cap)
+{
+	z_stream one = { 0 };
+	z_stream *z = c ? proto__deflater(c, level) : &one;
+	if (!z || (!c && deflateInit(z, level) != Z_OK))
+		return -ENOMEM;
+	z->next_in = (Bytef *)src;
+	z->avail_in = (uInt)len;
+	z->next_out = dst;
+	z->avail_out = cap > PROTO_MAX_PAYLOAD ? PROTO_MAX_PAYLOAD : (uInt)cap;
+	int r = deflate(z, Z_FINISH);
+	ssize_t n = r == Z_STREAM_END ? (ssize_t)z->total_out :
+		    r == Z_OK || r == Z_BUF_ERROR ? -ENOSPC : -EINVAL;
+	if (!c)
+		(void)deflateEnd(z);
+	return n;
+}
+
+static int proto__zlib_decompress(struct proto_codec *c, const void *src, size_t len,
+				  void *dst, size_t expected)
+{
+	z_stream one = { 0 };
+	z_stream *z = c ? c->zld : &one;
+	if (c && !z) {
+		if (!(z = calloc(1, sizeof(*z))))
+			return -ENOMEM;
+		if (inflateInit(z) != Z_OK) {
+			free(z);
+			return -ENOMEM;
+		}
+		c->zld = z;
+	} else if (c ? inflateReset(z) != Z_OK : inflateInit(z) != Z_OK) {
+		return -ENOMEM;
+	}
+	z->next_in = (Bytef *)src;
+	z->avail_in = (uInt)len;
+	z->next_out = dst;
+	z->avail_out = (uInt)expected;
+	int r = inflate(z, Z_FINISH);
+	/* one whole stream, exactly expected bytes, nothing after it */
+	bool ok = r == Z_STREAM_END && z->total_out == expected && z->avail_in == 0;
+	if (!c)
+		(void)inflateEnd(z);
+	return ok ? 0 : -EPROTO;
+}
+
+ssize_t proto__compress(struct proto_codec *c, enum proto_comp kind, int level, const void *src,
 			size_t len, void *dst, size_t cap)
 {
-	if (len > PROTO_MAX_PAYLOAD)
+	if (len > PROTO_MAX_PAYLOAD || !proto__comp_level_ok(kind, level))
 		return -EINVAL;
 	switch (kind) {
 	case PROTO_COMP_ZSTD:
-		return proto__zstd_compress(c, src, len, dst, cap);
+		return proto__zstd_compress(c, level, src, len, dst, cap);
+	case PROTO_COMP_ZLIB:
+		return proto__zlib_compress(c, level, src, len, dst, cap);
 	case PROTO_COMP_LZ4: {
 		int n = LZ4_compress_default(src, dst, (int)len, cap > INT_MAX ? INT_MAX : (int)cap);
 		return n > 0 ? n : -ENOSPC;
@@ -87,18 +182,22 @@ int proto__decompress(struct proto_codec *c, enum proto_comp kind, const void *s
 		int n = LZ4_decompress_safe(src, dst, (int)len, (int)expected);
 		return n >= 0 && (size_t)n == expected ? 0 : -EPROTO;
 	}
+	case PROTO_COMP_ZLIB:
+		return proto__zlib_decompress(c, src, len, dst, expected);
 	default:
 		return -EINVAL;
 	}
 }
 
-ssize_t proto__encode_pages_comp(struct proto_codec *c, enum proto_comp kind, void *buf,
-				 size_t cap, uint32_t block, uint32_t count,
+ssize_t proto__encode_pages_comp(struct proto_codec *c, enum proto_comp kind, int level,
+				 void *buf, size_t cap, uint32_t block, uint32_t count,
 				 const uint64_t *offsets, const uint8_t *block_host)
 {
 	uint32_t flag = kind == PROTO_COMP_ZSTD ? PROTO_F_COMPRESSED_ZSTD :
-			kind == PROTO_COMP_LZ4 ? PROTO_F_COMPRESSED_LZ4 : 0;
-	if (!c || !flag || count == 0 || count > PROTO_MAX_PAGES)
+			kind == PROTO_COMP_LZ4 ? PROTO_F_COMPRESSED_LZ4 :
+			kind == PROTO_COMP_ZLIB ? PROTO_F_COMPRESSED_ZLIB : 0;
+	if (!c || !flag || !proto__comp_level_ok(kind, level) || count == 0 ||
+	    count > PROTO_MAX_PAGES)
 		return -EINVAL;
 	if (!c->stage && !(c->stage = malloc((size_t)PROTO_MAX_PAGES * PROTO_PAGE_SIZE)))
 		return -ENOMEM;
@@ -113,7 +212,7 @@ ssize_t proto__encode_pages_comp(struct proto_codec *c, enum proto_comp kind, vo
 	if (room > raw - 1)
 		room = raw - 1;         /* only worth it if it shrinks */
 	uint8_t *blob = (uint8_t *)buf + head + 4;
-	ssize_t clen = proto__compress(c, kind, c->stage, raw, blob, room);
+	ssize_t clen = proto__compress(c, kind, level, c->stage, raw, blob, room);
 	if (clen == -ENOMEM)
 		return clen;
 	if (clen <= 0) {
