@@ -335,7 +335,7 @@ static void migration__blocktime_json(json_t *r, const struct mig_stats *st)
 
 static json_t *migration__ram_json(const struct mig_stats *st)
 {
-	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I}",
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 			 "transferred", (json_int_t)st->transferred,
 			 "remaining", (json_int_t)st->remaining,
 			 "total", (json_int_t)st->total,
@@ -347,6 +347,7 @@ static json_t *migration__ram_json(const struct mig_stats *st)
 			 "dirty-sync-count", (json_int_t)st->dirty_sync_count,
 			 "page-size", (json_int_t)RAM_PAGE_SIZE,
 			 "pages-per-second", (json_int_t)st->pages_per_second,
+			 "multifd-bytes", (json_int_t)st->multifd_bytes,
 			 "precopy-bytes", (json_int_t)st->precopy_bytes,
 			 "downtime-bytes", (json_int_t)st->downtime_bytes,
 			 "skipped", (json_int_t)0);

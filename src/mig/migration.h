@@ -101,6 +101,7 @@ struct mig_params {
 struct mig_stats {
 	uint64_t start_ms, setup_ms, total_ms, downtime_ms, expected_downtime_ms;
 	uint64_t transferred, remaining, total;
+	uint64_t multifd_bytes;      /* of transferred, what the multifd channels carried */
 	uint64_t duplicate, normal, normal_bytes;
 	uint64_t dirty_pages_rate, dirty_rate_peak;
 	double mbps;

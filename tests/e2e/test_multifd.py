@@ -200,6 +200,9 @@ def test_qemu_compression_names(d, vms, check):
     print("# zlib level 6 on 2 channels: %d bytes sent for %d bytes of pages"
           % (ram.get("transferred", 0), ram.get("normal-bytes", 0)))
     check("compressed", 0 < ram.get("transferred", 0) * 4 < ram.get("normal-bytes", 0), "%r" % ram)
+    # the pages went on the channels: most of what was sent is theirs
+    check("multifd_bytes", ram.get("transferred", 0) / 2 < ram.get("multifd-bytes", 0)
+          <= ram.get("transferred", 0), "%r" % ram)
     dst.console.poll()
     n = len(dst.console.lines)
     check("destination_runs",

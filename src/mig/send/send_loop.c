@@ -24,6 +24,8 @@ void sender__update_stats(struct sender *s)
 	pthread_mutex_lock(&m->lock);
 	struct mig_stats *st = &m->stats;
 	st->transferred = sender__bytes(s);
+	if (s->mf)
+		st->multifd_bytes = multifd_send__bytes(s->mf);
 	st->duplicate = s->zero_pages;
 	st->normal = s->normal_pages;
 	st->normal_bytes = s->normal_pages * RAM_PAGE_SIZE;
