@@ -413,6 +413,7 @@ json_t *migration__query(struct migration *m)
 			migration__blocktime_json(r, &st);
 		json_object_set_new(r, "cpu-throttle-percentage", json_integer(st.throttle_pct));
 		json_object_set_new(r, "x-dirty-rate-peak", json_integer((json_int_t)st.dirty_rate_peak));
+		json_object_set_new(r, "x-policy-bandwidth", json_integer((json_int_t)st.policy_bw_bps));
 		json_object_set_new(r, "x-iterations", json_integer((json_int_t)st.iteration));
 		json_object_set_new(r, "x-free-pages-skipped", json_integer((json_int_t)st.free_skipped));
 		json_object_set_new(r, "x-balloon-pages-skipped", json_integer((json_int_t)st.balloon_skipped));

@@ -104,6 +104,7 @@ struct mig_stats {
 	uint64_t multifd_bytes;      /* of transferred, what the multifd channels carried */
 	uint64_t duplicate, normal, normal_bytes;
 	uint64_t dirty_pages_rate, dirty_rate_peak;
+	uint64_t policy_bw_bps;      /* the bandwidth of the last round decision (sender__moved) */
 	double mbps;
 	uint64_t dirty_sync_count, pages_per_second;
 	uint64_t precopy_bytes, downtime_bytes;

@@ -38,6 +38,12 @@ uint64_t sender__bytes(struct sender *s)
 	       (s->mf ? multifd_send__bytes(s->mf) : 0);
 }
 
+uint64_t sender__moved(uint64_t wire_bytes, uint64_t normal_pages)
+{
+	uint64_t pages = normal_pages * RAM_PAGE_SIZE;
+	return wire_bytes > pages ? wire_bytes : pages;
+}
+
 static int sender__flush_zero(struct sender *s)
 {
 	if (!s->zn)

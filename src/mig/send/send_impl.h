@@ -137,6 +137,14 @@ int sender__check_return_path(struct sender *s, int timeout_ms);
 int sender__look(struct sender *s);
 /* Bytes written on the main stream and every channel. */
 uint64_t sender__bytes(struct sender *s);
+/* The page bytes a period moved, for the policy's bandwidth: the bytes
+ * written, or the bytes of the normal pages sent when compression made
+ * the link carry fewer.  The policy weighs remaining and dirty pages at
+ * 4096 bytes each; a bandwidth in compressed bytes would make it wait for
+ * a switchover it could already make.  Zero pages (8 bytes each on the
+ * link) count as written, so a period of mostly zero pages does not
+ * inflate it. */
+uint64_t sender__moved(uint64_t wire_bytes, uint64_t normal_pages);
 void sender__update_stats(struct sender *s);
 
 /* send_disk.c, x-block-migration (no-ops without it).  setup: tracking

@@ -257,9 +257,10 @@ int sender__bulk_probe(struct sender *s)
 		uint64_t peak = dirty__take_peak(m->vm->dirty);
 		rate = peak > rate ? peak : rate;
 	}
+	uint64_t moved = sender__moved(sender__bytes(s), s->normal_pages);
 	struct policy_input in = {
 		.remaining_bytes = s->rewritten * RAM_PAGE_SIZE,
-		.bandwidth_bps = elapsed ? sender__bytes(s) * 1000 / elapsed : 0,
+		.bandwidth_bps = elapsed ? moved * 1000 / elapsed : 0,
 		.dirty_rate_bps = rate * RAM_PAGE_SIZE,
 	};
 	if (!policy__postcopy_early(&in, elapsed, limit_ms) ||
@@ -336,6 +337,7 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 	policy__decide(&m->pstate, &pp, &in, &d);
 	pthread_mutex_lock(&m->lock);
 	m->stats.expected_downtime_ms = d.expected_downtime_ms;
+	m->stats.policy_bw_bps = in.bandwidth_bps;
 	m->stats.dirty_pages_rate = rate;
 	if (rate > m->stats.dirty_rate_peak)
 		m->stats.dirty_rate_peak = rate;
@@ -367,7 +369,7 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 static int sender__iterate(struct sender *s)
 {
 	struct migration *m = s->m;
-	uint64_t t = time__now_ms(), bytes = sender__bytes(s);
+	uint64_t t = time__now_ms(), bytes = sender__bytes(s), normal = s->normal_pages;
 	int rc = sender__pass(s); /* the bulk pass */
 	s->bulk_done = true;
 	if (rc == SENDER_POSTCOPY) {
@@ -392,7 +394,8 @@ static int sender__iterate(struct sender *s)
 		sender__update_stats(s);
 		if (sender__postcopy_due(s))
 			return SENDER_POSTCOPY;
-		if (sender__round_decision(s, out - bytes, now - t, (uint64_t)got))
+		uint64_t moved = sender__moved(out - bytes, s->normal_pages - normal);
+		if (sender__round_decision(s, moved, now - t, (uint64_t)got))
 			return 0;
 		if (sender__postcopy_due(s))
 			return SENDER_POSTCOPY;
@@ -400,6 +403,7 @@ static int sender__iterate(struct sender *s)
 			return -ECANCELED;
 		t = now;
 		bytes = out;
+		normal = s->normal_pages;
 		rc = sender__pass(s);
 	}
 	return rc;
