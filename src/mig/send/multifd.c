@@ -36,7 +36,10 @@ static int chan__pages(struct multifd_send_chan *c, uint32_t block, uint32_t cou
 					     block, count, offs, b->host);
 	else
 		n = proto__encode_pages(c->rec, MULTIFD_REC_CAP, block, count, offs, b->host);
-	return n < 0 ? (int)n : mig_stream__write(&c->stream, c->rec, (size_t)n);
+	int rc = n < 0 ? (int)n : mig_stream__write(&c->stream, c->rec, (size_t)n);
+	if (!rc)
+		atomic_fetch_add(&c->page_bytes, (uint64_t)count * PROTO_PAGE_SIZE);
+	return rc;
 }
 
 static int chan__job(struct multifd_send_chan *c, const struct multifd_job *j)
@@ -232,6 +235,15 @@ uint64_t multifd_send__bytes(struct multifd_send *mf)
 	for (unsigned i = 0; i < mf->n; i++)
 		if (mf->chan[i].open)
 			b += mig_stream__bytes_out(&mf->chan[i].stream);
+	return b;
+}
+
+uint64_t multifd_send__page_bytes(struct multifd_send *mf)
+{
+	uint64_t b = 0;
+	for (unsigned i = 0; i < mf->n; i++)
+		if (mf->chan[i].open)
+			b += atomic_load(&mf->chan[i].page_bytes);
 	return b;
 }
 

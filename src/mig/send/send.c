@@ -38,10 +38,14 @@ uint64_t sender__bytes(struct sender *s)
 	       (s->mf ? multifd_send__bytes(s->mf) : 0);
 }
 
-uint64_t sender__moved(uint64_t wire_bytes, uint64_t normal_pages)
+uint64_t sender__page_bytes(struct sender *s)
 {
-	uint64_t pages = normal_pages * RAM_PAGE_SIZE;
-	return wire_bytes > pages ? wire_bytes : pages;
+	return s->page_bytes + (s->mf ? multifd_send__page_bytes(s->mf) : 0);
+}
+
+uint64_t sender__moved(uint64_t wire_bytes, uint64_t page_bytes)
+{
+	return wire_bytes > page_bytes ? wire_bytes : page_bytes;
 }
 
 static int sender__flush_zero(struct sender *s)
@@ -74,8 +78,11 @@ static int sender__flush_pages(struct sender *s)
 		ssize_t n = proto__encode_pages_comp(&s->codec, s->comp.kind, s->comp.level,
 						     s->rec, s->rec_cap,
 						     (uint32_t)s->pblock, s->pn, s->poffs, b->host);
+		int rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
+		if (!rc)
+			s->page_bytes += (uint64_t)s->pn * RAM_PAGE_SIZE;
 		s->pn = 0;
-		return n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
+		return rc;
 	}
 	uint64_t data_len = (uint64_t)s->pn * RAM_PAGE_SIZE;
 	ssize_t n = proto__encode_pages_head(s->rec, s->rec_cap, 0, (uint32_t)s->pblock,
@@ -83,6 +90,8 @@ static int sender__flush_pages(struct sender *s)
 	int rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 	for (unsigned i = 0; !rc && i < s->pn; i++)
 		rc = mig_stream__write(s->stream, b->host + s->poffs[i], RAM_PAGE_SIZE);
+	if (!rc)
+		s->page_bytes += data_len;
 	s->pn = 0;
 	return rc;
 }

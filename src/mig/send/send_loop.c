@@ -257,7 +257,7 @@ int sender__bulk_probe(struct sender *s)
 		uint64_t peak = dirty__take_peak(m->vm->dirty);
 		rate = peak > rate ? peak : rate;
 	}
-	uint64_t moved = sender__moved(sender__bytes(s), s->normal_pages);
+	uint64_t moved = sender__moved(sender__bytes(s), sender__page_bytes(s));
 	struct policy_input in = {
 		.remaining_bytes = s->rewritten * RAM_PAGE_SIZE,
 		.bandwidth_bps = elapsed ? moved * 1000 / elapsed : 0,
@@ -369,7 +369,7 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 static int sender__iterate(struct sender *s)
 {
 	struct migration *m = s->m;
-	uint64_t t = time__now_ms(), bytes = sender__bytes(s), normal = s->normal_pages;
+	uint64_t t = time__now_ms(), bytes = sender__bytes(s), pages = sender__page_bytes(s);
 	int rc = sender__pass(s); /* the bulk pass */
 	s->bulk_done = true;
 	if (rc == SENDER_POSTCOPY) {
@@ -380,7 +380,7 @@ static int sender__iterate(struct sender *s)
 	if (m->vm->balloon)
 		balloon__hint_done(m->vm->balloon); /* the guest takes its pages back */
 	while (!rc) {
-		uint64_t now = time__now_ms(), out = sender__bytes(s);
+		uint64_t now = time__now_ms(), out = sender__bytes(s), in = sender__page_bytes(s);
 		int64_t got = sender__round_sync(s);
 		if (got < 0)
 			return (int)got;
@@ -394,7 +394,7 @@ static int sender__iterate(struct sender *s)
 		sender__update_stats(s);
 		if (sender__postcopy_due(s))
 			return SENDER_POSTCOPY;
-		uint64_t moved = sender__moved(out - bytes, s->normal_pages - normal);
+		uint64_t moved = sender__moved(out - bytes, in - pages);
 		if (sender__round_decision(s, moved, now - t, (uint64_t)got))
 			return 0;
 		if (sender__postcopy_due(s))
@@ -403,7 +403,7 @@ static int sender__iterate(struct sender *s)
 			return -ECANCELED;
 		t = now;
 		bytes = out;
-		normal = s->normal_pages;
+		pages = in;
 		rc = sender__pass(s);
 	}
 	return rc;
