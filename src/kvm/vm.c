@@ -356,17 +356,28 @@ static bool vm__sleeps_seen(struct vm *vm)
 	return true;
 }
 
+/* How often vm__await_throttle_sleeps looks again by itself: the throttle
+ * and the dirty limits end without a word on vm->cond. */
+#define VM_SLEEP_RECHECK_NS 10000000ull
+
 int vm__await_throttle_sleeps(struct vm *vm, uint64_t timeout_ns)
 {
-	struct timespec ts = time__deadline(timeout_ns);
+	uint64_t end = time__now_ns() + timeout_ns;
 	int rc = 0;
 	pthread_mutex_lock(&vm->lock);
 	vm->sleep_watch = true;
 	for (unsigned i = 0; i < vm->nr_vcpus; i++)
 		vm->vcpus[i].sleep_seen = false;
-	while (!vm__sleeps_seen(vm) && !rc)
-		if (pthread_cond_timedwait(&vm->cond, &vm->lock, &ts) == ETIMEDOUT)
-			rc = vm__sleeps_seen(vm) ? 0 : -ETIMEDOUT;
+	while (!vm__sleeps_seen(vm)) {
+		uint64_t now = time__now_ns();
+		if (now >= end) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		uint64_t wait = end - now < VM_SLEEP_RECHECK_NS ? end - now : VM_SLEEP_RECHECK_NS;
+		struct timespec ts = time__deadline(wait);
+		(void)pthread_cond_timedwait(&vm->cond, &vm->lock, &ts);
+	}
 	vm->sleep_watch = false;
 	pthread_mutex_unlock(&vm->lock);
 	return rc;

@@ -41,7 +41,7 @@ struct multifd_send_chan {
 	struct multifd_send *mf;
 	unsigned index;              /* 1..n */
 	struct mig_stream stream;
-	_Atomic uint64_t page_bytes; /* 4096 per page of the PAGES records written */
+	_Atomic uint64_t comp_saved; /* page bytes less record bytes of the compressed PAGES written */
 	bool open;
 	pthread_t thread;
 	bool thread_running;
@@ -84,8 +84,9 @@ int multifd_send__sync(struct multifd_send *mf, uint64_t round) KMIG_MUST_CHECK;
 int multifd_send__drain(struct multifd_send *mf) KMIG_MUST_CHECK;
 void multifd_send__set_rate(struct multifd_send *mf, uint64_t rate);
 uint64_t multifd_send__bytes(struct multifd_send *mf);
-/* 4096 for each page of the PAGES records the channels have written. */
-uint64_t multifd_send__page_bytes(struct multifd_send *mf);
+/* What compression saved on the channels: for each PAGES record written,
+ * its pages' 4096 bytes each less the record's size when that is less. */
+uint64_t multifd_send__comp_saved(struct multifd_send *mf);
 /* Makes blocked workers return (cancel); safe from any thread. */
 void multifd_send__shutdown(struct multifd_send *mf);
 /* Stops the workers and closes the channels. */

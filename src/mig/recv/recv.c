@@ -1,6 +1,7 @@
 /* Migration receiver state machine; see recv.h. */
 #include "mig/recv/recv.h"
 #include "base/utf8.h"
+#include "mig/comp.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -143,10 +144,12 @@ static int recv__pages(struct mig_recv *r, const struct proto_hdr *h, const void
 			return mig_recv__fail(r, -ENOMEM, "PAGES: out of memory");
 		e = proto__decompress(&r->codec, pg.comp, pg.data, pg.data_len, r->scratch,
 				      pg.raw_len);
+		if (e == -ENOMEM)
+			return mig_recv__fail(r, e, "PAGES: out of memory for the %s decoder",
+					      mig_comp__name(pg.comp));
 		if (e)
 			return mig_recv__fail(r, e, "PAGES: %s blob does not decompress to %"
-					      PRIu32 " bytes", pg.comp == PROTO_COMP_ZSTD ?
-					      "zstd" : "lz4", pg.raw_len);
+					      PRIu32 " bytes", mig_comp__name(pg.comp), pg.raw_len);
 		data = r->scratch;
 	}
 	uint8_t *host = r->ram->blocks[pg.block].host;

@@ -37,8 +37,9 @@ static int chan__pages(struct multifd_send_chan *c, uint32_t block, uint32_t cou
 	else
 		n = proto__encode_pages(c->rec, MULTIFD_REC_CAP, block, count, offs, b->host);
 	int rc = n < 0 ? (int)n : mig_stream__write(&c->stream, c->rec, (size_t)n);
-	if (!rc)
-		atomic_fetch_add(&c->page_bytes, (uint64_t)count * PROTO_PAGE_SIZE);
+	uint64_t raw = (uint64_t)count * PROTO_PAGE_SIZE;
+	if (!rc && raw > (uint64_t)n)
+		atomic_fetch_add(&c->comp_saved, raw - (uint64_t)n);
 	return rc;
 }
 
@@ -238,12 +239,12 @@ uint64_t multifd_send__bytes(struct multifd_send *mf)
 	return b;
 }
 
-uint64_t multifd_send__page_bytes(struct multifd_send *mf)
+uint64_t multifd_send__comp_saved(struct multifd_send *mf)
 {
 	uint64_t b = 0;
 	for (unsigned i = 0; i < mf->n; i++)
 		if (mf->chan[i].open)
-			b += atomic_load(&mf->chan[i].page_bytes);
+			b += atomic_load(&mf->chan[i].comp_saved);
 	return b;
 }
 

@@ -38,14 +38,9 @@ uint64_t sender__bytes(struct sender *s)
 	       (s->mf ? multifd_send__bytes(s->mf) : 0);
 }
 
-uint64_t sender__page_bytes(struct sender *s)
+uint64_t sender__moved(struct sender *s)
 {
-	return s->page_bytes + (s->mf ? multifd_send__page_bytes(s->mf) : 0);
-}
-
-uint64_t sender__moved(uint64_t wire_bytes, uint64_t page_bytes)
-{
-	return wire_bytes > page_bytes ? wire_bytes : page_bytes;
+	return sender__bytes(s) + s->comp_saved + (s->mf ? multifd_send__comp_saved(s->mf) : 0);
 }
 
 static int sender__flush_zero(struct sender *s)
@@ -79,8 +74,9 @@ static int sender__flush_pages(struct sender *s)
 						     s->rec, s->rec_cap,
 						     (uint32_t)s->pblock, s->pn, s->poffs, b->host);
 		int rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
-		if (!rc)
-			s->page_bytes += (uint64_t)s->pn * RAM_PAGE_SIZE;
+		uint64_t raw = (uint64_t)s->pn * RAM_PAGE_SIZE;
+		if (!rc && raw > (uint64_t)n)
+			s->comp_saved += raw - (uint64_t)n;
 		s->pn = 0;
 		return rc;
 	}
@@ -90,8 +86,6 @@ static int sender__flush_pages(struct sender *s)
 	int rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 	for (unsigned i = 0; !rc && i < s->pn; i++)
 		rc = mig_stream__write(s->stream, b->host + s->poffs[i], RAM_PAGE_SIZE);
-	if (!rc)
-		s->page_bytes += data_len;
 	s->pn = 0;
 	return rc;
 }

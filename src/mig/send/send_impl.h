@@ -37,6 +37,7 @@ struct sender {
 	size_t rec_cap;
 	bool zero_detect;
 	struct mig_comp comp;        /* of the main stream's PAGES records (mig/comp.h) */
+	struct mig_comp chan_comp;   /* of the multifd channels' */
 	struct proto_codec codec;
 	bool paused;                /* we stopped the vCPUs */
 	bool tracking;              /* we hold dirty tracking on */
@@ -62,7 +63,7 @@ struct sender {
 	uint64_t zoffs[SENDER_BATCH_ZERO];
 	/* counters */
 	uint64_t zero_pages, normal_pages;
-	uint64_t page_bytes;         /* of the main stream's PAGES records (sender__page_bytes) */
+	uint64_t comp_saved;         /* on the main stream (sender__moved) */
 	uint64_t active_start_ms;
 	uint64_t last_poll_ms;       /* sender__pass's last look at cancel and the return path */
 	uint64_t bandwidth_bps;      /* last measured */
@@ -138,17 +139,15 @@ int sender__check_return_path(struct sender *s, int timeout_ms);
 int sender__look(struct sender *s);
 /* Bytes written on the main stream and every channel. */
 uint64_t sender__bytes(struct sender *s);
-/* 4096 for each page of the PAGES records written (main stream and
- * channels), counted as the records are written, as sender__bytes is. */
-uint64_t sender__page_bytes(struct sender *s);
-/* The page bytes a period moved, for the policy's bandwidth: the bytes
- * written, or the page bytes of the PAGES records written when
- * compression made the link carry fewer.  The policy weighs remaining and
- * dirty pages at 4096 bytes each; a bandwidth in compressed bytes would
- * make it wait for a switchover it could already make.  Zero pages (8
- * bytes each on the link) count as written, so a period of mostly zero
- * pages does not inflate it. */
-uint64_t sender__moved(uint64_t wire_bytes, uint64_t page_bytes);
+/* The bytes moved so far, for the policy's bandwidth: sender__bytes plus
+ * what compression saved (each compressed PAGES record counts as its
+ * pages' 4096 bytes each), counted as the records are written on the
+ * main stream and each channel.  The policy weighs remaining and dirty
+ * pages at 4096 bytes each; a bandwidth in compressed bytes would make it
+ * wait for a switchover it could already make.  Everything else (ZERO
+ * records at 8 bytes a page, the disk's, STATE) counts as written.  Never
+ * goes back, so differences of two readings are a period's. */
+uint64_t sender__moved(struct sender *s);
 void sender__update_stats(struct sender *s);
 
 /* send_disk.c, x-block-migration (no-ops without it).  setup: tracking

@@ -72,8 +72,7 @@ static int sender__open_channels(struct sender *s, const char *uri, const struct
 	m->mf_open = true; /* migrate_cancel may shut the channels down from now on */
 	pthread_mutex_unlock(&m->lock);
 	s->mf = &m->mf;
-	rc = multifd_send__open(&m->mf, n, uri, pr, mig_comp__channel(&m->params.comp),
-				m->params.max_bandwidth,
+	rc = multifd_send__open(&m->mf, n, uri, pr, s->chan_comp, m->params.max_bandwidth,
 				m->tls_out.creds ? &m->tls_out : NULL, session, err, sizeof(err));
 	if (rc)
 		migration__set_error(m, "%s", err);
@@ -257,7 +256,7 @@ int sender__bulk_probe(struct sender *s)
 		uint64_t peak = dirty__take_peak(m->vm->dirty);
 		rate = peak > rate ? peak : rate;
 	}
-	uint64_t moved = sender__moved(sender__bytes(s), sender__page_bytes(s));
+	uint64_t moved = sender__moved(s);
 	struct policy_input in = {
 		.remaining_bytes = s->rewritten * RAM_PAGE_SIZE,
 		.bandwidth_bps = elapsed ? moved * 1000 / elapsed : 0,
@@ -369,7 +368,7 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 static int sender__iterate(struct sender *s)
 {
 	struct migration *m = s->m;
-	uint64_t t = time__now_ms(), bytes = sender__bytes(s), pages = sender__page_bytes(s);
+	uint64_t t = time__now_ms(), moved = sender__moved(s);
 	int rc = sender__pass(s); /* the bulk pass */
 	s->bulk_done = true;
 	if (rc == SENDER_POSTCOPY) {
@@ -380,7 +379,7 @@ static int sender__iterate(struct sender *s)
 	if (m->vm->balloon)
 		balloon__hint_done(m->vm->balloon); /* the guest takes its pages back */
 	while (!rc) {
-		uint64_t now = time__now_ms(), out = sender__bytes(s), in = sender__page_bytes(s);
+		uint64_t now = time__now_ms(), out = sender__moved(s);
 		int64_t got = sender__round_sync(s);
 		if (got < 0)
 			return (int)got;
@@ -394,16 +393,14 @@ static int sender__iterate(struct sender *s)
 		sender__update_stats(s);
 		if (sender__postcopy_due(s))
 			return SENDER_POSTCOPY;
-		uint64_t moved = sender__moved(out - bytes, in - pages);
-		if (sender__round_decision(s, moved, now - t, (uint64_t)got))
+		if (sender__round_decision(s, out - moved, now - t, (uint64_t)got))
 			return 0;
 		if (sender__postcopy_due(s))
 			return SENDER_POSTCOPY;
 		if (atomic_load(&m->cancel))
 			return -ECANCELED;
 		t = now;
-		bytes = out;
-		pages = in;
+		moved = out;
 		rc = sender__pass(s);
 	}
 	return rc;
@@ -514,8 +511,11 @@ void *migration__send_thread(void *arg)
 	s->pc_skip = UINT64_MAX;
 	s->discard_end = UINT64_MAX;
 	s->rec = malloc(s->rec_cap);
+	pthread_mutex_lock(&m->lock);    /* migrate-set-parameters may write them */
 	s->zero_detect = m->params.cap_zero_detect;
 	s->comp = mig_comp__stream(&m->params.comp);
+	s->chan_comp = mig_comp__channel(&m->params.comp);
+	pthread_mutex_unlock(&m->lock);
 	policy__state_init(&m->pstate);
 	rc = s->rec ? 0 : -ENOMEM;
 	if (!rc && (m->params.cap_verify || m->params.cap_postcopy_ram) && m->vm->balloon)

@@ -212,7 +212,9 @@ ssize_t proto__encode_pages_comp(struct proto_codec *c, enum proto_comp kind, in
 	if (room > raw - 1)
 		room = raw - 1;         /* only worth it if it shrinks */
 	uint8_t *blob = (uint8_t *)buf + head + 4;
-	ssize_t clen = proto__compress(c, kind, level, c->stage, raw, blob, room);
+	/* zlib's level 0 stores, which never shrinks: plain without trying */
+	ssize_t clen = kind == PROTO_COMP_ZLIB && level == 0 ? -ENOSPC :
+		       proto__compress(c, kind, level, c->stage, raw, blob, room);
 	if (clen == -ENOMEM)
 		return clen;
 	if (clen <= 0) {
