@@ -188,17 +188,12 @@ static bool vcpu__must_park(struct vm *vm)
 	return vm->pause_depth > 0 || vm->failed || vm->quit;
 }
 
-/* Parks while the VM is paused; returns false when the thread must exit.
- * Wakes vm->cond's waiters only when it took a kick or parked: they wait
- * for one of those (vm__kick_all_wait, vm__add_pause).  A broadcast at
- * every exit would also wake every throttled vCPU asleep in vcpu__sleep,
- * once per exit of each vCPU that runs. */
+/* Parks while the VM is paused; returns false when the thread must exit. */
 static bool vcpu__gate(struct vcpu *v)
 {
 	struct vm *vm = v->vm;
 	pthread_mutex_lock(&vm->lock);
 	__atomic_store_n(&v->run->immediate_exit, 0, __ATOMIC_SEQ_CST);
-	bool news = v->kick_ack != v->kick_req;
 	v->kick_ack = v->kick_req;
 	while (vcpu__must_park(vm) && !vm->quit) {
 		if (!v->parked) {
@@ -208,13 +203,10 @@ static bool vcpu__gate(struct vcpu *v)
 		pthread_cond_wait(&vm->cond, &vm->lock);
 		__atomic_store_n(&v->run->immediate_exit, 0, __ATOMIC_SEQ_CST);
 		v->kick_ack = v->kick_req;
-		news = true;
 	}
 	bool go = !vm->quit;
-	news |= v->parked != !go;
 	v->parked = !go;
-	if (news)
-		pthread_cond_broadcast(&vm->cond);
+	pthread_cond_broadcast(&vm->cond);
 	pthread_mutex_unlock(&vm->lock);
 	return go;
 }
