@@ -230,22 +230,27 @@ void multifd_send__set_rate(struct multifd_send *mf, uint64_t rate)
 			mig_stream__set_rate(&mf->chan[i].stream, multifd__share(rate, mf->n));
 }
 
-uint64_t multifd_send__bytes(struct multifd_send *mf)
+/* One counter summed over the open channels: the bytes written, or (saved)
+ * what compression saved. */
+static uint64_t multifd__sum(struct multifd_send *mf, bool saved)
 {
 	uint64_t b = 0;
-	for (unsigned i = 0; i < mf->n; i++)
-		if (mf->chan[i].open)
-			b += mig_stream__bytes_out(&mf->chan[i].stream);
+	for (unsigned i = 0; i < mf->n; i++) {
+		struct multifd_send_chan *c = &mf->chan[i];
+		if (c->open)
+			b += saved ? atomic_load(&c->comp_saved) : mig_stream__bytes_out(&c->stream);
+	}
 	return b;
+}
+
+uint64_t multifd_send__bytes(struct multifd_send *mf)
+{
+	return multifd__sum(mf, false);
 }
 
 uint64_t multifd_send__comp_saved(struct multifd_send *mf)
 {
-	uint64_t b = 0;
-	for (unsigned i = 0; i < mf->n; i++)
-		if (mf->chan[i].open)
-			b += atomic_load(&mf->chan[i].comp_saved);
-	return b;
+	return multifd__sum(mf, true);
 }
 
 void multifd_send__shutdown(struct multifd_send *mf)
