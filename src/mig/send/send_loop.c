@@ -477,8 +477,9 @@ static void sender__cleanup(struct sender *s, int rc)
 	if (m->stream_open && mig_stream__error(s->stream))
 		migration__set_error(m, "%s", mig_stream__strerror(s->stream));
 	migration__set_error(m, "%s", strerror(-rc));
-	migration__set_status(m, MIG_FAILED);
+	/* logged first: whoever sees the status failed finds the reason logged */
 	log_err("migration failed: %s", m->error);
+	migration__set_status(m, MIG_FAILED);
 }
 
 /* KMIG_FAULT (test builds only; fault.h). */
