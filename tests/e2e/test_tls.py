@@ -160,7 +160,8 @@ def refused(check, name, src, dst, port, want):
     s = {}
     while time.time() < deadline and dst.proc.poll() is None:
         s = strays(dst)
-        if s.get("count", 0) > before:
+        # the count is published before the log line is written
+        if s.get("count", 0) > before and "dropped a connection" in dst.output():
             break
         time.sleep(0.1)
     print("# %s: destination %r" % (name, s))
