@@ -28,6 +28,7 @@ Command line (what the helpers run):
 Standard library only.
 """
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -155,7 +156,35 @@ class Run:
         # in a CI rehearsal
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.wait(timeout)
+        try:
+            return self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError("netprobe did not end within %.0f s of its SIGTERM: %s"
+                               % (timeout, self.stuck())) from None
+
+    def stuck(self):
+        """What a probe that does not end is doing: its scheduler state,
+        CPU time and kernel wait channel, then every thread's stack (it
+        prints them on SIGUSR1); kills it."""
+        pid, what = self.proc.pid, []
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                st = f.read().rsplit(")", 1)[1].split()
+            with open("/proc/%d/wchan" % pid) as f:
+                wchan = f.read()
+            tck = os.sysconf("SC_CLK_TCK")
+            what.append("state %s, user %.2f s, system %.2f s, wchan %s"
+                        % (st[0], int(st[11]) / tck, int(st[12]) / tck, wchan or "-"))
+        except (OSError, IndexError, ValueError) as e:
+            what.append("no /proc view (%s)" % e)
+        try:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+        except OSError:
+            pass
+        self.proc.kill()
+        _, err = self.proc.communicate()
+        return "; ".join(what) + "; stderr: " + err[-3000:]
 
     def wait(self, timeout=60.0):
         out, err = self.proc.communicate(timeout=timeout)
@@ -233,20 +262,34 @@ def arpwatch(ifname, seconds=None, netns=None):
 # ------------------------------------------------------------------ the probes themselves
 
 class Stop:
+    """SIGTERM or SIGINT, or `seconds` passed.  The handlers only set a
+    flag: a handler runs in the main thread between two of its bytecodes,
+    so one that took a lock (threading.Event.set) could wait for ever on
+    a lock that the same thread held where the signal found it."""
+
     def __init__(self, seconds):
-        self.ev = threading.Event()
+        self.flag = False
         self.deadline = time.monotonic() + seconds if seconds else None
-        signal.signal(signal.SIGTERM, lambda *_: self.ev.set())
-        signal.signal(signal.SIGINT, lambda *_: self.ev.set())
+        signal.signal(signal.SIGTERM, self._set)
+        signal.signal(signal.SIGINT, self._set)
+        # `kill -USR1` prints every thread's stack (Run.stop does, before
+        # it gives up on a probe that does not end)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+    def _set(self, *_):
+        self.flag = True
 
     def wait(self, dt):
-        """Sleeps up to dt; True when it is time to stop."""
+        """Sleeps up to dt (a signal's handler runs meanwhile and the sleep
+        goes on); True when it is time to stop."""
         if self.deadline is not None:
             left = self.deadline - time.monotonic()
             if left <= 0:
                 return True
             dt = min(dt, left)
-        return self.ev.wait(max(dt, 0))
+        if not self.flag and dt > 0:
+            time.sleep(dt)
+        return self.flag
 
 
 def emit(d):
