@@ -151,9 +151,9 @@ class Run:
         self.ready = json.loads(line)["ready"]
 
     def stop(self, timeout=120.0):
-        # generous: an emulated machine (scripts/kvm-vm) under two
-        # migrations stalled a prober's exit past 15 s once, and past 60 s
-        # in a CI rehearsal
+        # generous for a busy emulated machine (scripts/kvm-vm); the probes
+        # that once never ended had deadlocked in their own signal handler
+        # (Stop), and one that hangs again is reported, not waited for
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
