@@ -153,7 +153,7 @@ class Run:
     def stop(self, timeout=120.0):
         # generous for a busy emulated machine (scripts/kvm-vm); the probes
         # that once never ended had deadlocked in their own signal handler
-        # (Stop), and one that hangs again is reported, not waited for
+        # (Stop); one that hangs again is reported with its stacks (stuck)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
