@@ -167,6 +167,7 @@ static void t_pages_comp(struct t *t)
 		int level = kinds[k] == PROTO_COMP_LZ4 ? 0 : PROTO_LEVEL_DEFAULT;
 		ssize_t n = proto__encode_pages_comp(&codec, kinds[k], level, b, cap, 0, 16, offs, blk);
 		T_CHECK(t, n > 0 && (size_t)n < cap / 4);
+		T_CHECK_EQ(t, proto__comp_saved(16, (size_t)n), 16 * 4096 - (uint64_t)n);
 		struct proto_hdr h;
 		struct proto_pages pg;
 		const char *why = NULL;
@@ -198,6 +199,7 @@ static void t_pages_comp(struct t *t)
 		ssize_t n = proto__encode_pages_comp(&codec, kinds[k], level, b, cap, 0, 16, offs, rnd);
 		T_CHECK_EQ(t, n, (ssize_t)cap);
 		T_CHECK_EQ(t, b[4], 0);
+		T_CHECK_EQ(t, proto__comp_saved(16, (size_t)n), 0);   /* a plain record saves nothing */
 	}
 	/* one-shot API */
 	ssize_t c = proto__compress(NULL, PROTO_COMP_LZ4, 0, blk, 4096, out, 4096);

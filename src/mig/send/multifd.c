@@ -37,9 +37,8 @@ static int chan__pages(struct multifd_send_chan *c, uint32_t block, uint32_t cou
 	else
 		n = proto__encode_pages(c->rec, MULTIFD_REC_CAP, block, count, offs, b->host);
 	int rc = n < 0 ? (int)n : mig_stream__write(&c->stream, c->rec, (size_t)n);
-	uint64_t raw = (uint64_t)count * PROTO_PAGE_SIZE;
-	if (!rc && raw > (uint64_t)n)
-		atomic_fetch_add(&c->comp_saved, raw - (uint64_t)n);
+	if (!rc)
+		atomic_fetch_add(&c->comp_saved, proto__comp_saved(count, (size_t)n));
 	return rc;
 }
 

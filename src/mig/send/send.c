@@ -74,9 +74,8 @@ static int sender__flush_pages(struct sender *s)
 						     s->rec, s->rec_cap,
 						     (uint32_t)s->pblock, s->pn, s->poffs, b->host);
 		int rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
-		uint64_t raw = (uint64_t)s->pn * RAM_PAGE_SIZE;
-		if (!rc && raw > (uint64_t)n)
-			s->comp_saved += raw - (uint64_t)n;
+		if (!rc)
+			s->comp_saved += proto__comp_saved((uint32_t)s->pn, (size_t)n);
 		s->pn = 0;
 		return rc;
 	}

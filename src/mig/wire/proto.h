@@ -350,4 +350,13 @@ ssize_t proto__encode_pages_comp(struct proto_codec *c, enum proto_comp kind, in
 				 void *buf, size_t cap, uint32_t block, uint32_t count,
 				 const uint64_t *offsets, const uint8_t *block_host) KMIG_MUST_CHECK;
 
+/* What compression saved on a PAGES record of `count` pages that came out
+ * rec_len bytes long: their PROTO_PAGE_SIZE bytes each less the record,
+ * or 0 when the record is not smaller (a plain one never is). */
+static inline uint64_t proto__comp_saved(uint32_t count, size_t rec_len)
+{
+	uint64_t raw = (uint64_t)count * PROTO_PAGE_SIZE;
+	return raw > rec_len ? raw - rec_len : 0;
+}
+
 #endif
