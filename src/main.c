@@ -46,7 +46,7 @@ static void usage(FILE *f)
 		"                [--device virtio-blk-pci,drive=ID[,id=ID][,serial=S][,write-cache=on|off]\n"
 		"                          [,logical_block_size=N][,discard=unmap|ignore]\n"
 		"                          [,werror=ACTION][,rerror=ACTION]]\n"
-		"                [--incoming tcp:HOST:PORT|unix:PATH|defer]\n"
+		"                [--incoming tcp:HOST:PORT|unix:PATH|exec:CMD|file:PATH|fd:N|defer]\n"
 		"                [--object tls-creds-psk,id=ID,dir=DIR[,username=NAME]]\n"
 		"                [--object tls-creds-x509,id=ID,dir=DIR[,verify-peer=on|off]]\n"
 		"                [--object authz-simple,id=ID,identity=NAME]\n"
@@ -249,6 +249,20 @@ static void run_tls(const struct run_opts *o, struct migration *mig)
 		 o->tls_hostname ? o->tls_hostname : "");
 }
 
+/* --incoming fd:N: N must be open when kmig starts (close-on-exec from
+ * now on); N, or -1 for another URI. */
+static int inherited_fd(const char *uri)
+{
+	if (strncmp(uri, "fd:", 3) || uri[3] < '0' || uri[3] > '9')
+		return -1;
+	char *end;
+	long n = strtol(uri + 3, &end, 10);
+	if (*end || n < 3 || n > INT32_MAX || fcntl((int)n, F_SETFD, FD_CLOEXEC) < 0)
+		die("--incoming %s: not a descriptor this process was started with (3 or above)",
+		    uri);
+	return (int)n;
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	struct run_opts o;
@@ -259,6 +273,9 @@ static int cmd_run(int argc, char **argv)
 		    e == ENOENT ? " (this host has no KVM; scripts/kvm-vm -- COMMAND runs a "
 				  "command inside a VM that has one, under emulation)" : "");
 	}
+	/* before kmig opens a descriptor of its own: fd:N must be one it was
+	 * given, never one of kmig's that took a free number */
+	int inherited = o.incoming ? inherited_fd(o.incoming) : -1;
 	struct vm *vm = calloc(1, sizeof(*vm));
 	struct control *ctl = calloc(1, sizeof(*ctl));
 	struct migration *mig = calloc(1, sizeof(*mig));
@@ -270,6 +287,7 @@ static int cmd_run(int argc, char **argv)
 	if (control__init(ctl, vm, o.qmp, err, sizeof(err)))
 		die("%s", err);
 	migration__init(mig, vm, ctl);
+	mig->inherited_fd = inherited;
 	ctl->mig = mig;
 	run_tls(&o, mig);
 	if (ctl->qmp && migration__register_qmp(mig))

@@ -153,7 +153,8 @@ run_host_part() {
 # The migration, multifd, failure and hostile-peer tests again with kmig
 # built with ASan + UBSan (make SAN=1 all): a sanitizer report fails the test.
 SAN_E2E="tests/e2e/test_migrate.py tests/e2e/test_multifd.py tests/e2e/test_migrate_fail.py
-	tests/e2e/test_hostile.py tests/e2e/test_tls.py tests/e2e/test_postcopy.py"
+	tests/e2e/test_hostile.py tests/e2e/test_tls.py tests/e2e/test_postcopy.py
+	tests/e2e/test_save_restore.py"
 # Under emulation ASan's slowdown on top of TCG's made that cut take ten
 # minutes, and post-copy's alone seven; there it keeps the one-VMM
 # migrations, failures and post-copy's verified migrations (multifd, TLS,
@@ -170,7 +171,8 @@ TSAN_E2E="tests/e2e/test_hostile.py tests/e2e/test_migrate_fail.py::test_cancel_
 	tests/e2e/test_migrate_fail.py::test_layout_mismatch
 	tests/e2e/test_migrate_fail.py::test_nobody_listens_and_bad_uris
 	tests/e2e/test_migrate_fail.py::test_second_migrate tests/e2e/test_migrate_fail.py::test_garbage
-	tests/e2e/test_converge.py::test_dirty_limit_refused"
+	tests/e2e/test_converge.py::test_dirty_limit_refused
+	tests/e2e/test_save_restore.py::test_exec_failures"
 # Under emulation the hostile peers run plainly only (they were two thirds
 # of this cut's four minutes there).
 TSAN_E2E_EMULATED="tests/e2e/test_migrate_fail.py::test_cancel_stalled

@@ -48,7 +48,9 @@ static void migrate__usage(FILE *f)
 	fprintf(f,
 		"usage: kmig migrate --qmp unix:PATH URI [OPTIONS]\n"
 		"  migrates the VM whose QMP socket is PATH to the destination listening on URI\n"
-		"  (tcp:HOST:PORT or unix:PATH; start it with kmig run --incoming URI)\n"
+		"  (tcp:HOST:PORT or unix:PATH; start it with kmig run --incoming URI), or saves\n"
+		"  it into a file (file:PATH) or a command's input (exec:CMD), which a VM started\n"
+		"  with --incoming file:PATH or exec:CMD restores\n"
 		"  --bandwidth MB/s              cap (0: unlimited)\n"
 		"  --downtime MS                 the longest pause allowed at the switchover\n"
 		"  --auto-converge step|computed|off  throttle the guest's vCPUs when it dirties too\n"

@@ -12,6 +12,7 @@
 #include "base/timeutil.h"
 #include "ctl/balloon_cmds.h"
 #include "ctl/blk_cmds.h"
+#include "ctl/fd_cmds.h"
 #include "ctl/net_cmds.h"
 #include "kvm/vm_blk.h"
 
@@ -119,6 +120,8 @@ int control__init(struct control *c, struct vm *vm, const char *qmp_path,
 	if (!rc)
 		rc = control__register_blk(c);
 	if (!rc)
+		rc = control__register_fds(c);
+	if (!rc)
 		rc = control__register_introspection(c);
 	if (rc)
 		snprintf(err, errlen, "cannot set up QMP commands: %s", strerror(-rc));
@@ -188,6 +191,7 @@ void control__destroy(struct control *c)
 {
 	control__signal_fd = -1;
 	qmp__destroy(c->qmp);
+	fd_names__destroy(&c->fds);
 	ev_throttle__destroy(&c->balloon_change);
 	for (int i = 0; i < 2; i++) {
 		close(c->wake_pipe[i]);

@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "ctl/evthrottle.h"
+#include "ctl/fdnames.h"
 #include "ctl/qmp.h"
 #include "kvm/vm.h"
 
@@ -27,6 +28,7 @@ struct control {
 	atomic_bool io_error_stop;   /* a disk error asks for the stop into io-error */
 	bool exit_on_failure;        /* without QMP nobody can inspect a failed VM */
 	struct ev_throttle balloon_change; /* BALLOON_CHANGE: one per second, as QEMU */
+	struct fd_names fds;         /* getfd's descriptors (loop thread) */
 };
 
 #define CONTROL_BALLOON_CHANGE_MS 1000

@@ -23,6 +23,7 @@ struct qmp_client {
 	bool negotiated;
 	bool eof;               /* peer shut down its side; answer, then close */
 	bool dead;              /* to be closed at the end of this poll */
+	int passed_fd;          /* the last descriptor sent with SCM_RIGHTS, -1 = none */
 	struct qmp_splitter in;
 	struct qmp_buf out;
 };
@@ -62,6 +63,7 @@ struct qmp {
 	struct qmp_dispatch disp;
 	struct qmp_client *clients[QMP_MAX_CLIENTS];
 	int nclients;
+	struct qmp_client *running;     /* whose command runs now (qmp__take_fd) */
 	struct qmp_extra_fd extra[QMP_MAX_EXTRA_FDS];
 	unsigned extra_gen;
 	struct pollfd pfds[QMP_MAX_SLOTS];
@@ -186,6 +188,8 @@ static void qmp__client_free(struct qmp_client *c)
 {
 	if (c->fd >= 0)
 		close(c->fd);
+	if (c->passed_fd >= 0)
+		close(c->passed_fd);
 	qmp_split__free(&c->in);
 	qmp_buf__free(&c->out);
 	free(c);
@@ -275,8 +279,10 @@ static void qmp__client_process(struct qmp *q, struct qmp_client *c)
 			qmp_error__set(&err, QMP_ERROR_GENERIC, "%s", text);
 			reply = qmp_dispatch__error_reply(&err, NULL);
 		} else {
+			q->running = c;
 			reply = qmp_dispatch__text(&q->disp, text, len,
 						   &c->negotiated);
+			q->running = NULL;
 		}
 		/* Events raised by the command go out before its reply. */
 		qmp__deliver_events(q);
@@ -284,12 +290,48 @@ static void qmp__client_process(struct qmp *q, struct qmp_client *c)
 	}
 }
 
+/* Descriptors that came with the bytes (SCM_RIGHTS): the client's last
+ * one is kept for getfd, any other closed. */
+static void qmp__client_take_fds(struct qmp_client *c, struct msghdr *mh)
+{
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < n; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
+			if (c->passed_fd >= 0)
+				close(c->passed_fd);
+			c->passed_fd = fd;
+		}
+	}
+}
+
+int qmp__take_fd(struct qmp *q)
+{
+	struct qmp_client *c = q->running;
+	int fd = c ? c->passed_fd : -1;
+	if (c)
+		c->passed_fd = -1;
+	return fd;
+}
+
 static void qmp__client_read(struct qmp *q, struct qmp_client *c)
 {
 	char buf[QMP_READ_CHUNK];
+	union {
+		struct cmsghdr align;
+		char b[CMSG_SPACE(QMP_MAX_PASSED_FDS * sizeof(int))];
+	} ctl;
+	struct iovec iov = { .iov_base = buf, .iov_len = sizeof(buf) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+			     .msg_controllen = sizeof(ctl.b) };
 	ssize_t n;
 
-	n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+	n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	if (n >= 0)
+		qmp__client_take_fds(c, &mh);
 	if (n < 0) {
 		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
 			qmp__client_drop(c, strerror(errno));
@@ -324,6 +366,7 @@ static void qmp__accept(struct qmp *q)
 			return;
 		}
 		c->fd = fd;
+		c->passed_fd = -1;
 		q->clients[q->nclients++] = c;
 		qmp__client_send(c, qmp_dispatch__greeting(&q->disp));
 	}

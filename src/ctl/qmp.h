@@ -42,6 +42,7 @@
 #define QMP_MAX_EVENTS    4096              /* events queued, not yet sent */
 #define QMP_MAX_EXTRA_FDS 16                /* fds added with qmp__add_fd() */
 #define QMP_MAX_NAME      64                /* bytes of a command name */
+#define QMP_MAX_PASSED_FDS 8                /* SCM_RIGHTS descriptors taken per read */
 
 struct qmp;
 
@@ -147,6 +148,12 @@ KMIG_MUST_CHECK int qmp__flush(struct qmp *q, int timeout_ms);
 
 /* Number of connected clients (negotiated or not).  Loop thread. */
 int qmp__client_count(const struct qmp *q);
+/* In a command handler: the descriptor the client running the command
+ * sent last with SCM_RIGHTS (on the bytes of this command or before),
+ * now the caller's; -1 if it sent none since the last take.  A client
+ * keeps one: a newer one closes the older, and closing the connection
+ * closes it. */
+int qmp__take_fd(struct qmp *q);
 
 /* ---- Argument helpers for handlers, with QEMU's error messages ----
  * Each looks up NAME in ARGS (NULL ARGS counts as empty).  Returns 1 and sets

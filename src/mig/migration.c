@@ -2,9 +2,12 @@
 #include "base/utf8.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/timeutil.h"
@@ -27,6 +30,7 @@ void migration__init(struct migration *m, struct vm *vm, struct control *ctl)
 {
 	memset(m, 0, sizeof(*m));
 	m->pc_uffd = -1;
+	m->in_fd = m->out_fd = m->inherited_fd = -1;
 	m->vm = vm;
 	m->ctl = ctl;
 	pthread_mutex_init(&m->lock, NULL);
@@ -81,6 +85,8 @@ void migration__stop_threads(struct migration *m)
 void migration__destroy(struct migration *m)
 {
 	migration__stop_threads(m);
+	migration__drop_fd(&m->in_fd);
+	migration__drop_fd(&m->out_fd);
 	bitmap__free(&m->todo);
 	calcrate__destroy(&m->calc);
 	tls_objects__destroy(&m->tls);
@@ -161,6 +167,74 @@ bool mig_status__busy(enum mig_status s)
 	       s == MIG_CANCELLING;
 }
 
+void migration__drop_fd(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
+/* A descriptor given to getfd under name, or the one --incoming fd:N
+ * named (see migration.h). */
+int migration__fd(struct migration *m, const char *name, char *err, size_t errlen)
+{
+	if (name[0] >= '0' && name[0] <= '9') {
+		char *end;
+		long v = strtol(name, &end, 10);
+		if (*end || v != m->inherited_fd || v < 0) {
+			snprintf(err, errlen, "fd:%s: a number names only the descriptor given "
+				 "with --incoming fd:N; use getfd and a name", name);
+			return -EINVAL;
+		}
+		m->inherited_fd = -1;
+		return (int)v;
+	}
+	int fd = m->ctl ? fd_names__take(&m->ctl->fds, name) : -ENOENT;
+	if (fd < 0)
+		snprintf(err, errlen, "File descriptor named '%s' has not been found", name);
+	return fd;
+}
+
+bool migration__fd_is_socket(int fd)
+{
+	struct stat st;
+	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+/* Source, exec:/file:/fd: URIs: what a stream without a connection
+ * cannot do is refused before anything starts; an fd: descriptor is
+ * taken (into m->out_fd) once the rest is known good. */
+static int migration__take_local(struct migration *m, const struct mig_uri *u,
+				 const struct mig_params *p, char *err, size_t errlen)
+{
+	if (p->cap_multifd) {
+		snprintf(err, errlen, "multifd needs a tcp: or unix: URI: its channels are more "
+			 "connections to the same address");
+		return -EINVAL;
+	}
+	int fd = -1;
+	if (u->kind == MIG_URI_FD) {
+		fd = migration__fd(m, u->arg, err, errlen);
+		if (fd < 0)
+			return fd;
+	}
+	if (fd < 0 || !migration__fd_is_socket(fd)) {
+		const char *no = p->cap_postcopy_ram ? "postcopy-ram" : p->tls_creds[0] ?
+				 "tls-creds" : NULL;
+		if (no) {
+			migration__drop_fd(&fd);
+			snprintf(err, errlen, "%s needs a return path, and a %s: URI has none: "
+				 "use tcp:, unix: or a socket's fd:", no,
+				 u->kind == MIG_URI_EXEC ? "exec" : u->kind == MIG_URI_FILE ?
+				 "file" : "pipe's or file's fd");
+			return -EINVAL;
+		}
+	}
+	migration__drop_fd(&m->out_fd);
+	m->out_fd = fd;
+	return 0;
+}
+
 int migration__start(struct migration *m, const char *uri, char *err, size_t errlen)
 {
 	pthread_mutex_lock(&m->lock);
@@ -186,11 +260,16 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
 	migration__join(m);
-	int rc = tls_config__resolve(&m->tls, false, p.tls_creds, p.tls_hostname, NULL, uri,
-				     &m->tls_out, err, errlen);
-	if (rc)
+	int rc = mig_uri__is_socket(&u) ? 0 : migration__take_local(m, &u, &p, err, errlen);
+	if (!rc)
+		rc = tls_config__resolve(&m->tls, false, p.tls_creds, p.tls_hostname, NULL, uri,
+					 &m->tls_out, err, errlen);
+	if (rc) {
+		migration__drop_fd(&m->out_fd);
 		return rc;
+	}
 	if (!m->todo.words && bitmap__init(&m->todo, m->vm->ram.npages)) {
+		migration__drop_fd(&m->out_fd);
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
@@ -211,6 +290,7 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 	pthread_mutex_unlock(&m->lock);
 	rc = pthread_create(&m->thread, NULL, migration__send_thread, m);
 	if (rc) {
+		migration__drop_fd(&m->out_fd);
 		pthread_mutex_lock(&m->lock);
 		m->thread_running = false;
 		pthread_mutex_unlock(&m->lock);

@@ -177,8 +177,11 @@ struct migration {
 	int pc_uffd;                  /* under lock: a failed post-copy's userfaultfd, kept
 				       * until the process ends (-1: none) */
 	bool confirmed;              /* under lock: RP_OK arrived, a cancel is too late */
-	char in_uri[256];
-	char out_uri[256];
+	char in_uri[MIG_URI_MAX];
+	char out_uri[MIG_URI_MAX];
+	int in_fd;                   /* --incoming/migrate-incoming fd:'s descriptor, -1 = none */
+	int inherited_fd;            /* --incoming fd:N's N, checked open at start-up, -1 = none */
+	int out_fd;                  /* migrate fd:'s descriptor until the thread takes it */
 	bool incoming_expected;      /* --incoming given: the VM waits for a stream */
 	uint64_t strays;             /* under lock: connections the incoming side dropped */
 	char stray_why[256];         /* under lock: the last one's reason */
@@ -189,6 +192,16 @@ struct migration {
 
 void migration__init(struct migration *m, struct vm *vm, struct control *ctl);
 void migration__destroy(struct migration *m);
+
+/* exec:, file: and fd: URIs (mig/wire/stream.h).  migration__fd: the
+ * descriptor of fd:NAME, taken from getfd's table, or for a number N only
+ * m->inherited_fd (--incoming fd:N, checked when kmig started, before it
+ * opened any descriptor of its own), taken once: the fd, now the
+ * caller's, or -errno with err. */
+int migration__fd(struct migration *m, const char *name, char *err, size_t errlen);
+bool migration__fd_is_socket(int fd);
+/* Closes *fd if open; *fd = -1. */
+void migration__drop_fd(int *fd);
 
 /* Starts an outgoing migration to uri in the background. */
 int migration__start(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;

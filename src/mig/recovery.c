@@ -64,6 +64,11 @@ static int migration__recovery_uri(const char *uri, char *dst, size_t cap, char 
 	struct mig_uri u;
 	if (mig_uri__parse(uri, &u, err, errlen))
 		return -EINVAL;
+	if (!mig_uri__is_socket(&u)) {
+		snprintf(err, errlen, "post-copy recovery needs a tcp: or unix: URI: it takes "
+			 "a new connection");
+		return -EINVAL;
+	}
 	if ((size_t)snprintf(dst, cap, "%s", uri) >= cap) {
 		snprintf(err, errlen, "URI too long");
 		return -EINVAL;

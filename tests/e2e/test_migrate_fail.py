@@ -432,14 +432,16 @@ def test_nobody_listens_and_bad_uris(d, vms, check):
 
     # bad URIs: a QMP error saying what is wrong, nothing started, the guest runs on
     for uri, want in (
-            ("", "unknown URI scheme '' (want tcp: or unix:)"),
-            ("foo:bar", "unknown URI scheme 'foo' (want tcp: or unix:)"),
+            ("", "unknown URI scheme '' (want tcp:, unix:, exec:, file: or fd:)"),
+            ("foo:bar", "unknown URI scheme 'foo' (want tcp:, unix:, exec:, file: or fd:)"),
             ("tcp:127.0.0.1", "tcp URI needs HOST:PORT, got '127.0.0.1'"),
             ("tcp:127.0.0.1:notaport", "tcp: bad port 'notaport' (want 0..65535)"),
             ("tcp:127.0.0.1:70000", "tcp: bad port '70000' (want 0..65535)"),
             ("unix:", "unix: empty socket path"),
             ("unix:" + "x" * 200, "unix: socket path too long (max 107)"),
-            ("exec:cat", "unknown URI scheme 'exec' (want tcp: or unix:)"),
+            ("rdma:127.0.0.1:4444", "unknown URI scheme 'rdma' (want tcp:, unix:, exec:, file: or fd:)"),
+            ("exec:", "exec: empty command"),
+            ("file:", "file: empty path"),
             ("tcp:127.0.0.1:-1", "tcp: bad port '-1' (want 0..65535)")):
         check_qmp_error(check, "bad_uri_%r" % uri, q.cmd_full("migrate", uri=uri), want)
     # URIs that parse but cannot be connected to (port 0 is for listening,

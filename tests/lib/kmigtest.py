@@ -235,12 +235,12 @@ class QMP:
 class VM:
     """A kmig or QEMU process running the test guest with its console in a file."""
 
-    def __init__(self, args, console, qmp_path=None, stdout=None, env=None):
+    def __init__(self, args, console, qmp_path=None, stdout=None, env=None, pass_fds=()):
         self.console = Console(console)
         self.qmp_path = qmp_path
         self.out = open(stdout or (console + ".out"), "w")
         self.proc = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT,
-                                     start_new_session=True,
+                                     start_new_session=True, pass_fds=pass_fds,
                                      env=dict(os.environ, **env) if env else None)
         self._qmp = None
 
@@ -277,17 +277,18 @@ def in_netns(netns, args):
     return (["ip", "netns", "exec", netns] if netns else []) + list(args)
 
 
-def kmig_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), kmig=None, env=None, netns=None):
+def kmig_vm(d, name, cmdline, memory="1G", cpus=1, extra=(), kmig=None, env=None, netns=None,
+            pass_fds=()):
     """Starts `kmig run` on the test guest; console in d/name.log, QMP in
     d/name.qmp.  kmig: another binary (e.g. KMIG_FAULTS); env: variables
     added to the environment; netns: the network namespace to run in (a
-    "host" of scripts/two-hosts)."""
+    "host" of scripts/two-hosts); pass_fds: descriptors it inherits."""
     console = os.path.join(d, name + ".log")
     qmp = os.path.join(d, name + ".qmp")
     args = [kmig or KMIG, "run", "--kernel", GUEST, "--cmdline", cmdline,
             "--memory", memory, "--cpus", str(cpus),
             "--console", "file:" + console, "--qmp", "unix:" + qmp] + list(extra)
-    return VM(in_netns(netns, args), console, qmp, env=env)
+    return VM(in_netns(netns, args), console, qmp, env=env, pass_fds=pass_fds)
 
 
 QBOOT = "/usr/share/qemu/qboot.rom"

@@ -582,6 +582,96 @@ static void t_events(struct t *t)
 	fixture_fini(&f);
 }
 
+/* test-takefd: takes the descriptor this client passed, writes "x" into
+ * it and closes it; returns whether there was one. */
+static json_t *cmd_takefd(void *ctx, json_t *args, struct qmp_error *err)
+{
+	(void)args;
+	(void)err;
+	int fd = qmp__take_fd(ctx);
+	bool got = fd >= 0;
+	if (got) {
+		if (write(fd, "x", 1) != 1)
+			got = false;
+		close(fd);
+	}
+	return json_boolean(got);
+}
+
+/* text with fd attached (SCM_RIGHTS) */
+static bool client_send_fd(struct client *c, const char *text, int fd)
+{
+	union {
+		struct cmsghdr align;
+		char b[CMSG_SPACE(sizeof(int))];
+	} ctl;
+	struct iovec iov = { .iov_base = (void *)text, .iov_len = strlen(text) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+			     .msg_controllen = sizeof(ctl.b) };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	return sendmsg(c->fd, &mh, 0) == (ssize_t)iov.iov_len;
+}
+
+/* What the pipe's read end gives within 2 s: 'x', 0 at EOF, -1 nothing. */
+static int pipe_read(int rfd)
+{
+	struct pollfd p = { .fd = rfd, .events = POLLIN };
+	char b;
+	if (poll(&p, 1, 2000) <= 0)
+		return -1;
+	ssize_t n = read(rfd, &b, 1);
+	return n == 1 ? b : n == 0 ? 0 : -1;
+}
+
+/* Descriptors passed with SCM_RIGHTS: the command that takes it gets the
+ * last one its own client sent; an older one, one nobody takes and one of
+ * a client that leaves are closed. */
+static void t_passed_fds(struct t *t)
+{
+	struct fixture f;
+	struct client a, b;
+	int p1[2], p2[2], p3[2];
+	const char *take = "{\"execute\": \"test-takefd\"}\n";
+
+	T_CHECK(t, fixture_init(&f, false));
+	T_CHECK_EQ(t, qmp__register(f.q, "test-takefd", cmd_takefd, f.q), 0);
+	T_CHECK(t, pthread_create(&f.thread, NULL, fixture_loop, &f) == 0);
+	f.running = true;
+	T_CHECK(t, client_open(&a, f.path));
+	T_CHECK(t, client_open(&b, f.path));
+	T_CHECK(t, pipe2(p1, O_CLOEXEC) == 0 && pipe2(p2, O_CLOEXEC) == 0 &&
+		   pipe2(p3, O_CLOEXEC) == 0);
+	/* none passed */
+	T_CHECK(t, is_return(client_cmd(&a, take), "false"));
+	/* passed with the command's own bytes */
+	T_CHECK(t, client_send_fd(&a, take, p1[1]));
+	close(p1[1]);
+	T_CHECK(t, is_return(client_reply(&a), "true"));
+	T_CHECK_EQ(t, pipe_read(p1[0]), 'x');
+	T_CHECK_EQ(t, pipe_read(p1[0]), 0);     /* and closed by the handler */
+	/* two passed before: the newer is taken, the older closed */
+	T_CHECK(t, client_send_fd(&a, " ", p1[0]) && client_send_fd(&a, " ", p2[1]));
+	close(p2[1]);
+	T_CHECK(t, is_return(client_cmd(&a, take), "true"));
+	T_CHECK_EQ(t, pipe_read(p2[0]), 'x');
+	/* another client cannot take a's */
+	T_CHECK(t, client_send_fd(&a, " ", p3[1]));
+	close(p3[1]);
+	T_CHECK(t, is_return(client_cmd(&b, take), "false"));
+	/* a leaving: its descriptor is closed (EOF on the pipe) */
+	client_close(&a);
+	T_CHECK_EQ(t, pipe_read(p3[0]), 0);
+	client_close(&b);
+	close(p1[0]);
+	close(p2[0]);
+	close(p3[0]);
+	fixture_fini(&f);
+}
+
 static void t_clients(struct t *t)
 {
 	struct fixture f;
@@ -971,6 +1061,7 @@ int main(void)
 	T_RUN(&t, t_oversized);
 	T_RUN(&t, t_events);
 	T_RUN(&t, t_clients);
+	T_RUN(&t, t_passed_fds);
 	T_RUN(&t, t_slow_client);
 	T_RUN(&t, t_socket_file);
 	T_RUN(&t, t_loop_and_flush);

@@ -352,7 +352,8 @@ static void t_uri(struct t *t)
 	const char *bad[] = {
 		"tcp:host", "tcp:host:", "tcp:host:65536", "tcp:host:-1", "tcp:host:12a",
 		"tcp:host:123456", "tcp:host: 80", "tcp:::1:80", "tcp:[::1]80", "tcp:[]:80",
-		"tcp:a b:80", "unix:", "udp:h:1", "exec:cat", "", "tcp", "file:/x",
+		"tcp:a b:80", "unix:", "udp:h:1", "exec:", "", "tcp", "file:", "fd:",
+		"exec:cat\n", "fd:a\tb",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		err[0] = 0;
@@ -366,11 +367,31 @@ static void t_uri(struct t *t)
 	T_CHECK(t, strstr(err, "port") != NULL);
 	T_CHECK_EQ(t, mig_uri__parse("rdma:h:1", &u, err, sizeof(err)), -EINVAL);
 	T_CHECK(t, strstr(err, "scheme") != NULL);
+	T_CHECK_EQ(t, mig_uri__parse("exec:cat > /tmp/x", &u, err, sizeof(err)), 0);
+	T_CHECK(t, u.kind == MIG_URI_EXEC && !strcmp(u.arg, "cat > /tmp/x") && !mig_uri__is_socket(&u));
+	T_CHECK_EQ(t, mig_uri__parse("file:/var/lib/x.mig", &u, err, sizeof(err)), 0);
+	T_CHECK(t, u.kind == MIG_URI_FILE && !strcmp(u.arg, "/var/lib/x.mig"));
+	T_CHECK_EQ(t, mig_uri__parse("fd:mig0", &u, err, sizeof(err)), 0);
+	T_CHECK(t, u.kind == MIG_URI_FD && !strcmp(u.arg, "mig0"));
+	T_CHECK_EQ(t, mig_uri__parse("fd:7", &u, err, sizeof(err)), 0);
+	T_CHECK(t, u.kind == MIG_URI_FD && !strcmp(u.arg, "7"));
+	char longx[MIG_URI_MAX + 8] = "exec:";
+	memset(longx + 5, 'x', MIG_URI_MAX - 5);
+	longx[MIG_URI_MAX] = 0;         /* one byte too long */
+	T_CHECK_EQ(t, mig_uri__parse(longx, &u, err, sizeof(err)), -EINVAL);
+	longx[MIG_URI_MAX - 1] = 0;     /* the longest */
+	T_CHECK_EQ(t, mig_uri__parse(longx, &u, err, sizeof(err)), 0);
+	char longfd[80] = "fd:";
+	memset(longfd + 3, 'n', 64);
+	T_CHECK_EQ(t, mig_uri__parse(longfd, &u, err, sizeof(err)), -EINVAL);
 	char longp[200] = "unix:";
 	memset(longp + 5, 'p', 150);
 	T_CHECK_EQ(t, mig_uri__parse(longp, &u, err, sizeof(err)), -EINVAL);
 	struct mig_stream s;
 	T_CHECK_EQ(t, mig_stream__connect(&s, "tcp::80", NULL, err, sizeof(err)), -EINVAL);
+	T_CHECK_EQ(t, mig_stream__connect(&s, "file:/x", NULL, err, sizeof(err)), -EINVAL);
+	struct mig_listener l;
+	T_CHECK_EQ(t, mig_listener__open(&l, "exec:cat", err, sizeof(err)), -EINVAL);
 }
 
 struct conn {

@@ -381,13 +381,16 @@ static int incoming__load(struct incoming *in)
 #define INCOMING_FIRST_RECORD_MS 10000
 
 /* The header of a connection's first record, left unread: of type want
- * (START, or RESUME on a recovery), within INCOMING_FIRST_RECORD_MS. */
-static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls, char *why,
-				  size_t len)
+ * (START, or RESUME on a recovery), within INCOMING_FIRST_RECORD_MS when
+ * bounded (a connection from a listener, which may be a stray; a stream
+ * of exec:, file: or fd: has no rival and waits as long as it takes). */
+static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls, bool bounded,
+				  char *why, size_t len)
 {
 	uint8_t b[PROTO_HDR_SIZE];
 	struct proto_hdr h;
-	mig_stream__set_read_deadline(s, time__now_ms() + INCOMING_FIRST_RECORD_MS);
+	if (bounded)
+		mig_stream__set_read_deadline(s, time__now_ms() + INCOMING_FIRST_RECORD_MS);
 	int rc = mig_stream__peek(s, b, sizeof(b));
 	mig_stream__set_read_deadline(s, 0);
 	if (rc == -ETIMEDOUT)
@@ -402,9 +405,11 @@ static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls,
 	return rc;
 }
 
-/* A connection just taken into in->stream: its TLS handshake (with
- * tls-creds) and its first record's header.  0, or -errno with why set. */
-static int incoming__vet(struct incoming *in, uint32_t want, char *why, size_t len)
+/* A connection just taken into in->stream (bounded: from the listener):
+ * its TLS handshake (with tls-creds) and its first record's header.  0, or
+ * -errno with why set. */
+static int incoming__vet(struct incoming *in, uint32_t want, bool bounded, char *why,
+			 size_t len)
 {
 	struct migration *m = in->m;
 	/* the return path carries one small record: send it at once */
@@ -419,7 +424,8 @@ static int incoming__vet(struct incoming *in, uint32_t want, char *why, size_t l
 		if (tls__peer(&in->stream, &m->tls_in, in->mf.peer, sizeof(in->mf.peer)))
 			in->mf.peer[0] = 0;
 	}
-	return incoming__first_header(&in->stream, want, m->tls_in.creds != NULL, why, len);
+	return incoming__first_header(&in->stream, want, m->tls_in.creds != NULL, bounded, why,
+				      len);
 }
 
 /* Takes the source's connection into in->stream.  One that fails its TLS
@@ -438,7 +444,7 @@ static int incoming__take(struct incoming *in, uint32_t want, char *err, size_t 
 		if (rc)
 			return rc;
 		char why[200];
-		rc = incoming__vet(in, want, why, sizeof(why));
+		rc = incoming__vet(in, want, true, why, sizeof(why));
 		if (!rc)
 			return 0;
 		pthread_mutex_lock(&m->lock);
@@ -457,6 +463,35 @@ static void incoming__silent(void *ctx, const char *why)
 	migration__stray(ctx, "connection", why);
 }
 
+/* exec:, file:, fd: (u): the stream is there already, with no listener
+ * and no other peer that could connect: what it begins with decides. */
+static int incoming__open_local(struct incoming *in, const struct mig_uri *u, char *err,
+				size_t errlen)
+{
+	struct migration *m = in->m;
+	int rc = mig_stream__open_local(&in->stream, u, false, m->in_fd, err, errlen);
+	m->in_fd = -1;          /* the stream's now, or closed */
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&m->lock);
+	in->connected = true;
+	if (in->cancelled)
+		mig_stream__shutdown(&in->stream);
+	pthread_mutex_unlock(&m->lock);
+	log_info("incoming migration: reading %s stream from %s",
+		 mig_stream__two_way(&in->stream) ? "a socket's" : "a one-way", m->in_uri);
+	char why[200];
+	rc = incoming__vet(in, PROTO_START, false, why, sizeof(why));
+	if (!rc)
+		return 0;
+	utf8__err(err, errlen, rc, "%s", why);
+	pthread_mutex_lock(&m->lock);
+	in->connected = false;
+	pthread_mutex_unlock(&m->lock);
+	mig_stream__close(&in->stream);         /* and exec:'s command with it */
+	return rc;
+}
+
 /* Listens on uri and takes the source's connection, which begins with a
  * `want` record; `ready`, unless MIG_NONE, is the status once the
  * listener is open (the peer may connect). */
@@ -465,6 +500,13 @@ static int incoming__accept(struct incoming *in, const char *uri, uint32_t want,
 {
 	char err[256];
 	struct migration *m = in->m;
+	struct mig_uri u;
+	if (!mig_uri__parse(uri, &u, NULL, 0) && !mig_uri__is_socket(&u)) {
+		int rc = incoming__open_local(in, &u, err, sizeof(err));
+		if (rc)
+			migration__set_error(m, "%s", err);
+		return rc;
+	}
 	incoming__close_listener(in);
 	int rc = mig_listener__open(&in->listener, uri, err, sizeof(err));
 	if (!rc) {
@@ -522,7 +564,7 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 	} else if (!rc && !incoming__resume(in)) {   /* RP_OK only once the guest runs here */
 		rc = mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it could run");
 	}
-	if (connected) {
+	if (connected && mig_stream__two_way(&in->stream)) {
 		int r2 = mig_recv__reply(&in->recv, &in->stream);
 		if (r2 && !rc)
 			log_warn("incoming migration: could not confirm to the source: %s",
@@ -610,7 +652,7 @@ static void incoming__drop_link(struct incoming *in)
 static int incoming__reconnect(struct incoming *in, char *err, size_t errlen)
 {
 	struct migration *m = in->m;
-	char uri[256];
+	char uri[MIG_URI_MAX];
 	pthread_mutex_lock(&m->lock);
 	snprintf(uri, sizeof(uri), "%s", m->in_uri);
 	m->error[0] = 0;
@@ -789,6 +831,18 @@ int migration__incoming(struct migration *m, const char *uri, char *err, size_t 
 	if (tls_config__resolve(&m->tls, true, p.tls_creds, NULL, p.tls_authz, uri, &m->tls_in,
 				err, errlen))
 		return -EINVAL;
+	int fd = u.kind == MIG_URI_FD ? migration__fd(m, u.arg, err, errlen) : -1;
+	if (u.kind == MIG_URI_FD && fd < 0)
+		return fd;
+	if (!mig_uri__is_socket(&u) && p.tls_creds[0] && !migration__fd_is_socket(fd)) {
+		migration__drop_fd(&fd);
+		snprintf(err, errlen, "tls-creds needs a connection, and a %s: URI has none",
+			 u.kind == MIG_URI_EXEC ? "exec" : u.kind == MIG_URI_FILE ? "file" :
+			 "pipe's or file's fd");
+		return -EINVAL;
+	}
+	migration__drop_fd(&m->in_fd);
+	m->in_fd = fd;
 	snprintf(m->in_uri, sizeof(m->in_uri), "%s", uri);
 	pthread_mutex_lock(&m->lock);
 	m->in_cancelled = false;

@@ -312,6 +312,25 @@ static int sender__await_destination(struct sender *s)
 	return -EPROTO;
 }
 
+/* A one-way stream (exec:, file:, a pipe's or file's fd:) has nobody to
+ * answer: the end is confirmed once the bytes are out, a file's on its
+ * disk and exec:'s command exited with status 0. */
+static int sender__finish_one_way(struct sender *s)
+{
+	char err[256];
+	int rc = mig_stream__finish_local(s->stream, SENDER_CONFIRM_S * 1000, &s->m->cancel, err,
+					  sizeof(err));
+	if (rc) {
+		migration__set_error(s->m, "the stream's end is not confirmed (%s); the guest "
+				     "stays paused here", err);
+		return rc;
+	}
+	pthread_mutex_lock(&s->m->lock);
+	s->m->confirmed = true;
+	pthread_mutex_unlock(&s->m->lock);
+	return 0;
+}
+
 void sender__synced(struct sender *s)
 {
 	if (s->unsent.words)
@@ -459,7 +478,8 @@ int sender__switchover(struct sender *s)
 		s->end_sent = true;
 	log_debug("switchover: END sent after %llu ms", (unsigned long long)(time__now_ms() - t0));
 	if (!rc)
-		rc = sender__await_destination(s);
+		rc = mig_stream__two_way(s->stream) ? sender__await_destination(s)
+						    : sender__finish_one_way(s);
 	pthread_mutex_lock(&s->m->lock);
 	s->m->stats.downtime_ms = time__now_ms() - t0;
 	s->m->stats.downtime_bytes = sender__bytes(s) - bytes0;

@@ -119,7 +119,17 @@ static int sender__setup(struct sender *s, const char *uri)
 {
 	struct migration *m = s->m;
 	char err[256];
-	int rc = mig_stream__connect(s->stream, uri, &m->cancel, err, sizeof(err));
+	struct mig_uri u;
+	int rc = mig_uri__parse(uri, &u, err, sizeof(err));
+	if (!rc && mig_uri__is_socket(&u)) {
+		rc = mig_stream__connect(s->stream, uri, &m->cancel, err, sizeof(err));
+	} else if (!rc) {
+		rc = mig_stream__open_local(s->stream, &u, true, m->out_fd, err, sizeof(err));
+		m->out_fd = -1;         /* the stream's now, or closed */
+		if (!rc)
+			log_info("migration: %s stream to %s", mig_stream__two_way(s->stream) ?
+				 "a socket's" : "a one-way", uri);
+	}
 	if (rc) {
 		migration__set_error(m, "%s", err);
 		return rc;

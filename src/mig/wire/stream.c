@@ -3,6 +3,7 @@
 #include "base/utf8.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <gnutls/gnutls.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -28,7 +29,14 @@ int mig_stream__init(struct mig_stream *s, int fd)
 	struct stat st;
 	memset(s, 0, sizeof(*s));
 	s->fd = fd;
-	s->is_socket = fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+	bool known = fstat(fd, &st) == 0;
+	s->is_socket = known && S_ISSOCK(st.st_mode);
+	/* a pipe may stall for ever (exec:'s command does not read): its
+	 * waits poll, so that a cancel ends them */
+	s->is_pipe = known && S_ISFIFO(st.st_mode);
+	int fl = s->is_pipe ? fcntl(fd, F_GETFL) : 0;
+	if (fl < 0 || (s->is_pipe && fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0))
+		s->is_pipe = false;
 	atomic_init(&s->err, 0);
 	atomic_init(&s->shut, false);
 	atomic_init(&s->rate, 0);
@@ -55,6 +63,7 @@ void mig_stream__close(struct mig_stream *s)
 	if (s->fd >= 0)
 		close(s->fd);
 	s->fd = -1;
+	mig_stream__reap(s);
 	if (s->wbuf || s->rbuf)
 		pthread_mutex_destroy(&s->err_lock);
 	free(s->wbuf);
@@ -101,6 +110,9 @@ static int stream__io_fail(struct mig_stream *s, int err, const char *what)
 {
 	if (atomic_load(&s->shut))
 		return mig_stream__fail(s, -ECANCELED, "stream shut down (cancelled)");
+	if (!what && !s->is_socket)
+		return mig_stream__fail(s, -ECONNRESET, "the stream ended early (end of file "
+					"or pipe)");
 	if (!what)
 		return mig_stream__fail(s, -ECONNRESET, "connection closed by peer");
 	return mig_stream__fail(s, err, "%s: %s", what, strerror(-err));
@@ -261,6 +273,23 @@ static ssize_t stream__send_some(struct mig_stream *s, const uint8_t *p, size_t 
 	return r < 0 ? -errno : r;
 }
 
+/* A pipe (non-blocking) that cannot take more: waits until it can, or
+ * the stream is shut down.  0 or the sticky error. */
+#define STREAM_PIPE_SLICE_MS 100
+static int stream__wait_pipe(struct mig_stream *s, short events)
+{
+	for (;;) {
+		if (atomic_load(&s->shut))
+			return mig_stream__fail(s, -ECANCELED, "stream shut down (cancelled)");
+		struct pollfd p = { .fd = s->fd, .events = events };
+		int r = poll(&p, 1, STREAM_PIPE_SLICE_MS);
+		if (r > 0)
+			return 0;
+		if (r < 0 && errno != EINTR)
+			return stream__io_fail(s, -errno, "poll");
+	}
+}
+
 /* Sends all n bytes (a send may take fewer; a TLS record at most 16 KiB). */
 static int stream__send_chunk(struct mig_stream *s, const uint8_t *p, size_t n)
 {
@@ -271,6 +300,12 @@ static int stream__send_chunk(struct mig_stream *s, const uint8_t *p, size_t n)
 				return (int)r;
 			if (r == -EINTR)
 				continue;
+			if (r == -EAGAIN && s->is_pipe) {
+				int e = stream__wait_pipe(s, POLLOUT);
+				if (e)
+					return e;
+				continue;
+			}
 			return stream__io_fail(s, (int)r, "write");
 		}
 		if (r == 0)
@@ -338,6 +373,8 @@ int mig_stream__write(struct mig_stream *s, const void *buf, size_t len)
 static int stream__wait_readable(struct mig_stream *s)
 {
 	uint64_t deadline = atomic_load(&s->read_deadline_ms);
+	if (!deadline && s->is_pipe)
+		return stream__wait_pipe(s, POLLIN);
 	for (;;) {
 		if (!deadline)
 			return 0;
@@ -390,7 +427,9 @@ static int stream__read_some(struct mig_stream *s, uint8_t *p, size_t cap, size_
 		}
 		if (r == 0)
 			return stream__io_fail(s, -ECONNRESET, NULL);
-		if (errno != EINTR)
+		if (errno == EAGAIN && s->is_pipe && atomic_load(&s->shut))
+			return mig_stream__fail(s, -ECANCELED, "stream shut down (cancelled)");
+		if (errno != EINTR && (errno != EAGAIN || !s->is_pipe))
 			return stream__io_fail(s, -errno, "read");
 	}
 }
@@ -577,6 +616,8 @@ static void stream__untake(struct mig_stream *s, const uint8_t *buf, size_t n)
 int mig_stream__peek_answer(struct mig_stream *s, int timeout_ms, struct proto_hdr *hdr,
 			    const uint8_t **payload, uint8_t *buf, size_t cap)
 {
+	if (!mig_stream__two_way(s))
+		return 0;       /* a pipe or a file: nobody answers on it */
 	size_t n = stream__take(s, buf, cap < MIG_STREAM_RBUF ? cap : MIG_STREAM_RBUF, timeout_ms);
 	if (!stream__whole_record(buf, n) || proto__decode_header(buf, n, hdr)) {
 		stream__untake(s, buf, n);

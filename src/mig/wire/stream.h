@@ -33,6 +33,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "base/log.h"
 #include "mig/wire/proto.h"
@@ -43,6 +44,8 @@
 struct mig_stream {
 	int fd;
 	bool is_socket;
+	bool is_pipe;                   /* a FIFO: non-blocking, waits poll for shutdown */
+	pid_t child;                    /* exec:'s command, 0 = none (stream_local.c) */
 	atomic_int err;                 /* 0 or the first -errno */
 	atomic_bool shut;               /* shutdown requested */
 	pthread_mutex_t err_lock;       /* serialises setting err + errmsg */
@@ -165,16 +168,30 @@ uint64_t mig_stream__bytes_in(struct mig_stream *s);
  *                  means all addresses (listen only); PORT 0..65535
  *                  decimal (0 = any free port, listen only).
  * "unix:PATH"      a filesystem socket path (< 108 bytes).
+ * "exec:CMD"       a shell command (/bin/sh -c): the stream is its
+ *                  standard input (source) or output (destination).
+ * "file:PATH"      a file, written whole (source) or read (destination).
+ * "fd:NAME"        a descriptor passed with QMP getfd under NAME, or
+ *                  (destination's --incoming) an inherited descriptor's
+ *                  number.
+ * The last three open no connection: see stream_local.c below.
  * Errors fill err[0..errlen) with a message. */
-enum mig_uri_kind { MIG_URI_TCP, MIG_URI_UNIX };
+enum mig_uri_kind { MIG_URI_TCP, MIG_URI_UNIX, MIG_URI_EXEC, MIG_URI_FILE, MIG_URI_FD };
+#define MIG_URI_MAX     1024            /* bytes of a URI, with its NUL */
+#define MIG_FD_NAME_MAX 64              /* bytes of a getfd name, with its NUL */
 struct mig_uri {
 	enum mig_uri_kind kind;
 	char host[256];
 	uint16_t port;
 	char path[108];
+	char arg[MIG_URI_MAX];          /* exec:, file:, fd: what follows the colon */
 };
 /* 0 or -EINVAL (malformed: bad port, unknown scheme, empty path, ...). */
 int mig_uri__parse(const char *uri, struct mig_uri *u, char *err, size_t errlen) KMIG_MUST_CHECK;
+static inline bool mig_uri__is_socket(const struct mig_uri *u)
+{
+	return u->kind == MIG_URI_TCP || u->kind == MIG_URI_UNIX;
+}
 
 /* Connects and initialises s.  Blocks until connected, at most
  * MIG_CONNECT_TIMEOUT_MS over all the host's addresses (-ETIMEDOUT; the
@@ -218,5 +235,39 @@ int mig_listener__accept(struct mig_listener *l, struct mig_stream *s, uint64_t 
 void mig_listener__shutdown(struct mig_listener *l);
 /* Closes the listener and the connections it holds. */
 void mig_listener__close(struct mig_listener *l);
+
+/* ---- Streams without a connection (stream_local.c) ----
+ * exec:, file: and fd: URIs.  A stream on a pipe or a file has no way
+ * back: mig_stream__two_way() is false and the protocol's return path is
+ * absent (the source learns nothing from the destination; see
+ * protocol.md "One-way streams").  An fd: descriptor that is a socket
+ * keeps both ways.
+ *
+ * Opens the stream of a parsed exec:/file:/fd: URI, for sending (out) or
+ * receiving.  fd: takes `fd` (the caller resolved the name; s owns it
+ * from now on, also on error); exec: runs the command with /bin/sh -c,
+ * with no descriptor of ours but the pipe (its stdin: /dev/null when
+ * receiving; its stdout: our stderr when sending); file: creates or
+ * truncates PATH (mode 0600) for sending and opens it read-only for
+ * receiving.  0 or -errno with err. */
+int mig_stream__open_local(struct mig_stream *s, const struct mig_uri *u, bool out, int fd,
+			   char *err, size_t errlen) KMIG_MUST_CHECK;
+/* exec:'s command (it runs in a process group of its own), if it has not
+ * been waited for: the group killed (SIGKILL) and the command reaped at
+ * once.  mig_stream__close does this after closing the descriptor, so a
+ * destination's command that is still running after the stream's end
+ * (the source's END is read) is killed too. */
+void mig_stream__reap(struct mig_stream *s);
+/* Both ways: a socket. */
+static inline bool mig_stream__two_way(const struct mig_stream *s)
+{
+	return s->is_socket;
+}
+/* The source's end of a one-way stream, after its last flush: a file's
+ * data reaches its disk (fdatasync), the descriptor is closed, and an
+ * exec: command's exit is awaited (at most timeout_ms; *cancel ends the
+ * wait at once and kills it): 0 only if it exited with status 0. */
+int mig_stream__finish_local(struct mig_stream *s, int timeout_ms, const atomic_bool *cancel,
+			     char *err, size_t errlen) KMIG_MUST_CHECK;
 
 #endif

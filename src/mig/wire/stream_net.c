@@ -77,11 +77,40 @@ static int uri__parse_tcp(const char *rest, struct mig_uri *u, char *err, size_t
 	return 0;
 }
 
+/* exec:CMD, file:PATH, fd:NAME (a name getfd gave, or an inherited
+ * descriptor's number): one argument, a command, path or name. */
+static int uri__parse_local(const char *uri, struct mig_uri *u, char *err, size_t errlen)
+{
+	const char *colon = strchr(uri, ':');
+	const char *arg = colon + 1;
+	size_t len = strlen(arg);
+	u->kind = uri[0] == 'e' ? MIG_URI_EXEC : uri[1] == 'i' ? MIG_URI_FILE : MIG_URI_FD;
+	int scheme = (int)(colon - uri);
+	if (!len)
+		return utf8__err(err, errlen, -EINVAL, "%.*s: empty %s", scheme, uri,
+				u->kind == MIG_URI_EXEC ? "command" : u->kind == MIG_URI_FILE ?
+				"path" : "descriptor name");
+	if (len >= sizeof(u->arg))
+		return utf8__err(err, errlen, -EINVAL, "%.*s: too long (max %zu bytes)", scheme, uri,
+				sizeof(u->arg) - 1);
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char)arg[i] < ' ')
+			return utf8__err(err, errlen, -EINVAL, "%.*s: control character in '%s'",
+					scheme, uri, arg);
+	if (u->kind == MIG_URI_FD && len >= MIG_FD_NAME_MAX)
+		return utf8__err(err, errlen, -EINVAL, "fd: name too long (max %d bytes)",
+				MIG_FD_NAME_MAX - 1);
+	memcpy(u->arg, arg, len + 1);
+	return 0;
+}
+
 int mig_uri__parse(const char *uri, struct mig_uri *u, char *err, size_t errlen)
 {
 	memset(u, 0, sizeof(*u));
 	if (!uri)
 		return utf8__err(err, errlen, -EINVAL, "no URI");
+	if (strlen(uri) >= MIG_URI_MAX)
+		return utf8__err(err, errlen, -EINVAL, "URI too long (max %d bytes)", MIG_URI_MAX - 1);
 	if (!strncmp(uri, "tcp:", 4))
 		return uri__parse_tcp(uri + 4, u, err, errlen);
 	if (!strncmp(uri, "unix:", 5)) {
@@ -95,9 +124,11 @@ int mig_uri__parse(const char *uri, struct mig_uri *u, char *err, size_t errlen)
 		u->kind = MIG_URI_UNIX;
 		return 0;
 	}
+	if (!strncmp(uri, "exec:", 5) || !strncmp(uri, "file:", 5) || !strncmp(uri, "fd:", 3))
+		return uri__parse_local(uri, u, err, errlen);
 	const char *c = strchr(uri, ':');
-	return utf8__err(err, errlen, -EINVAL, "unknown URI scheme '%.*s' (want tcp: or unix:)",
-			c ? (int)(c - uri) : (int)strlen(uri), uri);
+	return utf8__err(err, errlen, -EINVAL, "unknown URI scheme '%.*s' (want tcp:, unix:, "
+			"exec:, file: or fd:)", c ? (int)(c - uri) : (int)strlen(uri), uri);
 }
 
 static void net__tune(int fd, bool is_unix)
@@ -229,6 +260,8 @@ int mig_stream__connect(struct mig_stream *s, const char *uri, const atomic_bool
 	int fd = mig_uri__parse(uri, &u, err, errlen);
 	if (fd)
 		return fd;
+	if (!mig_uri__is_socket(&u))
+		return utf8__err(err, errlen, -EINVAL, "'%s' is not a tcp: or unix: URI", uri);
 	fd = u.kind == MIG_URI_TCP ? net__connect_tcp(&u, cancel, err, errlen)
 				   : net__connect_unix(&u, cancel, err, errlen);
 	if (fd < 0)
@@ -328,6 +361,8 @@ int mig_listener__open(struct mig_listener *l, const char *uri, char *err, size_
 	int e = mig_uri__parse(uri, &u, err, errlen);
 	if (e)
 		return e;
+	if (!mig_uri__is_socket(&u))
+		return utf8__err(err, errlen, -EINVAL, "'%s' is not a tcp: or unix: URI", uri);
 	return u.kind == MIG_URI_TCP ? net__listen_tcp(l, &u, err, errlen)
 				     : net__listen_unix(l, &u, err, errlen);
 }

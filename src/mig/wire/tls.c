@@ -277,7 +277,7 @@ static int tls_config__client(const struct tls_creds *c, const char *hostname, c
 		snprintf(cfg->hostname, sizeof(cfg->hostname), "%s", u.host);
 	if (c->kind == TLS_X509 && !cfg->hostname[0])
 		return utf8__err(err, errlen, -EINVAL, "tls-hostname is needed to check the "
-				"destination's certificate on a unix socket");
+				"destination's certificate when the URI is not tcp: (unix:, fd:)");
 	return 0;
 }
 
