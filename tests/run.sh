@@ -160,7 +160,7 @@ SAN_E2E="tests/e2e/test_migrate.py tests/e2e/test_multifd.py tests/e2e/test_migr
 # migrations, failures and post-copy's verified migrations (multifd, TLS,
 # post-copy's recovery and the hostile peers run plainly there).
 SAN_E2E_EMULATED="tests/e2e/test_migrate.py tests/e2e/test_migrate_fail.py
-	tests/e2e/test_postcopy.py::test_verify"
+	tests/e2e/test_postcopy.py::test_verify tests/e2e/test_save_restore.py"
 # Cancel, failure and hostile-peer tests with kmig built with
 # ThreadSanitizer (make TSAN=1 all): a data race reported fails the test.
 # TSan slows kmig's page loops tenfold and more, so the cut leaves out the
@@ -179,7 +179,8 @@ TSAN_E2E_EMULATED="tests/e2e/test_migrate_fail.py::test_cancel_stalled
 	tests/e2e/test_migrate_fail.py::test_layout_mismatch
 	tests/e2e/test_migrate_fail.py::test_nobody_listens_and_bad_uris
 	tests/e2e/test_migrate_fail.py::test_second_migrate tests/e2e/test_migrate_fail.py::test_garbage
-	tests/e2e/test_converge.py::test_dirty_limit_refused"
+	tests/e2e/test_converge.py::test_dirty_limit_refused
+	tests/e2e/test_save_restore.py::test_exec_failures"
 # $1: the whole list, $2: its cut under emulation (unless KMIG_TEST_ALL=1)
 cut_list() {
 	if [ "${KMIG_TEST_EMULATED:-}" = 1 ] && [ "${KMIG_TEST_ALL:-}" != 1 ]; then
