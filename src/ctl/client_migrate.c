@@ -282,6 +282,13 @@ static void migrate__hint(const struct migrate_opts *o, json_t *q, bool *hinted)
 	    jint(json_object_get(q, "ram"), "dirty-sync-count") < MIGRATE_HINT_ROUNDS)
 		return;
 	*hinted = true;
+	if (!strncmp(o->uri, "file:", 5) || !strncmp(o->uri, "exec:", 5)) {
+		/* no return path: post-copy cannot help a save */
+		fprintf(stderr, "\nkmig migrate: the save is in round %lld and has not ended; "
+			"a guest stopped first (QMP stop) is saved in one pass\n",
+			jint(json_object_get(q, "ram"), "dirty-sync-count"));
+		return;
+	}
 	fprintf(stderr, "\nkmig migrate: pre-copy is in round %lld and has not ended; --postcopy "
 		"auto would end it (the guest then runs at the destination before all its pages "
 		"are there, and the source no longer holds a whole copy of it)\n",
