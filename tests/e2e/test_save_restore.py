@@ -10,6 +10,7 @@ import os
 import re
 import select
 import socket
+import subprocess
 import time
 
 import pytest
@@ -73,9 +74,10 @@ def save(check, src, uri):
 @pytest.mark.parametrize("how", ["file", "exec"])
 def test_save_restore(d, vms, check, how):
     """Save a guest, restore it in a new kmig: nothing lost.  file: saves
-    it live; exec: as `virsh save` does, stopped first and compressed
-    (gzip), restored stopped and then continued (under emulation gzip
-    would not keep up with the guest's rewrites anyway)."""
+    it live over QMP; exec: as `virsh save` does, stopped first and
+    compressed (gzip), through `kmig migrate`, restored stopped and then
+    continued (under emulation gzip would not keep up with the guest's
+    rewrites anyway)."""
     src = kt.kmig_vm(d, "src", VERIFY, memory="128M")
     vms.append(src)
     if not booted(src, check):
@@ -83,10 +85,19 @@ def test_save_restore(d, vms, check, how):
     path = os.path.join(d, "vm.sav" + (".gz" if how == "exec" else ""))
     out = "file:" + path if how == "file" else "exec:gzip -1 > '%s'" % path
     back = "file:" + path if how == "file" else "exec:gzip -dc '%s'" % path
-    if how == "exec":
+    if how == "file":
+        if not save(check, src, out):
+            return
+    else:               # stopped, through the CLI: kmig migrate --verify exec:...
         src.qmp().cmd("stop")
-    if not save(check, src, out):
-        return
+        cli = subprocess.run([kt.KMIG, "migrate", "--qmp", "unix:" + src.qmp_path, "--verify",
+                              "--json", out], capture_output=True, text=True,
+                             timeout=kt.slow(120))
+        r = json.loads(cli.stdout) if cli.returncode == 0 and cli.stdout.strip() else {}
+        if not check("saved_cli", r.get("status") == "completed", "%s %r %r; %s" % (
+                cli.returncode, cli.stdout[-300:], cli.stderr[-500:], dump(src))):
+            return
+        check("src_postmigrate", status(src) == "postmigrate", dump(src))
     check("saved_file", os.path.getsize(path) > 0, path)
     dst = kt.kmig_vm(d, "dst", VERIFY, memory="128M", extra=["--incoming", back])
     vms.append(dst)
