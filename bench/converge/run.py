@@ -74,9 +74,10 @@ CONFIGS = {
     # earliest switch a user of either VMM can ask for
     "kmig-ring4096+postcopy-start": ("kmig", 4096, "postcopy-start"),
     "qemu-ring4096+postcopy-start": ("qemu", 4096, "postcopy-start"),
-    # QEMU 7.2 with its postcopy-preempt capability (off by default): the
+    # post-copy with the postcopy-preempt capability (QEMU 7.2: off by default): the
     # pages asked for on a channel of their own
     "qemu-ring4096+postcopy-preempt": ("qemu", 4096, "postcopy-preempt"),
+    "kmig-ring4096+postcopy-preempt": ("kmig", 4096, "postcopy-preempt"),
 }
 # seed 000's five ideas (docs/policies.md): all on, all off, each off alone
 # (bench/seed000 runs them against QEMU's auto-converge)
@@ -112,7 +113,7 @@ POLICY_TEXT = {
                       "poll that finds the migration active (the earliest a user can ask), "
                       "max-postcopy-bandwidth = max-bandwidth, no auto-converge",
     "postcopy-preempt": "as postcopy (migrate-start-postcopy once the bulk pass is over), "
-                        "with QEMU 7.2's postcopy-preempt capability on both sides: the pages "
+                        "with the postcopy-preempt capability on both sides: the pages "
                         "asked for go on a channel of their own",
     "hybrid": "postcopy-ram on both sides and x-postcopy-auto (x-postcopy-early on, the "
               "default): kmig switches by itself (policies.md \"Hybrid\"), "

@@ -14,11 +14,12 @@ before and after the switch, downtime limit 300 ms, cap 120 s):
                              migrate-start-postcopy as soon as the migration
                              is active: the earliest switch either VMM's user
                              can ask for
-  qemu-ring4096+postcopy-preempt
-                             QEMU's post-copy after the pass with its
-                             postcopy-preempt capability (7.2 has it, off by
-                             default): the pages asked for on a channel of
-                             their own
+  kmig-ring4096+postcopy-preempt, qemu-ring4096+postcopy-preempt
+                             post-copy after the pass with the
+                             postcopy-preempt capability on both sides
+                             (QEMU 7.2 has it, off by default; kmig's since
+                             its docs/protocol.md "Post-copy preempt"): the
+                             pages asked for on a channel of their own
 
 It is bench/converge/run.py with these configurations (its options apply;
 --reps 3 for the published figures); results in bench/results/postcopy.json
@@ -33,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CONFIGS = ("kmig-ring4096+dirty-limit,kmig-ring4096+postcopy,qemu-ring4096+postcopy,"
            "kmig-ring4096+hybrid,qemu-ring4096+postcopy-start,kmig-ring4096+postcopy-start,"
-           "qemu-ring4096+postcopy-preempt")
+           "qemu-ring4096+postcopy-preempt,kmig-ring4096+postcopy-preempt")
 
 if __name__ == "__main__":
     args = [sys.executable, os.path.join(ROOT, "bench", "converge", "run.py"),

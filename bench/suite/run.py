@@ -61,7 +61,8 @@ SEED_MAIN = ",".join("kmig-%s+seed-all,qemu-%s+ac,kmig-%s+seed-none" % (b, b, b)
 SEED_EACH = ",".join("kmig-ring4096+seed-%s" % x
                      for x in ("all", "no1", "no2", "no3", "no4", "no5"))
 PUSH = "kmig-ring4096+postcopy,qemu-ring4096+postcopy"
-PC_RTT = "kmig-ring4096+postcopy,qemu-ring4096+postcopy,qemu-ring4096+postcopy-preempt"
+PC_RTT = ("kmig-ring4096+postcopy,qemu-ring4096+postcopy,qemu-ring4096+postcopy-preempt,"
+          "kmig-ring4096+postcopy-preempt")
 
 
 def rounds(name, group, argv, sizes, reps, est, retable=RETABLE_CONVERGE):

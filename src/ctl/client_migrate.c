@@ -1,6 +1,6 @@
 /* `kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS] [--tls-creds ID]
  *  [--auto-converge step|computed|off] [--dirty-limit MB/s] [--postcopy auto|after-pass|off]
- *  [--dest-qmp unix:PATH] [--disk] [--verify] [--json]`: drives a migration through
+ *  [--preempt] [--dest-qmp unix:PATH] [--disk] [--verify] [--json]`: drives a migration through
  * the source's QMP socket (and, for post-copy, sets the destination's
  * capability through its own) and shows its progress.  With --resume a
  * paused post-copy goes on over a new link to URI (migrate-recover at the
@@ -38,6 +38,7 @@ struct migrate_opts {
 	enum pc_mode postcopy;
 	uint64_t bandwidth_mbs, downtime_ms, dirty_limit;
 	bool have_bw, have_dt, json, verify, resume, disk;
+	bool preempt;                /* --preempt: postcopy-preempt on both sides */
 	bool policy_off;             /* --auto-converge off */
 	bool by_default;             /* the policy is kmig migrate's choice */
 	uint64_t multifd;            /* channels; 0 = off */
@@ -61,6 +62,8 @@ static void migrate__usage(FILE *f)
 		"  --multifd N                   N parallel channels (1 to 16)\n"
 		"  --compression C               compress page records: none, zstd, lz4, zlib\n"
 		"  --postcopy auto|after-pass|off  switch to post-copy when pre-copy cannot end\n"
+		"  --preempt                     with --postcopy: the pages the destination asks\n"
+		"                                for on a connection of their own (postcopy-preempt)\n"
 		"  --dest-qmp unix:PATH          the destination's QMP (post-copy, --resume)\n"
 		"  --resume                      resume a paused post-copy migration\n"
 		"  --tls-creds ID [--tls-hostname NAME]  TLS with the source's --object ID\n"
@@ -81,7 +84,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "tls-creds", required_argument, 0, 't' }, { "tls-hostname", required_argument, 0, 'H' },
 		{ "postcopy", required_argument, 0, 'p' }, { "dest-qmp", required_argument, 0, 'D' },
 		{ "resume", no_argument, 0, 'r' }, { "help", no_argument, 0, 'h' },
-		{ "disk", no_argument, 0, 'B' },
+		{ "disk", no_argument, 0, 'B' }, { "preempt", no_argument, 0, 'P' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -139,6 +142,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		case 'j': o->json = true; break;
 		case 'r': o->resume = true; break;
 		case 'B': o->disk = true; break;
+		case 'P': o->preempt = true; break;
 		case 't': o->tls_creds = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;
 		case 'h':
@@ -156,6 +160,8 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		die("migrate: %s (kmig migrate --help)", optind == argc ?
 		    "the destination URI (tcp:HOST:PORT or unix:PATH) is missing" :
 		    "more than one destination URI");
+	if (o->preempt && o->postcopy == PC_OFF)
+		die("--preempt needs --postcopy auto or after-pass (postcopy-preempt needs postcopy-ram)");
 	if (o->disk && o->postcopy != PC_OFF)
 		die("--disk with --postcopy: post-copy cannot carry the disk (leave one out)");
 	if (o->dirty_limit && (o->policy || o->policy_off))
@@ -191,7 +197,7 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 	json_decref(r);
 	/* pause-before-switchover off: this client never sends migrate-continue */
 	json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},"
-				 "{s:s,s:b},{s:s,s:b},{s:s,s:b}]}", "capabilities",
+				 "{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b}]}", "capabilities",
 				 "capability", "auto-converge", "state", o->policy != NULL,
 				 "capability", "x-verify", "state", o->verify,
 				 "capability", "dirty-limit", "state", o->dirty_limit != 0,
@@ -199,6 +205,7 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 				 "capability", "pause-before-switchover", "state", 0,
 				 "capability", "postcopy-ram", "state", o->postcopy != PC_OFF,
 				 "capability", "x-postcopy-auto", "state", o->postcopy == PC_AUTO,
+				 "capability", "postcopy-preempt", "state", o->preempt,
 				 "capability", "x-block-migration", "state", o->disk);
 	r = qmp_client__call(c, "migrate-set-capabilities", caps, err, n);
 	if (!r)
@@ -304,8 +311,10 @@ static int migrate__dest_caps(const struct migrate_opts *o, char *err, size_t n)
 	if (qmp_client__connect(&d, o->dest_qmp, err, n))
 		return -1;
 	json_t *r = qmp_client__call(&d, "migrate-set-capabilities",
-				     json_pack("{s:[{s:s,s:b}]}", "capabilities",
-					       "capability", "postcopy-ram", "state", 1), err, n);
+				     json_pack("{s:[{s:s,s:b},{s:s,s:b}]}", "capabilities",
+					       "capability", "postcopy-ram", "state", 1,
+					       "capability", "postcopy-preempt", "state", o->preempt),
+				     err, n);
 	qmp_client__close(&d);
 	if (!r)
 		return -1;

@@ -207,9 +207,11 @@ bool migration__fd_is_socket(int fd)
 static int migration__take_local(struct migration *m, const struct mig_uri *u,
 				 const struct mig_params *p, char *err, size_t errlen)
 {
-	if (p->cap_multifd) {
-		snprintf(err, errlen, "multifd needs a tcp: or unix: URI: its channels are more "
-			 "connections to the same address");
+	if (p->cap_multifd || p->cap_postcopy_preempt) {
+		snprintf(err, errlen, "%s needs a tcp: or unix: URI: %s to the same address",
+			 p->cap_multifd ? "multifd" : "postcopy-preempt",
+			 p->cap_multifd ? "its channels are more connections" :
+			 "its channel is one more connection");
 		return -EINVAL;
 	}
 	int fd = -1;
@@ -324,6 +326,8 @@ bool migration__cancel(struct migration *m, bool quitting)
 			mig_stream__shutdown(&m->stream);
 		if (m->mf_open)
 			multifd_send__shutdown(&m->mf);
+		if (m->preempt_open)
+			mig_stream__shutdown(&m->preempt);
 	}
 	bool events = m->params.cap_events;
 	pthread_mutex_unlock(&m->lock);
@@ -480,6 +484,9 @@ json_t *migration__query(struct migration *m)
 				"zero-mapped", (json_int_t)st.postcopy_zero_mapped,
 				"latency-p50-us", (json_int_t)st.postcopy_lat_p50_us,
 				"latency-p99-us", (json_int_t)st.postcopy_lat_p99_us));
+		if (st.preempt)   /* postcopy-preempt's channel */
+			json_object_set_new(r, "x-postcopy-preempt",
+					    json_pack("{s:I}", "pages", (json_int_t)st.preempt_pages));
 		if (st.postcopy)  /* source: how the switch came */
 			json_object_set_new(r, "x-postcopy-switch",
 				json_pack("{s:s, s:b, s:I, s:I, s:I, s:I}",

@@ -65,6 +65,7 @@ struct mig_params {
 	bool cap_postcopy_ram;       /* postcopy-ram: migrate-start-postcopy may switch */
 	bool cap_postcopy_auto;      /* x-postcopy-auto: switch by itself (policy__postcopy_now) */
 	bool cap_postcopy_blocktime; /* postcopy-blocktime: the destination measures vCPU waits */
+	bool cap_postcopy_preempt;   /* postcopy-preempt: pages asked for on a channel of their own */
 	bool cap_block_migration;    /* x-block-migration: the disk image in the stream */
 	unsigned multifd_channels;   /* multifd-channels */
 	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */
@@ -124,6 +125,8 @@ struct mig_stats {
 	uint64_t postcopy_faults;    /* destination: faults, pages asked for, mapped as zero */
 	uint64_t postcopy_asked, postcopy_zero_mapped;
 	uint64_t postcopy_lat_p50_us, postcopy_lat_p99_us; /* RP_REQ to placement */
+	bool preempt;                /* postcopy-preempt's channel was open */
+	uint64_t preempt_pages;      /* pages it carried (sent / placed) */
 	bool blocktime;              /* destination, postcopy-blocktime: the two below */
 	uint64_t blocktime_ms;       /* every vCPU waiting for a page at once */
 	unsigned blocktime_vcpus;
@@ -157,6 +160,8 @@ struct migration {
 	bool stream_open;
 	struct multifd_send mf;      /* parallel channels (capability multifd) */
 	bool mf_open;                /* under lock: mf may be shut down by cancel */
+	struct mig_stream preempt;   /* postcopy-preempt's channel */
+	bool preempt_open;           /* under lock: preempt may be shut down by cancel */
 	struct bitmap todo;          /* pages still to send */
 	struct policy_state pstate;
 	pthread_cond_t cont_cond;    /* with lock: migrate-continue or a cancel came */

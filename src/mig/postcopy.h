@@ -43,6 +43,8 @@ struct postcopy_dst {
 	struct mig_stream *stream;   /* return path: RP_REQ, RP_RUNNING */
 	pthread_mutex_t wlock;       /* one writer at a time on stream; guards paused */
 	bool paused;                 /* the link is down: requests wait in `requested` */
+	pthread_mutex_t place_lock;  /* one placement at a time: the main stream's and the
+				      * preempt channel's (valid, sum, EEXIST's meaning) */
 	struct bitmap *valid;        /* pages whose content here is current (incoming's) */
 	struct bitmap requested;     /* RP_REQ sent */
 	int uffd, stop_fd;           /* -1 when not open */
@@ -81,7 +83,8 @@ int postcopy_dst__resume(struct postcopy_dst *d, struct mig_stream *s) KMIG_MUST
 /* verify: END's post-copy checksum against the pages as they came (held
  * at the switch, placed since; never sent counts as zero); 0 if equal. */
 int postcopy_dst__check(struct postcopy_dst *d, const uint8_t hash[PROTO_HASH_LEN]) KMIG_MUST_CHECK;
-/* Places a page atomically (already there: 0). */
+/* Places a page atomically (already there: 0).  Both place calls may run
+ * on two threads at once (the main stream's, postcopy-preempt's). */
 int postcopy_dst__place(struct postcopy_dst *d, uint64_t page, const void *data) KMIG_MUST_CHECK;
 int postcopy_dst__place_zero(struct postcopy_dst *d, uint64_t page) KMIG_MUST_CHECK;
 /* Latency percentile (0..100) of the requests answered so far, in µs

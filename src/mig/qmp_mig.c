@@ -398,6 +398,7 @@ static const struct cap_desc caps[] = {
 	{ "postcopy-ram", offsetof(struct mig_params, cap_postcopy_ram) },
 	{ "x-postcopy-auto", offsetof(struct mig_params, cap_postcopy_auto) },
 	{ "postcopy-blocktime", offsetof(struct mig_params, cap_postcopy_blocktime) },
+	{ "postcopy-preempt", offsetof(struct mig_params, cap_postcopy_preempt) },
 	{ "x-block-migration", offsetof(struct mig_params, cap_block_migration) },
 };
 #define NCAPS (sizeof(caps) / sizeof(caps[0]))
@@ -454,6 +455,10 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 			return NULL;
 		}
 		*(bool *)((char *)&p + caps[c].offset) = state;
+	}
+	if (p.cap_postcopy_preempt && !p.cap_postcopy_ram) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Postcopy preempt requires postcopy-ram");
+		return NULL;
 	}
 	if (p.cap_postcopy_auto && !p.cap_postcopy_ram) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "x-postcopy-auto needs postcopy-ram");

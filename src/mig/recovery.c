@@ -14,9 +14,11 @@ int migration__pause(struct migration *m, char *err, size_t errlen)
 {
 	pthread_mutex_lock(&m->lock);
 	bool ok = m->status == MIG_POSTCOPY_ACTIVE;
-	if (ok && migration__outgoing(m) && m->stream_open)
+	if (ok && migration__outgoing(m) && m->stream_open) {
 		mig_stream__shutdown(&m->stream);
-	else if (ok && m->in_pause)
+		if (m->preempt_open)
+			mig_stream__shutdown(&m->preempt);
+	} else if (ok && m->in_pause)
 		m->in_pause(m->in_ctx);
 	pthread_mutex_unlock(&m->lock);
 	if (!ok)
@@ -50,6 +52,8 @@ int migration__yank(struct migration *m)
 		mig_stream__shutdown(&m->stream);
 		if (m->mf_open)
 			multifd_send__shutdown(&m->mf);
+		if (m->preempt_open)
+			mig_stream__shutdown(&m->preempt);
 	} else if (yes && m->in_pause) {
 		m->in_pause(m->in_ctx);
 	}

@@ -852,6 +852,121 @@ static void t_postcopy_checksum(struct t *t)
 	}
 }
 
+static int pc_preempt(void *c, const uint8_t s[PROTO_SESSION_LEN], uint32_t channels)
+{
+	((struct pc_hooks *)c)->discards += memcmp(s, SESSION, PROTO_SESSION_LEN) ? -100 :
+					    1 + (int)channels;
+	return 0;
+}
+static int pc_end_hook(void *c) { return ((struct pc_hooks *)c)->place_ret; }
+
+/* postcopy-preempt: PREEMPT on the main stream, the channel's receiver,
+ * and the main stream's END waiting on it (on_postcopy_end). */
+static void t_preempt(struct t *t)
+{
+	struct mig_recv r;
+	struct fake f, src;
+	struct pc_hooks h;
+	static uint8_t buf[PROTO_HDR_SIZE + 16 + 2 * (8 + PG)];
+	uint64_t o[2] = { 2 * PG, 7 * PG };
+	uint8_t ses[PROTO_SESSION_LEN];
+	uint32_t chans = 99;
+	const char *why = NULL;
+	fake__init(&src, 1);
+	/* the record: the session and the multifd channels that follow */
+	T_CHECK(t, proto__encode_preempt(buf, sizeof(buf), SESSION, 3) ==
+		   (ssize_t)(PROTO_HDR_SIZE + PROTO_PREEMPT_LEN));
+	T_CHECK_EQ(t, proto__decode_preempt(buf + PROTO_HDR_SIZE, PROTO_PREEMPT_LEN, ses, &chans,
+					    &why), 0);
+	T_CHECK(t, proto__same_session(ses, SESSION) && chans == 3);
+	ses[15] ^= 1;
+	T_CHECK(t, !proto__same_session(ses, SESSION));
+	T_CHECK_EQ(t, proto__decode_preempt(buf + PROTO_HDR_SIZE, PROTO_SESSION_LEN, ses, &chans,
+					    &why), -EPROTO);
+	T_CHECK(t, proto__encode_preempt(buf, sizeof(buf), SESSION, PROTO_MAX_CHANNELS + 1) > 0);
+	T_CHECK_EQ(t, proto__decode_preempt(buf + PROTO_HDR_SIZE, PROTO_PREEMPT_LEN, ses, &chans,
+					    &why), -EPROTO);
+	struct proto_hdr hd = { .type = PROTO_PREEMPT, .length = PROTO_SESSION_LEN };
+	T_CHECK(t, proto__header_problem(&hd) != NULL);
+	hd.length = PROTO_PREEMPT_LEN;
+	T_CHECK(t, proto__header_problem(&hd) == NULL);
+	/* the main stream: without the hook (capability off here) refused,
+	 * naming the capability; with it the session reaches the hook */
+	pc__setup(&r, &f, &h, true);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_preempt(buf, sizeof(buf), SESSION, 0)), -EPROTO);
+	T_CHECK(t, strstr(mig_recv__error(&r), "capability postcopy-preempt") != NULL);
+	mig_recv__free(&r);
+	free(f.mem);
+	pc__setup(&r, &f, &h, true);
+	r.ops.on_preempt = pc_preempt;
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_preempt(buf, sizeof(buf), SESSION, 2)), 0);
+	T_CHECK_EQ(t, h.discards, 3);
+	/* not once the guest runs here */
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_empty(buf, sizeof(buf), PROTO_POSTCOPY)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_preempt(buf, sizeof(buf), SESSION, 0)), -EPROTO);
+	mig_recv__free(&r);
+	free(f.mem);
+	/* END in post-copy waits on the hook: a failure other than -EPROTO is
+	 * a lost link (the migration pauses), -EPROTO is not */
+	for (int k = 0; k < 3; k++) {
+		pc__setup(&r, &f, &h, true);
+		r.ops.on_postcopy_end = pc_end_hook;
+		h.place_ret = k == 0 ? 0 : k == 1 ? -ETIMEDOUT : -EPROTO;
+		T_CHECK_EQ(t, feed(&r, buf, proto__encode_empty(buf, sizeof(buf), PROTO_POSTCOPY)), 0);
+		int rc = feed(&r, buf, proto__encode_end(buf, sizeof(buf), NULL));
+		T_CHECK_EQ(t, rc, h.place_ret);
+		T_CHECK(t, k == 0 ? mig_recv__state(&r) == MIG_RECV_DONE :
+			   mig_recv__link_lost(&r) == (k == 1));
+		if (k == 1)
+			T_CHECK_EQ(t, mig_recv__resume(&r), 0);
+		mig_recv__free(&r);
+		free(f.mem);
+	}
+	/* the channel: pages and zeros placed at once, no START; an END
+	 * without checksum ends it; nothing else is taken */
+	fake__init(&f, 9);
+	memset(&h, 0, sizeof(h));
+	struct mig_recv_ops ops = { .place_page = pc_place, .place_zero = pc_zero, .ctx = &h };
+	struct mig_recv_ops half = { .place_page = pc_place, .ctx = &h };
+	T_CHECK_EQ(t, mig_recv__init_preempt(&r, &f.ram, &half), -EINVAL);
+	T_CHECK_EQ(t, mig_recv__init_preempt(&r, &f.ram, &ops), 0);
+	uint8_t *snap = malloc(f.len);
+	memcpy(snap, f.mem, f.len);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_pages(buf, sizeof(buf), 0, 2, o, src.mem)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_zero(buf, sizeof(buf), 1, 1, o)), 0);
+	T_CHECK(t, h.placed == 2 && h.zeroes == 1 && mig_recv__stats(&r)->postcopy_pages == 3);
+	T_CHECK(t, memcmp(snap, f.mem, f.len) == 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_end(buf, sizeof(buf), NULL)), 0);
+	T_CHECK_EQ(t, mig_recv__state(&r), MIG_RECV_DONE);
+	mig_recv__free(&r);
+	uint8_t hash[PROTO_HASH_LEN] = { 0 };
+	struct proto_start st;
+	proto_start__from_ram(&st, &f.ram);
+	for (int k = 0; k < 6; k++) {
+		T_CHECK_EQ(t, mig_recv__init_preempt(&r, &f.ram, &ops), 0);
+		ssize_t n = k == 0 ? proto__encode_start(buf, sizeof(buf), &st) :
+			    k == 1 ? proto__encode_sync(buf, sizeof(buf), 1) :
+			    k == 2 ? proto__encode_state(buf, sizeof(buf), 1, 1, 0, "x", 1) :
+			    k == 3 ? proto__encode_discard(buf, sizeof(buf), 0, 1, o) :
+			    k == 4 ? proto__encode_preempt(buf, sizeof(buf), SESSION, 0) :
+			    proto__encode_end(buf, sizeof(buf), hash);
+		T_CHECK_EQ(t, feed(&r, buf, n), -EPROTO);
+		T_CHECK(t, k == 0 || strstr(mig_recv__error(&r), "preempt") != NULL);
+		mig_recv__free(&r);
+	}
+	/* bounds as on the main stream: an offset outside RAM places nothing */
+	T_CHECK_EQ(t, mig_recv__init_preempt(&r, &f.ram, &ops), 0);
+	uint64_t far[1] = { (uint64_t)B1_PAGES * PG };
+	h.placed = 0;
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_pages(buf, sizeof(buf), 1, 1, far, src.mem)),
+		   -EINVAL);
+	T_CHECK_EQ(t, h.placed, 0);
+	mig_recv__free(&r);
+	free(snap);
+	free(f.mem);
+	free(src.mem);
+}
+
 int main(void)
 {
 	struct t t = {0};
@@ -868,6 +983,7 @@ int main(void)
 	T_RUN(&t, t_postcopy);
 	T_RUN(&t, t_postcopy_resume);
 	T_RUN(&t, t_postcopy_checksum);
+	T_RUN(&t, t_preempt);
 	T_RUN(&t, t_fuzz);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);

@@ -301,6 +301,28 @@ static void t_rate_urgent(struct t *t)
 	mig_stream__close(&b);
 }
 
+/* Bytes sent elsewhere (the preempt channel) charged to the limit: the
+ * next normal write is due that much later; nothing without a limit. */
+static void t_rate_charge(struct t *t)
+{
+	struct mig_stream a, b;
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	mig_stream__charge(&a, 1u << 20);
+	T_CHECK_EQ(t, mig_stream__due_ns(&a), 0);              /* no rate: nothing */
+	mig_stream__set_rate(&a, 64u << 10);
+	int64_t at0 = due_at(&a);
+	mig_stream__charge(&a, 16u << 10);                      /* 250 ms at 64 KiB/s */
+	int64_t at1 = due_at(&a);
+	printf("# 16 KiB charged at 64 KiB/s: due %.0f ms later\n", (at1 - at0) / 1e6);
+	/* 250 ms less the 20 ms of idle credit; the upper bound leaves room
+	 * for a stalled machine between the two readings */
+	T_CHECK(t, at1 - at0 > 200 * MS && at1 - at0 < 2000 * MS);
+	mig_stream__charge(&a, 0);
+	T_CHECK_EQ(t, due_at(&a) - at1 < 1000 * MS, 1);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+}
+
 static void *shutdown_later(void *arg)
 {
 	time__sleep_ns(50000000ull);
@@ -579,6 +601,7 @@ int main(void)
 	T_RUN(&t, t_bad_headers);
 	T_RUN(&t, t_rate_limit);
 	T_RUN(&t, t_rate_urgent);
+	T_RUN(&t, t_rate_charge);
 	T_RUN(&t, t_shutdown);
 	T_RUN(&t, t_uri);
 	T_RUN(&t, t_listen_connect);

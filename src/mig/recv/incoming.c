@@ -17,6 +17,7 @@
 #include "mig/multifd.h"
 #include "mig/postcopy.h"
 #include "mig/recv/disk_in.h"
+#include "mig/recv/preempt_in.h"
 #include "mig/recv/recv.h"
 #include "state/state.h"
 
@@ -44,6 +45,9 @@ struct incoming {
 	bool pc_ready;               /* pc initialised */
 	bool postcopy;               /* POSTCOPY came: the guest runs here */
 	struct disk_in disk;         /* x-block-migration: the image in the stream */
+	struct preempt_in preempt;   /* postcopy-preempt's channel */
+	atomic_bool preempt_on;      /* it connected */
+	uint32_t preempt_channels;   /* the multifd channels its PREEMPT announced */
 };
 
 /* migration__cancel_incoming, under m->lock: unblock whatever the incoming
@@ -57,6 +61,7 @@ static void incoming__cancel(void *ctx)
 	if (in->connected)
 		mig_stream__shutdown(&in->stream);
 	multifd_recv__cancel(&in->mf);
+	preempt_in__cancel(&in->preempt);
 	pthread_cond_broadcast(&in->m->cont_cond);   /* a post-copy pause waits on it */
 }
 
@@ -66,6 +71,7 @@ static void incoming__pause(void *ctx)
 	struct incoming *in = ctx;
 	if (in->connected)
 		mig_stream__shutdown(&in->stream);
+	preempt_in__cancel(&in->preempt);   /* both links, and END's wait for it */
 }
 
 #define INCOMING_CHANNEL_WAIT_MS 10000
@@ -92,7 +98,8 @@ static int incoming__on_channels(void *ctx, uint32_t count,
 	struct incoming *in = ctx;
 	char err[256] = "";
 	unsigned strays = 0;
-	if (in->multifd || !in->listening)
+	if (in->multifd || !in->listening ||
+	    (atomic_load(&in->preempt_on) && count != in->preempt_channels))
 		return -EPROTO;
 	in->multifd = true;
 	memcpy(in->mf.session, session, PROTO_SESSION_LEN);
@@ -119,6 +126,62 @@ static int incoming__on_channels(void *ctx, uint32_t count,
 	}
 	incoming__close_listener(in);
 	log_info("incoming migration: %u multifd channels", count);
+	return 0;
+}
+
+static int incoming__place_page(void *ctx, uint32_t block, uint64_t offset, const void *data);
+static int incoming__place_zero(void *ctx, uint32_t block, uint64_t offset);
+
+/* The main stream announced the postcopy-preempt channel: accept it.  As
+ * for the multifd channels, a connection that is not it is dropped and
+ * counted, and the listener waits on. */
+static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_LEN],
+				uint32_t channels)
+{
+	struct incoming *in = ctx;
+	struct migration *m = in->m;
+	char err[256] = "";
+	unsigned strays = 0;
+	if (atomic_load(&in->preempt_on) || !in->listening)
+		return mig_recv__fail(&in->recv, -EPROTO, "PREEMPT, but %s",
+				      atomic_load(&in->preempt_on) ? "the channel is open already" :
+				      "this side has no listener for its connection");
+	struct mig_recv_ops ops = { .place_page = incoming__place_page,
+				    .place_zero = incoming__place_zero, .ctx = in };
+	for (;;) {
+		int rc = mig_listener__accept(&in->listener, &in->preempt.stream,
+					      time__now_ms() + INCOMING_CHANNEL_WAIT_MS, err,
+					      sizeof(err));
+		if (rc)
+			return mig_recv__fail(&in->recv, rc, "the postcopy-preempt channel did not "
+					      "connect: %s", err);
+		rc = preempt_in__add(&in->preempt, m->tls_in.creds ? &m->tls_in : NULL,
+				     in->mf.peer, session, channels, &in->pr, &ops, err,
+				     sizeof(err));
+		if (rc == -EPROTO && strays++ < INCOMING_CHANNEL_STRAYS) {
+			migration__stray(m, "postcopy-preempt channel", err);
+			continue;
+		}
+		if (rc)
+			return mig_recv__fail(&in->recv, rc, "%s", err);
+		break;
+	}
+	atomic_store(&in->preempt_on, true);
+	in->preempt_channels = channels;
+	if (!channels)          /* else the multifd channels come next */
+		incoming__close_listener(in);
+	log_info("incoming migration: postcopy-preempt channel open");
+	return 0;
+}
+
+/* END in post-copy: the preempt channel's pages are all in first. */
+static int incoming__on_postcopy_end(void *ctx)
+{
+	struct incoming *in = ctx;
+	char err[256];
+	int rc = preempt_in__wait_end(&in->preempt, INCOMING_CHANNEL_WAIT_MS, err, sizeof(err));
+	if (rc)
+		return mig_recv__fail(&in->recv, rc, "%s", err);
 	return 0;
 }
 
@@ -351,6 +414,8 @@ static void incoming__postcopy_stats(struct incoming *in)
 	in->m->stats.postcopy_zero_mapped = atomic_load(&in->pc.zero_mapped);
 	in->m->stats.postcopy_lat_p50_us = postcopy_dst__latency_us(&in->pc, 50);
 	in->m->stats.postcopy_lat_p99_us = postcopy_dst__latency_us(&in->pc, 99);
+	in->m->stats.preempt = atomic_load(&in->preempt_on);
+	in->m->stats.preempt_pages = atomic_load(&in->preempt.pages);
 	if (in->bt_ready) {
 		struct mig_stats *st = &in->m->stats;
 		st->blocktime = true;
@@ -547,6 +612,7 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 {
 	struct migration *m = in->m;
 	int fault_rc = in->postcopy ? atomic_load(&in->pc.error) : 0;
+	preempt_in__close(&in->preempt);   /* it places pages: it stops first */
 	if (in->postcopy) {
 		/* every page is in: RAM is plain memory again.  After a failure
 		 * it stays registered, so a missing page is never zero-filled */
@@ -590,11 +656,12 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 		return;
 	}
 	const struct mig_recv_stats *st = mig_recv__stats(&in->recv);
+	const struct mig_recv_stats *ps = mig_recv__stats(&in->preempt.recv); /* joined */
 	uint64_t pages = st->pages, zero = st->zero_pages, bytes = st->bytes, cp, cz, cb;
 	multifd_recv__stats(&in->mf, &cp, &cz, &cb);
-	pages += cp;
-	zero += cz;
-	bytes += cb;
+	pages += cp + ps->pages;
+	zero += cz + ps->zero_pages;
+	bytes += cb + ps->bytes;
 	pthread_mutex_lock(&m->lock);
 	m->stats.transferred = bytes;
 	m->stats.normal = pages;
@@ -634,9 +701,11 @@ static int incoming__check_resume(struct incoming *in, char *err, size_t errlen)
 	return rc;
 }
 
-/* Closes the link (post-copy state stays as it is). */
+/* Closes the link (post-copy state stays as it is); the preempt channel
+ * goes for good (a recovery carries everything on its one link). */
 static void incoming__drop_link(struct incoming *in)
 {
+	preempt_in__close(&in->preempt);
 	postcopy_dst__pause(&in->pc);
 	pthread_mutex_lock(&in->m->lock);
 	bool was = in->connected;
@@ -732,6 +801,12 @@ static int incoming__postcopy_ops(struct incoming *in, struct mig_recv_ops *ops)
 	pthread_mutex_unlock(&m->lock);
 	if (!postcopy)
 		return 0;
+	pthread_mutex_lock(&m->lock);
+	bool preempt = m->params.cap_postcopy_preempt;
+	pthread_mutex_unlock(&m->lock);
+	if (preempt)
+		ops->on_preempt = incoming__on_preempt;
+	ops->on_postcopy_end = incoming__on_postcopy_end;
 	ops->on_discard = incoming__on_discard;
 	ops->on_postcopy = incoming__on_postcopy;
 	ops->place_page = incoming__place_page;
@@ -758,6 +833,7 @@ void *migration__incoming_thread(void *arg)
 				    .on_channels = incoming__on_channels, .on_disk = incoming__on_disk,
 				    .ctx = in };
 	disk_in__init(&in->disk, m->vm->blkfile);
+	preempt_in__init(&in->preempt, &in->stream);
 	multifd_recv__init(&in->mf, &in->pr, &ops, &in->stream);
 	in->mf.tls = m->tls_in.creds ? &m->tls_in : NULL;
 	pthread_mutex_lock(&m->lock);
@@ -806,6 +882,7 @@ void *migration__incoming_thread(void *arg)
 		postcopy_dst__free(&in->pc);
 	if (in->bt_ready)
 		blocktime__free(&in->bt);
+	preempt_in__free(&in->preempt);
 	bitmap__free(&in->written);
 	disk_in__free(&in->disk);
 	free(in);

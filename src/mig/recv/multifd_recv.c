@@ -166,16 +166,6 @@ static int multifd_recv__handshake(struct multifd_recv *mf, struct mig_stream *s
 	return rc;
 }
 
-/* Whether two sessions are equal, in a time that does not depend on where
- * they differ. */
-static bool multifd_recv__same_session(const uint8_t *a, const uint8_t *b)
-{
-	uint8_t d = 0;
-	for (unsigned i = 0; i < PROTO_SESSION_LEN; i++)
-		d |= a[i] ^ b[i];
-	return d == 0;
-}
-
 /* Under TLS with a known client on the main stream: this channel's
  * client is the same one. */
 static bool multifd_recv__same_peer(struct multifd_recv *mf, struct mig_stream *s)
@@ -201,7 +191,7 @@ static const char *multifd_recv__check(struct multifd_recv *mf, const struct pro
 		return "channel index or count not this migration's";
 	if (multifd_recv__index_taken(mf, *index))
 		return "channel index taken already";
-	if (!multifd_recv__same_session(session, mf->session))
+	if (!proto__same_session(session, mf->session))
 		return "not this migration's session";
 	if (!multifd_recv__same_peer(mf, &mf->chan[mf->accepted].stream))
 		return "TLS client other than the main stream's";

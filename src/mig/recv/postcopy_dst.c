@@ -29,11 +29,13 @@ int postcopy_dst__init(struct postcopy_dst *d, struct ram *ram, struct mig_strea
 	d->valid = valid;
 	d->uffd = d->stop_fd = -1;
 	pthread_mutex_init(&d->wlock, NULL);
+	pthread_mutex_init(&d->place_lock, NULL);
 	d->req_ns = calloc(ram->npages, sizeof(*d->req_ns));
 	if (!d->req_ns || bitmap__init(&d->requested, ram->npages)) {
 		free(d->req_ns);
 		d->req_ns = NULL;
 		pthread_mutex_destroy(&d->wlock);
+		pthread_mutex_destroy(&d->place_lock);
 		return -ENOMEM;
 	}
 	return 0;
@@ -343,12 +345,15 @@ static int pc__start(struct postcopy_dst *d, char *err, size_t errlen)
 
 int postcopy_dst__start(struct postcopy_dst *d, char *err, size_t errlen)
 {
+	/* held while uffd is set up: a place on another thread comes after */
+	pthread_mutex_lock(&d->place_lock);
 	int rc = pc__start(d, err, errlen);
 	if (rc && d->uffd >= 0) {
 		/* the guest has not run here: nothing waits on the registration */
 		close(d->uffd);
 		d->uffd = -1;
 	}
+	pthread_mutex_unlock(&d->place_lock);
 	return rc;
 }
 
@@ -410,7 +415,7 @@ int postcopy_dst__resume(struct postcopy_dst *d, struct mig_stream *s)
 	return rc;
 }
 
-int postcopy_dst__place(struct postcopy_dst *d, uint64_t page, const void *data)
+static int pc__place(struct postcopy_dst *d, uint64_t page, const void *data)
 {
 	struct uffdio_copy c = { .dst = (uint64_t)(uintptr_t)pc__host(d->ram, page),
 				 .src = (uint64_t)(uintptr_t)data, .len = RAM_PAGE_SIZE };
@@ -431,13 +436,24 @@ int postcopy_dst__place(struct postcopy_dst *d, uint64_t page, const void *data)
 	return 0;
 }
 
+int postcopy_dst__place(struct postcopy_dst *d, uint64_t page, const void *data)
+{
+	pthread_mutex_lock(&d->place_lock);
+	int rc = pc__place(d, page, data);
+	pthread_mutex_unlock(&d->place_lock);
+	return rc;
+}
+
 static const uint8_t pc_zero_page[RAM_PAGE_SIZE];
+static int pc__place_zero(struct postcopy_dst *d, uint64_t page);
 
 int postcopy_dst__check(struct postcopy_dst *d, const uint8_t hash[PROTO_HASH_LEN])
 {
 	uint64_t sum[4];
 	uint8_t ours[PROTO_HASH_LEN];
+	pthread_mutex_lock(&d->place_lock);
 	memcpy(sum, d->sum, sizeof(sum));
+	pthread_mutex_unlock(&d->place_lock);
 	for (size_t p = 0; p < d->valid->nbits; p++)
 		if (!bitmap__test(d->valid, p))
 			proto__page_sum_add(sum, p, pc_zero_page);
@@ -446,6 +462,14 @@ int postcopy_dst__check(struct postcopy_dst *d, const uint8_t hash[PROTO_HASH_LE
 }
 
 int postcopy_dst__place_zero(struct postcopy_dst *d, uint64_t page)
+{
+	pthread_mutex_lock(&d->place_lock);
+	int rc = pc__place_zero(d, page);
+	pthread_mutex_unlock(&d->place_lock);
+	return rc;
+}
+
+static int pc__place_zero(struct postcopy_dst *d, uint64_t page)
 {
 	bool had = bitmap__test(d->valid, page);
 	int rc = pc__zeropage(d, page);
@@ -510,4 +534,5 @@ void postcopy_dst__free(struct postcopy_dst *d)
 	free(d->req_ns);
 	d->req_ns = NULL;
 	pthread_mutex_destroy(&d->wlock);
+	pthread_mutex_destroy(&d->place_lock);
 }

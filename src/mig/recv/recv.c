@@ -39,6 +39,19 @@ int mig_recv__init_channel(struct mig_recv *r, const struct proto_ram *ram,
 	return 0;
 }
 
+int mig_recv__init_preempt(struct mig_recv *r, const struct proto_ram *ram,
+			   const struct mig_recv_ops *ops)
+{
+	if (!ops || !ops->place_page || !ops->place_zero)
+		return -EINVAL;
+	int rc = mig_recv__init(r, ram, ops);
+	if (rc)
+		return rc;
+	r->channel = r->preempt = true;
+	r->state = MIG_RECV_POSTCOPY;
+	return 0;
+}
+
 void mig_recv__free(struct mig_recv *r)
 {
 	free(r->payload);
@@ -289,6 +302,21 @@ static int recv__end(struct mig_recv *r, const struct proto_hdr *h, const void *
 	if (proto__decode_end(p, h->length, h->flags, theirs, &has, &why))
 		return mig_recv__fail(r, -EPROTO, "END: %s", why);
 	r->checksum_present = has;
+	if (r->preempt) {
+		if (has)
+			return mig_recv__fail(r, -EPROTO, "END with a checksum on the preempt channel");
+		r->state = MIG_RECV_DONE;
+		return 0;
+	}
+	if (r->state == MIG_RECV_POSTCOPY && r->ops.on_postcopy_end) {
+		int rc = r->ops.on_postcopy_end(r->ops.ctx);
+		if (rc) {
+			rc = mig_recv__fail(r, recv__hook_ret(rc), "END: the preempt channel's "
+					    "pages are not all in");
+			r->link_lost = rc != -EPROTO;
+			return rc;
+		}
+	}
 	if (r->state == MIG_RECV_POSTCOPY && has != r->pc_verify)
 		return mig_recv__fail(r, -EPROTO, has ? "END: a RAM checksum POSTCOPY did not announce"
 						      : "END without the checksum POSTCOPY announced");
@@ -360,9 +388,29 @@ static int recv__channel_rec(struct mig_recv *r, const struct proto_hdr *h, cons
 	return 0;
 }
 
-/* Records an extra channel may carry. */
-static bool recv__channel_allows(uint32_t type)
+static int recv__preempt_rec(struct mig_recv *r, const struct proto_hdr *h, const void *p)
 {
+	uint8_t session[PROTO_SESSION_LEN];
+	uint32_t channels;
+	const char *why = NULL;
+	if (proto__decode_preempt(p, h->length, session, &channels, &why))
+		return mig_recv__fail(r, -EPROTO, "PREEMPT: %s", why);
+	if (r->channel || r->state != MIG_RECV_RAM)
+		return mig_recv__fail(r, -EPROTO, "unexpected PREEMPT record");
+	if (!r->ops.on_preempt)
+		return mig_recv__fail(r, -EPROTO, "PREEMPT record but postcopy-preempt is not "
+				      "enabled here (capability postcopy-preempt)");
+	int e = r->ops.on_preempt(r->ops.ctx, session, channels);
+	if (e)      /* a message the hook gave first stands */
+		return mig_recv__fail(r, recv__hook_ret(e), "the preempt channel did not open");
+	return 0;
+}
+
+/* Records an extra channel may carry. */
+static bool recv__channel_allows(const struct mig_recv *r, uint32_t type)
+{
+	if (r->preempt)
+		return type == PROTO_PAGES || type == PROTO_ZERO || type == PROTO_END;
 	return type == PROTO_PAGES || type == PROTO_ZERO || type == PROTO_SYNC;
 }
 
@@ -374,9 +422,9 @@ static bool recv__postcopy_allows(uint32_t type)
 
 static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const void *p)
 {
-	if (r->channel && !recv__channel_allows(h->type))
-		return mig_recv__fail(r, -EPROTO, "%s record on a multifd channel",
-				      proto__type_name(h->type));
+	if (r->channel && !recv__channel_allows(r, h->type))
+		return mig_recv__fail(r, -EPROTO, "%s record on a %s channel",
+				      proto__type_name(h->type), r->preempt ? "preempt" : "multifd");
 	if (r->state == MIG_RECV_POSTCOPY && !recv__postcopy_allows(h->type))
 		return mig_recv__fail(r, -EPROTO, "%s record during post-copy",
 				      proto__type_name(h->type));
@@ -403,6 +451,8 @@ static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const
 		return 0;
 	case PROTO_CHANNEL:
 		return recv__channel_rec(r, h, p);
+	case PROTO_PREEMPT:
+		return recv__preempt_rec(r, h, p);
 	case PROTO_DISCARD:
 		return recv__discard(r, h, p);
 	case PROTO_POSTCOPY:

@@ -82,6 +82,16 @@ struct mig_recv_ops {
 	 * returns fail as for on_state (a hook that called mig_recv__fail
 	 * keeps its own message). */
 	int (*on_disk)(void *ctx, const struct proto_disk *d);
+	/* Optional: the main stream announced the postcopy-preempt channel
+	 * (PREEMPT, before CHANNEL and POSTCOPY) and the multifd channels
+	 * that follow it; without the hook PREEMPT fails with -EPROTO.
+	 * Non-zero returns fail as for on_disk. */
+	int (*on_preempt)(void *ctx, const uint8_t session[PROTO_SESSION_LEN], uint32_t channels);
+	/* Optional: END came on the main stream in post-copy, before its
+	 * checksum is checked: every page sent on another channel must be in
+	 * by the time it returns 0.  A return other than -EPROTO counts as a
+	 * lost link (post-copy pauses, mig_recv__link_lost). */
+	int (*on_postcopy_end)(void *ctx);
 	void *ctx;
 };
 
@@ -101,6 +111,7 @@ struct mig_recv_stats {
 struct mig_recv {
 	enum mig_recv_state state;
 	bool channel;           /* an extra multifd channel: PAGES, ZERO, SYNC only */
+	bool preempt;           /* the postcopy-preempt channel: PAGES, ZERO, empty END */
 	const struct proto_ram *ram;
 	struct mig_recv_ops ops;
 	struct mig_recv_stats stats;
@@ -123,6 +134,12 @@ void mig_recv__free(struct mig_recv *r);
 /* A receiver for an extra multifd channel: no START (the main stream
  * checked the layout); only PAGES, ZERO and SYNC records are accepted. */
 int mig_recv__init_channel(struct mig_recv *r, const struct proto_ram *ram,
+			   const struct mig_recv_ops *ops) KMIG_MUST_CHECK;
+
+/* A receiver for the postcopy-preempt channel: no START, already in
+ * POSTCOPY (pages go to place_page and place_zero, both required); only
+ * PAGES, ZERO and an END without checksum (then DONE) are accepted. */
+int mig_recv__init_preempt(struct mig_recv *r, const struct proto_ram *ram,
 			   const struct mig_recv_ops *ops) KMIG_MUST_CHECK;
 
 /* Applies one record whose payload (hdr->length bytes) is in memory.

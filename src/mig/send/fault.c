@@ -86,6 +86,10 @@ int mig_fault__init(struct mig_fault *f, const char *spec, const struct ram *ram
 		f->fired = true;         /* acts from the start (the sender's doing) */
 		return 0;
 	}
+	if (!strcmp(spec, "preempt-late")) {
+		f->kind = MIG_FAULT_PREEMPT_LATE;
+		return 0;
+	}
 	if (!strcmp(spec, "skip-disk-chunk") || !strcmp(spec, "skip-disk-chunk@bulk")) {
 		f->kind = MIG_FAULT_SKIP_DISK;
 		f->disk_bulk = spec[15] == '@';
@@ -116,7 +120,7 @@ int mig_fault__init(struct mig_fault *f, const char *spec, const struct ram *ram
 		return rc;
 	}
 	snprintf(err, errlen, "KMIG_FAULT: unknown fault \"%s\" (skip-page, stale-page, "
-		 "flip-byte, drop-state=NAME, no-device-marks, skip-disk-chunk[@bulk])", spec);
+		 "flip-byte, drop-state=NAME, no-device-marks, skip-disk-chunk[@bulk], preempt-late)", spec);
 	return -EINVAL;
 }
 
@@ -212,10 +216,22 @@ bool mig_fault__extra(const struct mig_fault *f, uint64_t *page, const uint8_t *
 	return true;
 }
 
+bool mig_fault__preempt_late(struct mig_fault *f, bool any)
+{
+	if (f->kind != MIG_FAULT_PREEMPT_LATE)
+		return false;
+	if (any && !f->fired) {
+		f->fired = true;
+		log_warn("fault injected: preempt-late: the pages asked for reach the preempt "
+			 "channel only after END");
+	}
+	return true;
+}
+
 void mig_fault__report(const struct mig_fault *f)
 {
 	static const char *names[] = { "", "skip-page", "stale-page", "flip-byte", "drop-state",
-				       "no-device-marks", "skip-disk-chunk" };
+				       "no-device-marks", "skip-disk-chunk", "preempt-late" };
 	if (f->kind != MIG_FAULT_NONE && !f->fired)
 		log_warn("fault not injected: %s found nothing to act on", names[f->kind]);
 }

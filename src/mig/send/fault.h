@@ -31,6 +31,11 @@
  *                       into guest RAM (virtio-net's received frames and
  *                       used rings, the balloon's) are not reported to the
  *                       dirty tracker (vm->device_marks_off)
+ *   preempt-late        post-copy with postcopy-preempt: the pages asked for
+ *                       stay in the preempt channel's buffer until END has
+ *                       gone on the main stream and 500 ms more, as a
+ *                       network that delays that connection would bring
+ *                       them (the destination must wait for them)
  * LO and HI are hexadecimal (0x...) or decimal; no range means all RAM.
  * Each fault fires once per migration and says so on stderr
  * ("kmig: fault injected: ...").  The stale and flipped copies travel as
@@ -55,6 +60,7 @@ enum mig_fault_kind {
 	MIG_FAULT_DROP_STATE,
 	MIG_FAULT_NO_DEVICE_MARKS,
 	MIG_FAULT_SKIP_DISK,
+	MIG_FAULT_PREEMPT_LATE,
 };
 
 #define MIG_FAULT_SAVED 1024       /* stale-page: pages remembered (direct mapped) */
@@ -98,7 +104,15 @@ bool mig_fault__drop_state(struct mig_fault *f, uint32_t id, uint32_t instance);
 bool mig_fault__extra(const struct mig_fault *f, uint64_t *page, const uint8_t **data);
 /* After the final pass: if the fault found nothing to act on, says so. */
 void mig_fault__report(const struct mig_fault *f);
+/* preempt-late: whether the preempt channel holds its pages back (notes
+ * that it acted when any were). */
+bool mig_fault__preempt_late(struct mig_fault *f, bool any);
 #else
+static inline bool mig_fault__preempt_late(struct mig_fault *f, bool any)
+{
+	(void)f; (void)any;
+	return false;
+}
 static inline bool mig_fault__skip(struct mig_fault *f, uint64_t page)
 {
 	(void)f; (void)page;

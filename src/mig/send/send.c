@@ -35,7 +35,8 @@ static bool sender__page_is_zero(const uint8_t *p)
 uint64_t sender__bytes(struct sender *s)
 {
 	return s->bytes_closed + mig_stream__bytes_out(s->stream) +
-	       (s->mf ? multifd_send__bytes(s->mf) : 0);
+	       (s->mf ? multifd_send__bytes(s->mf) : 0) +
+	       (s->preempt ? mig_stream__bytes_out(s->preempt) : 0);
 }
 
 uint64_t sender__moved(struct sender *s)

@@ -47,6 +47,9 @@ struct sender {
 	bool postcopy_sent;         /* POSTCOPY is out: the destination may run the guest */
 	bool hybrid_refused;        /* x-postcopy-auto could not switch (said once) */
 	struct multifd_send *mf;    /* parallel channels, or NULL */
+	uint8_t session[PROTO_SESSION_LEN]; /* random: binds the channels to this migration */
+	struct mig_stream *preempt; /* postcopy-preempt's channel (m->preempt), or NULL */
+	uint64_t preempt_pages;     /* pages sent on it */
 	uint64_t bytes_closed;      /* sent on links closed before (post-copy recovery) */
 	uint64_t pc_skip;           /* post-copy: the page a skip-page fault keeps back, or
 				     * UINT64_MAX (fault.h; test builds) */
@@ -122,6 +125,13 @@ int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
  * policy__postcopy_early decides on them; a yes asks for post-copy as
  * migrate-start-postcopy does.  0 or -errno (a failed sync). */
 int sender__bulk_probe(struct sender *s);
+/* postcopy-preempt (send_preempt.c).  open: PREEMPT on the main stream,
+ * then the channel's connection to uri, its TLS handshake and its own
+ * PREEMPT (setup).  end: an END without checksum on it, flushed, before
+ * the main stream's END.  close: the channel goes (a pause, the end). */
+int sender__preempt_open(struct sender *s, const char *uri) KMIG_MUST_CHECK;
+int sender__preempt_end(struct sender *s) KMIG_MUST_CHECK;
+void sender__preempt_close(struct sender *s);
 /* Post-copy from the stop on (send_postcopy.c). */
 int sender__postcopy(struct sender *s);
 /* Whether migrate-start-postcopy asks to switch now (never once stopped). */

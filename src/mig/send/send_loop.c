@@ -57,12 +57,7 @@ static int sender__open_channels(struct sender *s, const char *uri, const struct
 	struct migration *m = s->m;
 	unsigned n = m->params.multifd_channels;
 	char err[256];
-	uint8_t session[PROTO_SESSION_LEN];   /* binds the channels to this migration */
-	if (getrandom(session, sizeof(session), 0) != (ssize_t)sizeof(session)) {
-		migration__set_error(m, "no random bytes for the multifd session: %s", strerror(errno));
-		return -EIO;
-	}
-	ssize_t len = proto__encode_channel(s->rec, s->rec_cap, 0, n, session);
+	ssize_t len = proto__encode_channel(s->rec, s->rec_cap, 0, n, s->session);
 	int rc = len < 0 ? (int)len : mig_stream__write(s->stream, s->rec, (size_t)len);
 	if (!rc)
 		rc = mig_stream__flush(s->stream);
@@ -73,7 +68,7 @@ static int sender__open_channels(struct sender *s, const char *uri, const struct
 	pthread_mutex_unlock(&m->lock);
 	s->mf = &m->mf;
 	rc = multifd_send__open(&m->mf, n, uri, pr, s->chan_comp, m->params.max_bandwidth,
-				m->tls_out.creds ? &m->tls_out : NULL, session, err, sizeof(err));
+				m->tls_out.creds ? &m->tls_out : NULL, s->session, err, sizeof(err));
 	if (rc)
 		migration__set_error(m, "%s", err);
 	return rc;
@@ -158,6 +153,16 @@ static int sender__setup(struct sender *s, const char *uri)
 	rc = rc ? rc : mig_stream__flush(s->stream);
 	if (rc)
 		return rc;
+	bool more = m->params.cap_multifd || m->params.cap_postcopy_preempt;
+	if (more && getrandom(s->session, sizeof(s->session), 0) != (ssize_t)sizeof(s->session)) {
+		migration__set_error(m, "no random bytes for the migration's session: %s",
+				     strerror(errno));
+		return -EIO;
+	}
+	/* the preempt channel first: it is in before the multifd channels
+	 * connect, so the destination never takes one for the other */
+	if (m->params.cap_postcopy_preempt)
+		rc = sender__preempt_open(s, uri);
 	if (!rc && m->params.cap_multifd)
 		rc = sender__open_channels(s, uri, pr);
 	if (!rc)
@@ -559,6 +564,7 @@ void *migration__send_thread(void *arg)
 			multifd_send__shutdown(s->mf);
 		multifd_send__close(s->mf);
 	}
+	sender__preempt_close(s);
 	pthread_mutex_lock(&m->lock);
 	if (m->stream_open) {
 		mig_stream__close(&m->stream);

@@ -68,6 +68,8 @@ static void pc__stats(struct sender *s, struct postcopy_src *q)
 	sender__update_stats(s);
 	pthread_mutex_lock(&s->m->lock);
 	s->m->stats.postcopy_requests = atomic_load(&q->requests);
+	s->m->stats.preempt |= s->preempt != NULL;
+	s->m->stats.preempt_pages = s->preempt_pages;
 	pthread_mutex_unlock(&s->m->lock);
 }
 
@@ -119,6 +121,33 @@ static int pc__queue_wanted(struct sender *s, struct postcopy_src *q, size_t *cu
 	return n;
 }
 
+/* postcopy-preempt: what the destination asked for goes on its own
+ * channel (the push's batches are flushed: nothing of them is pending),
+ * unlimited there and charged to the main stream's limit.  With the
+ * preempt-late fault the pages stay in the channel's buffer. */
+static int pc__serve_preempt(struct sender *s, struct postcopy_src *q, size_t *cursor)
+{
+	struct mig_stream *main = s->stream;
+	uint64_t before = mig_stream__bytes_out(s->preempt);
+	s->stream = s->preempt;
+	int n = pc__queue_wanted(s, q, cursor);
+	if (n > 0 && mig_fault__preempt_late(&s->fault, true)) {
+		int rc = sender__flush(s);   /* into the buffer, not onto the wire */
+		n = rc ? rc : n;
+	} else {
+		n = n < 0 ? n : pc__flushed(s, n);
+	}
+	s->stream = main;
+	if (n < 0)      /* the reason of a pause, as the main stream's would be */
+		migration__set_error(s->m, "the postcopy-preempt channel: %s",
+				     mig_stream__strerror(s->preempt));
+	if (n > 0) {
+		s->preempt_pages += (uint64_t)n;
+		mig_stream__charge(main, mig_stream__bytes_out(s->preempt) - before);
+	}
+	return n;
+}
+
 /* Sends what the destination asked for at once: a vCPU there waits for
  * it.  The bytes skip the rate limiter's wait and are charged to it (the
  * push after them waits longer), so max-postcopy-bandwidth holds on
@@ -127,6 +156,8 @@ static int pc__serve(struct sender *s, struct postcopy_src *q, size_t *cursor)
 {
 	if (!atomic_exchange(&q->asked, false))
 		return 0;    /* nothing asked since the last scan */
+	if (s->preempt)
+		return pc__serve_preempt(s, q, cursor);
 	mig_stream__set_urgent(s->stream, true);
 	int n = pc__queue_wanted(s, q, cursor);
 	n = n < 0 ? n : pc__flushed(s, n);
@@ -272,9 +303,17 @@ static int pc__complete(struct sender *s, struct postcopy_src *q)
 			log_info("x-verify: %zu pages hinted free or ballooned, never written since "
 				 "nor asked for, count as zero", bitmap__count(zero));
 	}
+	/* the preempt channel's pages first: the destination waits for its
+	 * END before it checks or finishes (preempt-late: after ours) */
+	bool late = s->preempt && mig_fault__preempt_late(&s->fault, false);
+	rc = rc || late ? rc : sender__preempt_end(s);
 	ssize_t n = rc ? rc : proto__encode_end(s->rec, s->rec_cap, verify ? hash : NULL);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 	rc = rc ? rc : mig_stream__flush(s->stream);
+	if (!rc && late) {
+		time__sleep_ns(500000000ull);
+		rc = sender__preempt_end(s);
+	}
 	if (!rc)
 		s->end_sent = true;
 	rc = rc ? rc : pc__await_ok(s, q);
@@ -369,6 +408,8 @@ static void pc__pause(struct sender *s, const char *why)
 		s->bytes_closed += mig_stream__bytes_out(s->stream);
 		mig_stream__close(s->stream);
 	}
+	/* a recovery goes on with one link: the pages asked for go on it */
+	sender__preempt_close(s);
 	if (migration__advance(m, MIG_POSTCOPY_ACTIVE, MIG_POSTCOPY_PAUSED) ||
 	    migration__advance(m, MIG_POSTCOPY_RECOVER, MIG_POSTCOPY_PAUSED))
 		log_warn("migration: %s", m->error);
@@ -505,6 +546,11 @@ int sender__postcopy(struct sender *s)
 	rc = pc__switch(s);
 	log_info("post-copy: %llu requests for pages already on their way",
 		 (unsigned long long)s->pc_dup_asks);
+	if (s->m->stats.preempt)
+		log_info("post-copy: %llu pages asked for went on the preempt channel",
+			 (unsigned long long)s->preempt_pages);
+	if (mig_fault__preempt_late(&s->fault, false))
+		mig_fault__report(&s->fault);
 	bitmap__free(&s->pc_sent);
 	return rc;
 }

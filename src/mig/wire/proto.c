@@ -29,6 +29,7 @@ const char *proto__type_name(uint32_t type)
 	case PROTO_RESUME:  return "RESUME";
 	case PROTO_RP_BITMAP: return "RP_BITMAP";
 	case PROTO_DISK:    return "DISK";
+	case PROTO_PREEMPT: return "PREEMPT";
 	default:            return "unknown";
 	}
 }
@@ -86,6 +87,10 @@ const char *proto__header_problem(const struct proto_hdr *h)
 	case PROTO_CHANNEL:
 		if (h->length != 8 + PROTO_SESSION_LEN)
 			return "CHANNEL length must be 24";
+		break;
+	case PROTO_PREEMPT:
+		if (h->length != PROTO_PREEMPT_LEN)
+			return "PREEMPT length must be 20";
 		break;
 	case PROTO_END:
 		if (h->length != ((h->flags & PROTO_F_HAS_CHECKSUM) ? PROTO_HASH_LEN : 0))
@@ -348,6 +353,17 @@ ssize_t proto__encode_channel(void *buf, size_t cap, uint32_t index, uint32_t co
 	return proto__rec_size(8 + PROTO_SESSION_LEN);
 }
 
+ssize_t proto__encode_preempt(void *buf, size_t cap, const uint8_t session[PROTO_SESSION_LEN],
+			      uint32_t channels)
+{
+	uint8_t *p = proto__begin(buf, cap, PROTO_PREEMPT, 0, PROTO_PREEMPT_LEN);
+	if (!p)
+		return -ENOSPC;
+	memcpy(p, session, PROTO_SESSION_LEN);
+	le__put32(p + PROTO_SESSION_LEN, channels);
+	return proto__rec_size(PROTO_PREEMPT_LEN);
+}
+
 ssize_t proto__encode_rp_ping(void *buf, size_t cap, uint64_t cookie)
 {
 	return proto__encode_u64(buf, cap, PROTO_RP_PING, cookie);
@@ -539,6 +555,26 @@ int proto__decode_channel(const void *p, size_t len, uint32_t *index, uint32_t *
 		return -EPROTO;
 	}
 	return 0;
+}
+
+int proto__decode_preempt(const void *p, size_t len, uint8_t session[PROTO_SESSION_LEN],
+			  uint32_t *channels, const char **why)
+{
+	if (len != PROTO_PREEMPT_LEN)
+		return proto__bad(why, "PREEMPT length must be 20");
+	memcpy(session, p, PROTO_SESSION_LEN);
+	*channels = le__get32((const uint8_t *)p + PROTO_SESSION_LEN);
+	if (*channels > PROTO_MAX_CHANNELS)
+		return proto__bad(why, "PREEMPT: more multifd channels than 16");
+	return 0;
+}
+
+bool proto__same_session(const uint8_t a[PROTO_SESSION_LEN], const uint8_t b[PROTO_SESSION_LEN])
+{
+	uint8_t d = 0;
+	for (unsigned i = 0; i < PROTO_SESSION_LEN; i++)
+		d |= a[i] ^ b[i];
+	return d == 0;
 }
 
 int proto__decode_rp_ping(const void *p, size_t len, uint64_t *cookie, const char **why)

@@ -56,6 +56,9 @@ enum proto_type {
 	PROTO_POSTCOPY = 10,    /* post-copy: state complete, the destination runs now */
 	PROTO_RESUME  = 11,     /* post-copy recovery: START's payload, on a new connection */
 	PROTO_DISK    = 12,     /* x-block-migration: the disk image, beside RAM */
+	PROTO_PREEMPT = 13,     /* postcopy-preempt: session, u32 multifd channels that
+				 * follow; announces / opens the channel of the pages
+				 * the destination asks for */
 	PROTO_RP_OK   = 0x101,
 	PROTO_RP_FAIL = 0x102,
 	PROTO_RP_PING = 0x103,
@@ -180,6 +183,12 @@ ssize_t proto__encode_sync(void *buf, size_t cap, uint64_t round) KMIG_MUST_CHEC
  * session. */
 ssize_t proto__encode_channel(void *buf, size_t cap, uint32_t index, uint32_t count,
 			      const uint8_t session[PROTO_SESSION_LEN]) KMIG_MUST_CHECK;
+/* PREEMPT: on the main stream it announces the postcopy-preempt channel,
+ * and that connection starts with one; both carry the session and the
+ * number of multifd channels the source opens after it (0..16). */
+#define PROTO_PREEMPT_LEN (PROTO_SESSION_LEN + 4)
+ssize_t proto__encode_preempt(void *buf, size_t cap, const uint8_t session[PROTO_SESSION_LEN],
+			      uint32_t channels) KMIG_MUST_CHECK;
 /* hash may be NULL: END without checksum. */
 ssize_t proto__encode_end(void *buf, size_t cap, const uint8_t *hash) KMIG_MUST_CHECK;
 /* msg is truncated to PROTO_MAX_MSG bytes. */
@@ -232,6 +241,13 @@ int proto__decode_sync(const void *p, size_t len, uint64_t *round,
  * session receives PROTO_SESSION_LEN bytes. */
 int proto__decode_channel(const void *p, size_t len, uint32_t *index, uint32_t *count,
 			  uint8_t session[PROTO_SESSION_LEN], const char **why) KMIG_MUST_CHECK;
+/* session receives PROTO_SESSION_LEN bytes; channels at most
+ * PROTO_MAX_CHANNELS. */
+int proto__decode_preempt(const void *p, size_t len, uint8_t session[PROTO_SESSION_LEN],
+			  uint32_t *channels, const char **why) KMIG_MUST_CHECK;
+/* Whether two sessions are equal, in a time that does not depend on where
+ * they differ. */
+bool proto__same_session(const uint8_t a[PROTO_SESSION_LEN], const uint8_t b[PROTO_SESSION_LEN]);
 /* hash receives PROTO_HASH_LEN bytes when flags has HAS_CHECKSUM. */
 int proto__decode_end(const void *p, size_t len, uint32_t flags, uint8_t *hash,
 		      bool *has_hash, const char **why) KMIG_MUST_CHECK;

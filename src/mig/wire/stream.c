@@ -228,6 +228,13 @@ void mig_stream__set_urgent(struct mig_stream *s, bool on)
 	s->urgent = on;
 }
 
+void mig_stream__charge(struct mig_stream *s, size_t n)
+{
+	uint64_t rate;
+	if (n && stream__limited(s, &rate))
+		stream__charge(s, n, rate);
+}
+
 uint64_t mig_stream__due_ns(struct mig_stream *s)
 {
 	uint64_t rate, now = time__now_ns();

@@ -133,6 +133,10 @@ uint64_t mig_stream__rate(struct mig_stream *s);
  * Writer thread only; turn it off again after the urgent bytes are
  * flushed. */
 void mig_stream__set_urgent(struct mig_stream *s, bool on);
+/* Charges n bytes sent elsewhere (postcopy-preempt's channel) to s's rate
+ * limit, as an urgent send of s would be: the sends after it wait that
+ * much longer.  Nothing without a limit.  Writer thread only. */
+void mig_stream__charge(struct mig_stream *s, size_t n);
 /* ns until a normal send may go without waiting: 0 when the bytes sent so
  * far are due, without a rate, or after shutdown.  For a writer that does
  * its waiting where something else can wake it.  Writer thread only. */
