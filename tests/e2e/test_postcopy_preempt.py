@@ -16,6 +16,9 @@ they never wait behind the background push in the main stream's buffers.
 - test_preempt_recover: post-copy with the channel pauses (migrate-pause
   at the destination), recovers on one new link without it, completes
   with x-verify.
+- test_cli_preempt: kmig migrate --postcopy after-pass --preempt sets the
+  capability on both sides (--dest-qmp) and completes; --preempt alone is
+  refused.
 - test_preempt_refusals: postcopy-preempt without postcopy-ram, with a
   file: URI, and to a destination without the capability (the source's
   guest runs on).
@@ -31,7 +34,7 @@ import kmigtest as kt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # its sibling's helpers
 from test_postcopy import (  # noqa: E402
-    LIMIT, RING, VERIFY, after_bulk_pass, booted, check_dst_runs, check_verified,
+    LIMIT, RING, VERIFY, after_bulk_pass, booted, check_dst_runs, check_verified, cli,
     completed_postcopy, dump, psk_creds, tcp_uri, wait_status)
 
 pytestmark = pytest.mark.kvm
@@ -202,3 +205,25 @@ def test_preempt_refusals(d, vms, check):
     n = src.console.count(r"^verify ok")
     time.sleep(kt.slow(2))
     check("src_guest_runs", src.console.count(r"^verify ok") > n, dump(src))
+
+
+def test_cli_preempt(d, vms, check):
+    uri = tcp_uri()
+    src, dst = pair(d, vms, uri, mb=64, cpus=2)
+    if not check("boot", booted(src, 2), dump(src)):
+        return
+    r = cli(src.qmp_path, "--preempt", uri)
+    check("needs_postcopy", r.returncode not in (0, None) and
+          "--preempt needs --postcopy" in r.stderr, "%s %r" % (r.returncode, r.stderr))
+    kt.wait_incoming(dst)
+    r = cli(src.qmp_path, "--bandwidth", "20", "--postcopy", "after-pass", "--preempt",
+            "--verify", "--dest-qmp", "unix:" + dst.qmp_path, uri, vms=(src, dst))
+    print("# cli_preempt: status %s\n%s" % (r.returncode, r.stdout))
+    if not check("completed", r.returncode == 0 and "status completed" in r.stdout,
+                 "%s %r %r" % (r.returncode, r.stdout, r.stderr[-2000:])):
+        return
+    q, dq = src.qmp().cmd("query-migrate"), kt.wait_migration(dst.qmp(), kt.slow(20))
+    check("both_sides", preempt_pages(q) >= 0 and preempt_pages(dq) >= 0 and
+          "postcopy-preempt channel open" in dst.output(), "%r / %r" % (q, dq))
+    check_verified(check, dst)
+    check_dst_runs(check, src, dst)

@@ -278,8 +278,11 @@ static int pc__run(struct sender *s, struct postcopy_src *q, uint64_t t0)
 	if (rc)
 		return rc;
 	uint64_t run = atomic_load(&q->running_ms);
-	if (!run)
+	if (!run) {     /* the reason of the pause that follows */
+		migration__set_error(s->m, "no RP_RUNNING within %d s of POSTCOPY",
+				     PC_RUNNING_WAIT_MS / 1000);
 		return -ETIMEDOUT;
+	}
 	pthread_mutex_lock(&s->m->lock);
 	s->m->stats.downtime_ms = run - t0;
 	pthread_mutex_unlock(&s->m->lock);
