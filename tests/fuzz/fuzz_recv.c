@@ -1,7 +1,10 @@
 /* libFuzzer harness: the migration record decoder and the receiver state
- * machine (main stream and multifd channel) on a fake two-block RAM.
- * Input: byte 0 picks the receiver (bit 0: main stream or channel; bit 1:
- * post-copy hooks, which check each page they are handed lies in RAM), then
+ * machine (main stream, multifd channel, postcopy-preempt channel) on a
+ * fake two-block RAM.  Input: byte 0 picks the receiver (bit 0: main
+ * stream or multifd channel; bit 1: post-copy hooks, which check each page
+ * they are handed lies in RAM; bit 2: the preempt channel's receiver
+ * instead, with those hooks; bit 3: the main stream's postcopy-preempt
+ * hooks, PREEMPT and the wait at END), then
  * records back to back, each header taken as it comes (the receiver must
  * refuse a bad one) with its payload cut to what the input holds. */
 #include <stdint.h>
@@ -50,6 +53,14 @@ static int place_page(void *c, uint32_t b, uint64_t o, const void *d)
 	return 0;
 }
 static int place_zero(void *c, uint32_t b, uint64_t o) { (void)c; in_ram(b, o); return 0; }
+static int on_preempt(void *c, const uint8_t session[PROTO_SESSION_LEN], uint32_t channels)
+{
+	(void)c;
+	if (channels > PROTO_MAX_CHANNELS)
+		abort();        /* the decoder lets no more through */
+	return session[0] == 0xfe ? -71 : 0;
+}
+static int on_postcopy_end(void *c) { (void)c; return 0; }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -62,13 +73,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct mig_recv r;
 	if (size < 1)
 		return 0;
-	if (data[0] & 2) {
+	if (data[0] & 6) {
 		ops.on_discard = on_discard;
 		ops.on_postcopy = on_postcopy;
 		ops.place_page = place_page;
 		ops.place_zero = place_zero;
 	}
-	int rc = data[0] & 1 ? mig_recv__init_channel(&r, &ram, &ops) : mig_recv__init(&r, &ram, &ops);
+	if (data[0] & 8) {
+		ops.on_preempt = on_preempt;
+		ops.on_postcopy_end = on_postcopy_end;
+	}
+	int rc = data[0] & 4 ? mig_recv__init_preempt(&r, &ram, &ops) :
+		 data[0] & 1 ? mig_recv__init_channel(&r, &ram, &ops) : mig_recv__init(&r, &ram, &ops);
 	if (rc)
 		abort();
 	size_t pos = 1;

@@ -55,6 +55,10 @@ def discard(block, offsets):
                + b"".join(struct.pack("<Q", o) for o in offsets))
 
 
+def preempt(channels=0, session=b"0123456789abcdef"):
+    return rec(13, session + struct.pack("<I", channels))
+
+
 def end(checksum=None):
     return rec(6, checksum or b"", 1 if checksum else 0)
 
@@ -70,6 +74,9 @@ def recv_seeds():
         "error": b"\0" + start() + rec(7, struct.pack("<I", 125) + b"cancelled"),
         "postcopy": b"\2" + start() + body + discard(0, [0, PG]) + rec(10, b"")
                     + pages(0, [PG], 0x55) + zero(1, [7 * PG]) + end(),
+        "main_preempt": b"\x0a" + start() + preempt(2) + channel(0, 2) + body
+                        + discard(0, [0, PG]) + rec(10, b"") + pages(0, [PG], 0x56) + end(),
+        "preempt_channel": b"\4" + pages(0, [PG, 9 * PG], 0x57) + zero(1, [2 * PG]) + end(),
     }
 
 
