@@ -389,6 +389,10 @@ static void migrate__summary(json_t *q)
 	if (jint(ram, "postcopy-bytes"))
 		printf("post-copy: %lld MiB after the switch, %lld pages asked for by the destination\n",
 		       jint(ram, "postcopy-bytes") >> 20, jint(ram, "postcopy-requests"));
+	json_t *pre = json_object_get(q, "x-postcopy-preempt");
+	if (pre)
+		printf("postcopy-preempt: %lld pages asked for went on its channel\n",
+		       jint(pre, "pages"));
 	if (sw) {
 		printf("switched by %s at %lld ms, %s the bulk pass",
 		       json_string_value(json_object_get(sw, "by")), jint(sw, "at-ms"),

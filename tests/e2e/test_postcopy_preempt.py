@@ -222,6 +222,8 @@ def test_cli_preempt(d, vms, check):
     if not check("completed", r.returncode == 0 and "status completed" in r.stdout,
                  "%s %r %r" % (r.returncode, r.stdout, r.stderr[-2000:])):
         return
+    check("summary", re.search(r"^postcopy-preempt: \d+ pages asked for went on its channel$",
+                               r.stdout, re.M) is not None, r.stdout)
     q, dq = src.qmp().cmd("query-migrate"), kt.wait_migration(dst.qmp(), kt.slow(20))
     check("both_sides", preempt_pages(q) >= 0 and preempt_pages(dq) >= 0 and
           "postcopy-preempt channel open" in dst.output(), "%r / %r" % (q, dq))

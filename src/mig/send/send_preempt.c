@@ -17,19 +17,13 @@ static int preempt__announce(struct sender *s, struct mig_stream *st)
 	return rc ? rc : mig_stream__flush(st);
 }
 
-int sender__preempt_open(struct sender *s, const char *uri)
+/* The connection, its TLS handshake and its PREEMPT; err says why not. */
+static int preempt__connect(struct sender *s, const char *uri, char *err, size_t errlen)
 {
 	struct migration *m = s->m;
-	char err[256];
-	int rc = preempt__announce(s, s->stream);
+	int rc = mig_stream__connect(&m->preempt, uri, &m->cancel, err, errlen);
 	if (rc)
 		return rc;
-	rc = mig_stream__connect(&m->preempt, uri, &m->cancel, err, sizeof(err));
-	if (rc) {
-		sender__check_return_path(s, 500);  /* the destination may have refused */
-		migration__set_error(m, "the postcopy-preempt channel did not connect: %s", err);
-		return rc;
-	}
 	pthread_mutex_lock(&m->lock);
 	m->preempt_open = true;  /* migrate_cancel may shut it down from now on */
 	bool cancelled = atomic_load(&m->cancel);
@@ -40,12 +34,27 @@ int sender__preempt_open(struct sender *s, const char *uri)
 	/* one page at a time, each waited for by a vCPU: no Nagle delay */
 	if (mig_stream__set_nodelay(s->preempt, true))
 		log_debug("postcopy-preempt: TCP_NODELAY not set");
-	if (m->tls_out.creds && (rc = tls__client(s->preempt, &m->tls_out, err, sizeof(err)))) {
-		sender__check_return_path(s, 500);
-		migration__set_error(m, "the postcopy-preempt channel: %s", err);
+	if (m->tls_out.creds && (rc = tls__client(s->preempt, &m->tls_out, err, errlen)))
 		return rc;
-	}
 	rc = preempt__announce(s, s->preempt);
+	if (rc)
+		snprintf(err, errlen, "%s", mig_stream__strerror(s->preempt));
+	return rc;
+}
+
+int sender__preempt_open(struct sender *s, const char *uri)
+{
+	char err[256] = "";
+	int rc = preempt__announce(s, s->stream);
+	if (rc)
+		return rc;
+	rc = preempt__connect(s, uri, err, sizeof(err));
+	if (rc && rc != -ECANCELED) {
+		/* a destination that refused PREEMPT says why on the main stream
+		 * (and closes, which may be all this connection sees) */
+		sender__check_return_path(s, 500);
+		migration__set_error(s->m, "the postcopy-preempt channel: %s", err);
+	}
 	if (!rc)
 		log_info("migration: postcopy-preempt channel open");
 	return rc;
