@@ -172,6 +172,22 @@ static void t_bad_headers(struct t *t)
 	T_CHECK(t, strstr(mig_stream__strerror(&b), "16 MiB") != NULL);
 	mig_stream__close(&a);
 	mig_stream__close(&b);
+
+	/* another connection of the migration broke (-ENOLINK, set by its
+	 * reader): this one's reply still goes; a reset of its own does not */
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	T_CHECK_EQ(t, mig_stream__fail(&b, -ENOLINK, "the preempt channel broke"), -ENOLINK);
+	T_CHECK_EQ(t, mig_stream__get_record(&b, &h, buf, sizeof(buf)), -ENOLINK);
+	T_CHECK_EQ(t, mig_stream__reply(&b, "why", 3), 0);
+	T_CHECK_EQ(t, mig_stream__read_full(&a, buf, 3), 0);
+	T_CHECK(t, memcmp(buf, "why", 3) == 0);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	T_CHECK_EQ(t, mig_stream__fail(&b, -ECONNRESET, "reset"), -ECONNRESET);
+	T_CHECK_EQ(t, mig_stream__reply(&b, "why", 3), -ECONNRESET);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
 }
 
 struct sender {

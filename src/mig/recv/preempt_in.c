@@ -39,7 +39,7 @@ static void preempt__stopped(struct preempt_in *p, int rc)
 	if (rc && !quiet) {
 		log_warn("incoming migration: the postcopy-preempt channel failed: %s",
 			 mig_recv__error(&p->recv));
-		mig_stream__fail(p->main, link ? -ECONNRESET : -EPROTO,
+		mig_stream__fail(p->main, link ? -ENOLINK : -EPROTO,
 				 "the postcopy-preempt channel: %.200s", mig_recv__error(&p->recv));
 		shutdown(p->main->fd, SHUT_RD);
 	}

@@ -12,9 +12,10 @@
  * is missing when the destination checks and finishes.
  *
  * A failure of the channel becomes the main stream's error, and its
- * reading is shut down: a broken link there pauses post-copy as a lost
- * main link would, anything else (a bad record, a page it cannot place)
- * fails the migration with -EPROTO.  A recovery goes on
+ * reading is shut down: a broken link there (-ENOLINK) pauses post-copy
+ * as a lost main link would, and before the switch fails the migration
+ * with the main connection still able to carry RP_FAIL; anything else (a
+ * bad record, a page it cannot place) fails it with -EPROTO.  A recovery goes on
  * without it: the source sends the pages asked for on the new link.
  *
  * Threads: add, wait_end and close are the incoming thread's; cancel and

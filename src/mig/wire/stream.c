@@ -351,7 +351,7 @@ int mig_stream__flush(struct mig_stream *s)
 int mig_stream__reply(struct mig_stream *s, const void *buf, size_t len)
 {
 	int e = mig_stream__error(s);
-	if (e && e != -EPROTO && e != -EMSGSIZE)
+	if (e && e != -EPROTO && e != -EMSGSIZE && e != -ENOLINK)
 		return e;
 	if (!e && s->wlen && (e = mig_stream__flush(s)))
 		return e;

@@ -107,8 +107,10 @@ int mig_stream__put_record(struct mig_stream *s, uint32_t type, uint32_t flags,
 			   const void *payload, size_t len) KMIG_MUST_CHECK;
 /* Writes buf at once (buffered bytes first), also after a framing error
  * on the read side (-EPROTO, -EMSGSIZE from get_record: the connection
- * itself is still good), so a receiver that could not parse a record can
- * still tell its peer why.  Any other sticky error is returned as is. */
+ * itself is still good) or -ENOLINK (another connection of the migration
+ * broke: mig_stream__fail by its reader), so a receiver that could not go
+ * on can still tell its peer why.  Any other sticky error is returned as
+ * is. */
 int mig_stream__reply(struct mig_stream *s, const void *buf, size_t len) KMIG_MUST_CHECK;
 
 /* Reads one record: the header into *hdr (checked with
