@@ -226,9 +226,7 @@ static int migration__take_local(struct migration *m, const struct mig_uri *u,
 		if (no) {
 			migration__drop_fd(&fd);
 			snprintf(err, errlen, "%s needs a return path, and a %s: URI has none: "
-				 "use tcp:, unix: or a socket's fd:", no,
-				 u->kind == MIG_URI_EXEC ? "exec" : u->kind == MIG_URI_FILE ?
-				 "file" : "pipe's or file's fd");
+				 "use tcp:, unix: or a socket's fd:", no, mig_uri__local_name(u));
 			return -EINVAL;
 		}
 	}

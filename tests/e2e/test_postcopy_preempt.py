@@ -71,6 +71,13 @@ def to_postcopy(check, q):
     return check("postcopy_active", r.get("status") == "postcopy-active", repr(r))
 
 
+def dst_completed(check, dst):
+    """The destination's query-migrate once it ended: completed."""
+    dq = kt.wait_migration(dst.qmp(), kt.slow(20))
+    check("dst_completed", dq.get("status") == "completed", repr(dq))
+    return dq
+
+
 def preempt_pages(r):
     return r.get("x-postcopy-preempt", {}).get("pages", -1)
 
@@ -111,8 +118,7 @@ def test_preempt(d, vms, check, tls):
     r, seen = kt.follow(q, kt.slow(90))
     if not completed_postcopy(check, src, dst, r, seen):
         return
-    dq = kt.wait_migration(dst.qmp(), kt.slow(20))
-    check("dst_completed", dq.get("status") == "completed", repr(dq))
+    dq = dst_completed(check, dst)
     check("opened", "postcopy-preempt channel open" in src.output() and
           "postcopy-preempt channel open" in dst.output(),
           src.output()[-400:] + dst.output()[-400:])
@@ -136,8 +142,7 @@ def test_preempt_late(d, vms, check):
     check("fault_fired", "fault injected: preempt-late" in src.output(), src.output()[-600:])
     if not completed_postcopy(check, src, dst, r, seen):
         return
-    dq = kt.wait_migration(dst.qmp(), kt.slow(20))
-    check("dst_completed", dq.get("status") == "completed", repr(dq))
+    dq = dst_completed(check, dst)
     check_counted(check, src, r, dq)
     check_verified(check, dst)
     check_dst_runs(check, src, dst)
@@ -172,8 +177,7 @@ def test_preempt_recover(d, vms, check):
     if not check("completed", r.get("status") == "completed",
                  "query-migrate %r; src %s; dst %s" % (r, dump(src), dump(dst))):
         return
-    dr = kt.wait_migration(dq, kt.slow(20))
-    check("dst_completed", dr.get("status") == "completed", repr(dr))
+    dst_completed(check, dst)
     check("one_channel", src.output().count("postcopy-preempt channel open") == 1,
           src.output()[-600:])
     check_verified(check, dst)

@@ -798,12 +798,10 @@ static int incoming__postcopy_ops(struct incoming *in, struct mig_recv_ops *ops)
 	struct migration *m = in->m;
 	pthread_mutex_lock(&m->lock);
 	bool postcopy = m->params.cap_postcopy_ram;
+	bool preempt = m->params.cap_postcopy_preempt;
 	pthread_mutex_unlock(&m->lock);
 	if (!postcopy)
 		return 0;
-	pthread_mutex_lock(&m->lock);
-	bool preempt = m->params.cap_postcopy_preempt;
-	pthread_mutex_unlock(&m->lock);
 	if (preempt)
 		ops->on_preempt = incoming__on_preempt;
 	ops->on_postcopy_end = incoming__on_postcopy_end;
@@ -914,8 +912,7 @@ int migration__incoming(struct migration *m, const char *uri, char *err, size_t 
 	if (!mig_uri__is_socket(&u) && p.tls_creds[0] && !migration__fd_is_socket(fd)) {
 		migration__drop_fd(&fd);
 		snprintf(err, errlen, "tls-creds needs a connection, and a %s: URI has none",
-			 u.kind == MIG_URI_EXEC ? "exec" : u.kind == MIG_URI_FILE ? "file" :
-			 "pipe's or file's fd");
+			 mig_uri__local_name(&u));
 		return -EINVAL;
 	}
 	migration__drop_fd(&m->in_fd);

@@ -198,6 +198,13 @@ static inline bool mig_uri__is_socket(const struct mig_uri *u)
 {
 	return u->kind == MIG_URI_TCP || u->kind == MIG_URI_UNIX;
 }
+/* A URI without a connection as its errors name it ("a %s: URI"): exec,
+ * file, or an fd: that is a pipe's or a file's. */
+static inline const char *mig_uri__local_name(const struct mig_uri *u)
+{
+	return u->kind == MIG_URI_EXEC ? "exec" : u->kind == MIG_URI_FILE ? "file" :
+	       "pipe's or file's fd";
+}
 
 /* Connects and initialises s.  Blocks until connected, at most
  * MIG_CONNECT_TIMEOUT_MS over all the host's addresses (-ETIMEDOUT; the
