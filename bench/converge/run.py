@@ -78,6 +78,11 @@ CONFIGS = {
     # pages asked for on a channel of their own
     "qemu-ring4096+postcopy-preempt": ("qemu", 4096, "postcopy-preempt"),
     "kmig-ring4096+postcopy-preempt": ("kmig", 4096, "postcopy-preempt"),
+    # pre-copy with xbzrle (the same cache on both, --xbzrle-cache), no
+    # throttle: what the deltas alone do for a guest that rewrites one byte
+    # of each page
+    "kmig-ring4096+xbzrle": ("kmig", 4096, "xbzrle"),
+    "qemu-ring4096+xbzrle": ("qemu", 4096, "xbzrle"),
 }
 # seed 000's five ideas (docs/policies.md): all on, all off, each off alone
 # (bench/seed000 runs them against QEMU's auto-converge)
@@ -119,6 +124,8 @@ POLICY_TEXT = {
               "default): kmig switches by itself (policies.md \"Hybrid\"), "
               "max-postcopy-bandwidth = max-bandwidth, "
               "auto-converge on (it throttles only if pre-copy goes on)",
+    "xbzrle": "capability xbzrle on, xbzrle-cache-size --xbzrle-cache MiB on both, no "
+              "auto-converge (kmig: x-final-round on)",
     "vcpu-limit": "set-vcpu-dirty-limit on every vCPU just before migrate (QEMU 7.2 has no "
                   "dirty-limit capability; emulates 8.1's dirty-limit, which sets the same "
                   "limit only after two high rounds)",
@@ -307,6 +314,9 @@ def one_case(env, d, size, cfg, rep, a):
             dst.qmp().cmd("migrate-set-capabilities", capabilities=dcaps)
             if policy == "hybrid":
                 caps["x-postcopy-auto"] = True
+        if policy == "xbzrle":
+            caps["xbzrle"] = True
+            params["xbzrle-cache-size"] = a.xbzrle_cache * MIB
         quota = dirty_limit_mbps(a) if policy in ("dirty-limit", "vcpu-limit") else None
         if vmm == "kmig":
             caps["dirty-limit"] = policy == "dirty-limit"
@@ -416,6 +426,8 @@ def one_case(env, d, size, cfg, rep, a):
             res["postcopy_bytes"] = last.get("ram", {}).get("postcopy-bytes")
         else:
             res["guest"] = slowdown(src.seen, t_start, t_end)
+        if policy == "xbzrle":
+            res["xbzrle_cache"] = last.get("xbzrle-cache")
         if res["status"] == "completed":
             deadline = time.monotonic() + 5
             res["dst_resumed"] = False
@@ -792,6 +804,8 @@ def main():
     ap.add_argument("--final-round", default="policy", choices=("policy", "on", "off"),
                     help="kmig x-final-round: policy = off for step rows (like-for-like), "
                          "on for the others")
+    ap.add_argument("--xbzrle-cache", type=int, default=1024,
+                    help="xbzrle rows: xbzrle-cache-size in MiB, a power of two (both VMMs)")
     ap.add_argument("--tsc-khz", type=int, default=0)
     ap.add_argument("--rtt-ms", type=int, default=0,
                     help="run the source on host A and the destination on host B of "

@@ -61,6 +61,7 @@ SEED_MAIN = ",".join("kmig-%s+seed-all,qemu-%s+ac,kmig-%s+seed-none" % (b, b, b)
 SEED_EACH = ",".join("kmig-ring4096+seed-%s" % x
                      for x in ("all", "no1", "no2", "no3", "no4", "no5"))
 PUSH = "kmig-ring4096+postcopy,qemu-ring4096+postcopy"
+XBZRLE = "kmig-ring4096+xbzrle,qemu-ring4096+xbzrle"
 PC_RTT = ("kmig-ring4096+postcopy,qemu-ring4096+postcopy,qemu-ring4096+postcopy-preempt,"
           "kmig-ring4096+postcopy-preempt")
 
@@ -101,6 +102,10 @@ def catalogue(reps, seed_reps):
                         (512,), reps, 6)
     cells += rounds("postcopy-push", "postcopy-push.json",
                     CONVERGE + ["--cap", "120", "--configs", PUSH], (512, 1536), reps, 5)
+    # xbzrle alone (no throttle) against QEMU's, a cache that holds the stress
+    cells += rounds("xbzrle", "xbzrle.json", CONVERGE + ["--cap", "120", "--configs", XBZRLE,
+                                                          "--xbzrle-cache", "2048"],
+                    (512, 1536), reps, 5)
     lone = [("recovery", ["bench/recovery/run.py", "--configs",
                           "kmig-bitmap-step,kmig-ring-computed,kmig-ring-dirty-limit,"
                           "qemu-bitmap-step"], 20),

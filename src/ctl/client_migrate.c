@@ -1,7 +1,7 @@
 /* `kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS] [--tls-creds ID]
  *  [--auto-converge step|computed|off] [--dirty-limit MB/s] [--postcopy auto|after-pass|off]
- *  [--preempt] [--dest-qmp unix:PATH] [--disk] [--verify] [--json]`: drives a migration through
- * the source's QMP socket (and, for post-copy, sets the destination's
+ *  [--preempt] [--dest-qmp unix:PATH] [--disk] [--xbzrle MIB] [--verify] [--json]`: drives a
+ * migration through the source's QMP socket (and, for post-copy, sets the destination's
  * capability through its own) and shows its progress.  With --resume a
  * paused post-copy goes on over a new link to URI (migrate-recover at the
  * destination, through --dest-qmp, then migrate resume=true).
@@ -42,6 +42,7 @@ struct migrate_opts {
 	bool policy_off;             /* --auto-converge off */
 	bool by_default;             /* the policy is kmig migrate's choice */
 	uint64_t multifd;            /* channels; 0 = off */
+	uint64_t xbzrle_mib;         /* --xbzrle: the cache in MiB; 0 = off */
 };
 
 static void migrate__usage(FILE *f)
@@ -61,6 +62,9 @@ static void migrate__usage(FILE *f)
 		"                                dirty ring, else auto-converge computed)\n"
 		"  --multifd N                   N parallel channels (1 to 16)\n"
 		"  --compression C               compress page records: none, zstd, lz4, zlib\n"
+		"  --xbzrle MIB                  after the bulk pass, send the pages the destination\n"
+		"                                holds as what changed, against a cache of MIB MiB\n"
+		"                                (a power of two; QEMU's default is 64) (xbzrle)\n"
 		"  --postcopy auto|after-pass|off  switch to post-copy when pre-copy cannot end\n"
 		"  --preempt                     with --postcopy: the pages the destination asks\n"
 		"                                for on a connection of their own (postcopy-preempt)\n"
@@ -85,6 +89,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "postcopy", required_argument, 0, 'p' }, { "dest-qmp", required_argument, 0, 'D' },
 		{ "resume", no_argument, 0, 'r' }, { "help", no_argument, 0, 'h' },
 		{ "disk", no_argument, 0, 'B' }, { "preempt", no_argument, 0, 'P' },
+		{ "xbzrle", required_argument, 0, 'x' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -143,6 +148,12 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		case 'r': o->resume = true; break;
 		case 'B': o->disk = true; break;
 		case 'P': o->preempt = true; break;
+		case 'x':
+			if (units__parse_u64(optarg, 1, 1ull << 20, &o->xbzrle_mib) ||
+			    (o->xbzrle_mib & (o->xbzrle_mib - 1)))
+				die("--xbzrle %s: the cache in MiB, a power of two (1, 2, 4 ... 1048576)",
+				    optarg);
+			break;
 		case 't': o->tls_creds = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;
 		case 'h':
@@ -164,6 +175,8 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		die("--preempt needs --postcopy auto or after-pass (postcopy-preempt needs postcopy-ram)");
 	if (o->disk && o->postcopy != PC_OFF)
 		die("--disk with --postcopy: post-copy cannot carry the disk (leave one out)");
+	if (o->xbzrle_mib && o->multifd)
+		die("--xbzrle with --multifd: multifd is not compatible with xbzrle (leave one out)");
 	if (o->dirty_limit && (o->policy || o->policy_off))
 		die("--dirty-limit with --auto-converge: give one of them");
 	if (o->resume && !o->dest_qmp)
@@ -191,13 +204,15 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 		json_object_set_new(params, "tls-creds", json_string(o->tls_creds));
 	if (o->tls_hostname)
 		json_object_set_new(params, "tls-hostname", json_string(o->tls_hostname));
+	if (o->xbzrle_mib)
+		json_object_set_new(params, "xbzrle-cache-size", json_integer(o->xbzrle_mib << 20));
 	json_t *r = qmp_client__call(c, "migrate-set-parameters", params, err, n);
 	if (!r)
 		return -1;
 	json_decref(r);
 	/* pause-before-switchover off: this client never sends migrate-continue */
 	json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},"
-				 "{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b}]}", "capabilities",
+				 "{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b}]}", "capabilities",
 				 "capability", "auto-converge", "state", o->policy != NULL,
 				 "capability", "x-verify", "state", o->verify,
 				 "capability", "dirty-limit", "state", o->dirty_limit != 0,
@@ -206,7 +221,8 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 				 "capability", "postcopy-ram", "state", o->postcopy != PC_OFF,
 				 "capability", "x-postcopy-auto", "state", o->postcopy == PC_AUTO,
 				 "capability", "postcopy-preempt", "state", o->preempt,
-				 "capability", "x-block-migration", "state", o->disk);
+				 "capability", "x-block-migration", "state", o->disk,
+				 "capability", "xbzrle", "state", o->xbzrle_mib != 0);
 	r = qmp_client__call(c, "migrate-set-capabilities", caps, err, n);
 	if (!r)
 		return -1;
@@ -385,6 +401,12 @@ static void migrate__summary(json_t *q)
 	printf("sent %lld MiB (%lld pages, %lld zero pages), %lld dirty syncs, %.0f Mbit/s\n",
 	       jint(ram, "transferred") >> 20, jint(ram, "normal"), jint(ram, "duplicate"),
 	       jint(ram, "dirty-sync-count"), json_real_value(json_object_get(ram, "mbps")));
+	json_t *xb = json_object_get(q, "xbzrle-cache");
+	if (xb)
+		printf("xbzrle: %lld pages sent as deltas in %lld KiB, %lld cache misses, "
+		       "%lld overflows, %lld pages unchanged\n", jint(xb, "pages"),
+		       jint(xb, "bytes") >> 10, jint(xb, "cache-miss"), jint(xb, "overflow"),
+		       jint(xb, "x-unchanged"));
 	json_t *sw = json_object_get(q, "x-postcopy-switch");
 	if (jint(ram, "postcopy-bytes"))
 		printf("post-copy: %lld MiB after the switch, %lld pages asked for by the destination\n",

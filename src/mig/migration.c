@@ -42,6 +42,7 @@ void migration__init(struct migration *m, struct vm *vm, struct control *ctl)
 	m->params.dirty_limit_period_ms = 1000;
 	m->params.vcpu_dirty_limit = 1;
 	m->params.multifd_channels = 2;
+	m->params.xbzrle_cache_size = MIG_XBZRLE_CACHE_DEFAULT;
 	mig_comp_params__init(&m->params.comp);
 	m->params.announce = (struct announce_params)ANNOUNCE_DEFAULTS;
 	m->params.final_round = true;
@@ -415,6 +416,23 @@ static void migration__blocktime_json(json_t *r, const struct mig_stats *st)
 	json_object_set_new(r, "postcopy-vcpu-blocktime", per);
 }
 
+/* QEMU's "xbzrle-cache" object, its rates over the migration so far (QEMU's
+ * are over the last period), and kmig's unchanged pages. */
+static json_t *migration__xbzrle_json(const struct mig_stats *st)
+{
+	double miss = st->xbzrle_looked ? (double)st->xbzrle_misses / (double)st->xbzrle_looked : 0;
+	double enc = st->xbzrle_bytes ? (double)st->xbzrle_pages * RAM_PAGE_SIZE /
+					(double)st->xbzrle_bytes : 0;
+	return json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:I}",
+			 "cache-size", (json_int_t)st->xbzrle_cache_size,
+			 "bytes", (json_int_t)st->xbzrle_bytes,
+			 "pages", (json_int_t)st->xbzrle_pages,
+			 "cache-miss", (json_int_t)st->xbzrle_misses,
+			 "cache-miss-rate", miss, "encoding-rate", enc,
+			 "overflow", (json_int_t)st->xbzrle_overflow,
+			 "x-unchanged", (json_int_t)st->xbzrle_unchanged);
+}
+
 static json_t *migration__ram_json(const struct mig_stats *st)
 {
 	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
@@ -475,6 +493,8 @@ json_t *migration__query(struct migration *m)
 				"x-data-chunks", (json_int_t)st.disk_normal,
 				"x-zero-chunks", (json_int_t)st.disk_duplicate,
 				"x-dirtied-chunks", (json_int_t)st.disk_dirtied));
+		if (st.xbzrle)
+			json_object_set_new(r, "xbzrle-cache", migration__xbzrle_json(&st));
 		if (st.postcopy_faults)
 			json_object_set_new(r, "x-postcopy", json_pack("{s:I, s:I, s:I, s:I, s:I}",
 				"faults", (json_int_t)st.postcopy_faults,

@@ -67,6 +67,8 @@ struct mig_params {
 	bool cap_postcopy_blocktime; /* postcopy-blocktime: the destination measures vCPU waits */
 	bool cap_postcopy_preempt;   /* postcopy-preempt: pages asked for on a channel of their own */
 	bool cap_block_migration;    /* x-block-migration: the disk image in the stream */
+	bool cap_xbzrle;             /* xbzrle: pages the destination holds go as deltas */
+	uint64_t xbzrle_cache_size;  /* xbzrle-cache-size: bytes, a power of two */
 	unsigned multifd_channels;   /* multifd-channels */
 	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */
 	uint64_t vcpu_dirty_limit;   /* vcpu-dirty-limit, MB/s */
@@ -98,6 +100,7 @@ struct mig_params {
 	struct announce_params announce;
 };
 #define MIG_HINT_WAIT_MAX_MS 10000
+#define MIG_XBZRLE_CACHE_DEFAULT (64ull << 20)  /* QEMU's */
 
 struct mig_stats {
 	uint64_t start_ms, setup_ms, total_ms, downtime_ms, expected_downtime_ms;
@@ -139,6 +142,10 @@ struct mig_stats {
 	bool disk;
 	uint64_t disk_total, disk_transferred, disk_remaining;
 	uint64_t disk_normal, disk_duplicate, disk_dirtied;
+	/* xbzrle (query-migrate's "xbzrle-cache"; struct sender_xbzrle) */
+	bool xbzrle;
+	uint64_t xbzrle_cache_size, xbzrle_pages, xbzrle_bytes, xbzrle_misses;
+	uint64_t xbzrle_overflow, xbzrle_unchanged, xbzrle_looked;
 };
 
 struct migration {

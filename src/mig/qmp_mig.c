@@ -6,6 +6,7 @@
 #include "kvm/vm.h"
 #include "mem/dirty.h"
 #include "mig/migration.h"
+#include "mig/send/xbzrle_cache.h"
 
 static json_t *cmd_migrate(void *ctx, json_t *args, struct qmp_error *err)
 {
@@ -145,7 +146,7 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
-	json_t *r = json_pack("{s:I, s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:s, s:i, s:i, s:i, s:s, s:s, s:s, s:I, s:b, s:b, s:b, s:b, s:b}",
+	json_t *r = json_pack("{s:I, s:I, s:I, s:i, s:i, s:i, s:b, s:i, s:s, s:I, s:I, s:s, s:s, s:i, s:i, s:i, s:s, s:s, s:s, s:I, s:b, s:b, s:b, s:b, s:b, s:I}",
 			 "max-bandwidth", (json_int_t)p.max_bandwidth,
 			 "max-postcopy-bandwidth", (json_int_t)p.max_postcopy_bandwidth,
 			 "downtime-limit", (json_int_t)p.policy.downtime_limit_ms,
@@ -168,7 +169,8 @@ static json_t *cmd_query_params(void *ctx, json_t *args, struct qmp_error *err)
 			 "x-final-round", p.final_round,
 			 "x-postcopy-early", p.postcopy_early,
 			 "x-sync-per-slot", p.sync_per_slot, "x-kick-throttled", p.kick_throttled,
-			 "x-sync-dirty-rate", p.sync_dirty_rate);
+			 "x-sync-dirty-rate", p.sync_dirty_rate,
+			 "xbzrle-cache-size", (json_int_t)p.xbzrle_cache_size);
 	json_t *an = json_pack("{s:I, s:I, s:I, s:I}",
 			       "announce-initial", (json_int_t)p.announce.initial_ms,
 			       "announce-max", (json_int_t)p.announce.max_ms,
@@ -295,7 +297,8 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 		"multifd-zlib-level", "multifd-channels", "tls-creds",
 		"tls-hostname", "tls-authz", "x-free-page-hint-wait", "x-final-round",
 		"x-postcopy-early", "announce-initial", "announce-max", "announce-rounds",
-		"announce-step", "x-sync-per-slot", "x-kick-throttled", "x-sync-dirty-rate", NULL };
+		"announce-step", "x-sync-per-slot", "x-kick-throttled", "x-sync-dirty-rate",
+		"xbzrle-cache-size", NULL };
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
@@ -322,8 +325,14 @@ static json_t *cmd_set_params(void *ctx, json_t *args, struct qmp_error *err)
 	    qmp_arg__uint(args, "announce-initial", &p.announce.initial_ms, false, err) < 0 ||
 	    qmp_arg__uint(args, "announce-max", &p.announce.max_ms, false, err) < 0 ||
 	    qmp_arg__uint(args, "announce-rounds", &p.announce.rounds, false, err) < 0 ||
-	    qmp_arg__uint(args, "announce-step", &p.announce.step_ms, false, err) < 0)
+	    qmp_arg__uint(args, "announce-step", &p.announce.step_ms, false, err) < 0 ||
+	    qmp_arg__uint(args, "xbzrle-cache-size", &p.xbzrle_cache_size, false, err) < 0)
 		return NULL;
+	if (!xbzrle_cache__size_ok(p.xbzrle_cache_size)) {   /* QEMU's words */
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Parameter 'xbzrle_cache_size' expects "
+			       "a power of two no less than the target page size");
+		return NULL;
+	}
 	if (announce__check(&p.announce)) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "announce-initial, -max and -step must be "
 			       "1..%u ms with initial <= max, announce-rounds 1..%u", ANNOUNCE_MAX_MS,
@@ -400,6 +409,7 @@ static const struct cap_desc caps[] = {
 	{ "postcopy-blocktime", offsetof(struct mig_params, cap_postcopy_blocktime) },
 	{ "postcopy-preempt", offsetof(struct mig_params, cap_postcopy_preempt) },
 	{ "x-block-migration", offsetof(struct mig_params, cap_block_migration) },
+	{ "xbzrle", offsetof(struct mig_params, cap_xbzrle) },
 };
 #define NCAPS (sizeof(caps) / sizeof(caps[0]))
 
@@ -458,6 +468,10 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 	}
 	if (p.cap_postcopy_preempt && !p.cap_postcopy_ram) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Postcopy preempt requires postcopy-ram");
+		return NULL;
+	}
+	if (p.cap_multifd && p.cap_xbzrle) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Multifd is not compatible with xbzrle");
 		return NULL;
 	}
 	if (p.cap_postcopy_auto && !p.cap_postcopy_ram) {

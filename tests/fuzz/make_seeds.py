@@ -59,6 +59,14 @@ def preempt(channels=0, session=b"0123456789abcdef"):
     return rec(13, session + struct.pack("<I", channels))
 
 
+def xbzrle(block, entries):
+    """XBZRLE: entries of (offset, bytes): b"" zero, 4096 bytes whole, else a delta."""
+    p = struct.pack("<II", block, len(entries))
+    for off, data in entries:
+        p += struct.pack("<QH", off, len(data)) + data
+    return rec(14, p)
+
+
 def end(checksum=None):
     return rec(6, checksum or b"", 1 if checksum else 0)
 
@@ -77,6 +85,11 @@ def recv_seeds():
         "main_preempt": b"\x0a" + start() + preempt(2) + channel(0, 2) + body
                         + discard(0, [0, PG]) + rec(10, b"") + pages(0, [PG], 0x56) + end(),
         "preempt_channel": b"\4" + pages(0, [PG, 9 * PG], 0x57) + zero(1, [2 * PG]) + end(),
+        "main_xbzrle": b"\0" + start() + body + sync(1)
+                       + xbzrle(0, [(0, bytes([0, 1, 0x99, 5, 2, 1, 2])), (PG, b""),
+                                    (5 * PG, bytes([0x61]) * PG),
+                                    (2 * PG, bytes([0xf9, 0x1f, 1, 7]))])
+                       + xbzrle(1, [(7 * PG, bytes([0x80, 0x01, 3, 1, 2, 3]))]) + end(),
     }
 
 

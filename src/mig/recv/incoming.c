@@ -657,7 +657,9 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 	}
 	const struct mig_recv_stats *st = mig_recv__stats(&in->recv);
 	const struct mig_recv_stats *ps = mig_recv__stats(&in->preempt.recv); /* joined */
-	uint64_t pages = st->pages, zero = st->zero_pages, bytes = st->bytes, cp, cz, cb;
+	/* pages with contents: whole, and changed by an XBZRLE delta */
+	uint64_t pages = st->pages + st->xbzrle_pages, zero = st->zero_pages, bytes = st->bytes;
+	uint64_t cp, cz, cb;
 	multifd_recv__stats(&in->mf, &cp, &cz, &cb);
 	pages += cp + ps->pages;
 	zero += cz + ps->zero_pages;

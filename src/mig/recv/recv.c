@@ -2,6 +2,7 @@
 #include "mig/recv/recv.h"
 #include "base/utf8.h"
 #include "mig/comp.h"
+#include "mig/wire/xbzrle.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -194,6 +195,26 @@ static bool recv__page_is_zero(const uint8_t *p)
 	return acc == 0;
 }
 
+/* One page zeroed before POSTCOPY (a ZERO record's, an XBZRLE entry's). */
+static int recv__zero_one(struct mig_recv *r, const char *what, uint32_t block, uint64_t off)
+{
+	uint8_t *page = r->ram->blocks[block].host + off;
+	if (r->ops.on_zero) {
+		int rc = r->ops.on_zero(r->ops.ctx, block, off);
+		if (rc)
+			return mig_recv__fail(r, recv__hook_ret(rc), "%s: zeroing block %" PRIu32
+					      " offset 0x%" PRIx64 " failed: %s", what, block, off,
+					      strerror(-recv__hook_ret(rc)));
+	} else if (recv__page_is_zero(page)) {
+		r->stats.zero_skipped++;
+	} else {
+		memset(page, 0, PROTO_PAGE_SIZE);
+	}
+	if (r->ops.on_page_written)
+		r->ops.on_page_written(r->ops.ctx, block, off);
+	return 0;
+}
+
 static int recv__zero(struct mig_recv *r, const struct proto_hdr *h, const void *p)
 {
 	struct proto_pages pg;
@@ -203,7 +224,6 @@ static int recv__zero(struct mig_recv *r, const struct proto_hdr *h, const void 
 	int e = recv__check_run(r, "ZERO", &pg);
 	if (e)
 		return e;
-	uint8_t *host = r->ram->blocks[pg.block].host;
 	for (uint32_t i = 0; i < pg.count; i++) {
 		uint64_t off = proto__offset(&pg, i);
 		if (r->state == MIG_RECV_POSTCOPY) {
@@ -213,21 +233,57 @@ static int recv__zero(struct mig_recv *r, const struct proto_hdr *h, const void 
 			r->stats.postcopy_pages++;
 			continue;
 		}
-		if (r->ops.on_zero) {
-			int rc = r->ops.on_zero(r->ops.ctx, pg.block, off);
-			if (rc)
-				return mig_recv__fail(r, recv__hook_ret(rc), "ZERO: zeroing block %"
-						      PRIu32 " offset 0x%" PRIx64 " failed: %s",
-						      pg.block, off, strerror(-recv__hook_ret(rc)));
-		} else if (recv__page_is_zero(host + off)) {
-			r->stats.zero_skipped++;
-		} else {
-			memset(host + off, 0, PROTO_PAGE_SIZE);
-		}
-		if (r->ops.on_page_written)
-			r->ops.on_page_written(r->ops.ctx, pg.block, off);
+		int rc = recv__zero_one(r, "ZERO", pg.block, off);
+		if (rc)
+			return rc;
 	}
 	r->stats.zero_pages += pg.count;
+	return 0;
+}
+
+/* XBZRLE (mig/wire/xbzrle.h), before POSTCOPY on the main stream: the
+ * whole record is checked (every delta, every offset) before a page is
+ * touched. */
+static int recv__xbzrle(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	struct proto_xbzrle x;
+	struct proto_xbzrle_entry e;
+	const char *why = NULL;
+	if (proto__decode_xbzrle(p, h->length, &x, &why))
+		return mig_recv__fail(r, -EPROTO, "XBZRLE: %s", why);
+	if (x.block >= r->ram->nr_blocks)
+		return mig_recv__fail(r, -EINVAL, "XBZRLE: block %" PRIu32 " out of range (%u blocks)",
+				      x.block, r->ram->nr_blocks);
+	uint64_t size = r->ram->blocks[x.block].size;
+	size_t pos = 0;
+	for (uint32_t i = 0; i < x.count; i++) {
+		proto__xbzrle_entry(&x, &pos, &e);
+		if (e.offset % PROTO_PAGE_SIZE || e.offset > size - PROTO_PAGE_SIZE)
+			return mig_recv__fail(r, -EINVAL, "XBZRLE: offset 0x%" PRIx64 " is not a page "
+					      "of block %" PRIu32 " (size 0x%" PRIx64 ")",
+					      e.offset, x.block, size);
+	}
+	uint8_t *host = r->ram->blocks[x.block].host;
+	pos = 0;
+	for (uint32_t i = 0; i < x.count; i++) {
+		proto__xbzrle_entry(&x, &pos, &e);
+		if (!e.len) {
+			int rc = recv__zero_one(r, "XBZRLE", x.block, e.offset);
+			if (rc)
+				return rc;
+			r->stats.zero_pages++;
+			continue;
+		}
+		if (e.len == PROTO_PAGE_SIZE) {
+			memcpy(host + e.offset, e.data, PROTO_PAGE_SIZE);
+			r->stats.pages++;
+		} else {
+			xbzrle__apply(e.data, e.len, host + e.offset);
+			r->stats.xbzrle_pages++;
+		}
+		if (r->ops.on_page_written)
+			r->ops.on_page_written(r->ops.ctx, x.block, e.offset);
+	}
 	return 0;
 }
 
@@ -461,6 +517,8 @@ static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const
 		return recv__end(r, h, p);
 	case PROTO_DISK:
 		return recv__disk(r, h, p);
+	case PROTO_XBZRLE:
+		return recv__xbzrle(r, h, p);
 	default:
 		return mig_recv__fail(r, -EPROTO, "%s record on the migration stream",
 				      proto__type_name(h->type));

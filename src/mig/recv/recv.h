@@ -2,7 +2,7 @@
  * stream (docs/protocol.md, "Receiver state machine").
  *
  *   WAIT_START --START--> RAM --END--> DONE
- *        \                 |  PAGES, ZERO, STATE, SYNC, DISCARD
+ *        \                 |  PAGES, ZERO, XBZRLE, STATE, SYNC, DISCARD
  *         \                +--POSTCOPY--> POSTCOPY --END--> DONE
  *          \                                 PAGES, ZERO (placed by hooks)
  *           `---- any error -----------------+--> FAILED  (sticky, with a message)
@@ -106,6 +106,8 @@ struct mig_recv_stats {
 	uint64_t last_round;    /* round of the last SYNC */
 	uint64_t discarded;     /* pages named by DISCARD records */
 	uint64_t postcopy_pages; /* pages placed after POSTCOPY (of pages + zero_pages) */
+	uint64_t xbzrle_pages;  /* pages changed by an XBZRLE delta (XBZRLE's whole
+				 * pages count in pages, its zero pages in zero_pages) */
 };
 
 struct mig_recv {

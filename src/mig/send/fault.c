@@ -90,6 +90,10 @@ int mig_fault__init(struct mig_fault *f, const char *spec, const struct ram *ram
 		f->kind = MIG_FAULT_PREEMPT_LATE;
 		return 0;
 	}
+	if (!strcmp(spec, "xbzrle-flip")) {
+		f->kind = MIG_FAULT_XBZRLE_FLIP;
+		return 0;
+	}
 	if (!strcmp(spec, "skip-disk-chunk") || !strcmp(spec, "skip-disk-chunk@bulk")) {
 		f->kind = MIG_FAULT_SKIP_DISK;
 		f->disk_bulk = spec[15] == '@';
@@ -120,7 +124,8 @@ int mig_fault__init(struct mig_fault *f, const char *spec, const struct ram *ram
 		return rc;
 	}
 	snprintf(err, errlen, "KMIG_FAULT: unknown fault \"%s\" (skip-page, stale-page, "
-		 "flip-byte, drop-state=NAME, no-device-marks, skip-disk-chunk[@bulk], preempt-late)", spec);
+		 "flip-byte, drop-state=NAME, no-device-marks, skip-disk-chunk[@bulk], "
+		 "preempt-late, xbzrle-flip)", spec);
 	return -EINVAL;
 }
 
@@ -228,10 +233,20 @@ bool mig_fault__preempt_late(struct mig_fault *f, bool any)
 	return true;
 }
 
+bool mig_fault__xbzrle_flip(struct mig_fault *f, bool final)
+{
+	if (f->kind != MIG_FAULT_XBZRLE_FLIP || f->fired || !final)
+		return false;
+	f->fired = true;
+	log_warn("fault injected: xbzrle-flip: a delta of the final pass has a byte flipped");
+	return true;
+}
+
 void mig_fault__report(const struct mig_fault *f)
 {
 	static const char *names[] = { "", "skip-page", "stale-page", "flip-byte", "drop-state",
-				       "no-device-marks", "skip-disk-chunk", "preempt-late" };
+				       "no-device-marks", "skip-disk-chunk", "preempt-late",
+				       "xbzrle-flip" };
 	if (f->kind != MIG_FAULT_NONE && !f->fired)
 		log_warn("fault not injected: %s found nothing to act on", names[f->kind]);
 }

@@ -36,6 +36,10 @@
  *                       gone on the main stream and 500 ms more, as a
  *                       network that delays that connection would bring
  *                       them (the destination must wait for them)
+ *   xbzrle-flip         xbzrle: the final pass (guest stopped) sends the
+ *                       first page it sends as a delta with the delta's
+ *                       last byte (one it writes) flipped; the source's
+ *                       cache keeps the right copy
  * LO and HI are hexadecimal (0x...) or decimal; no range means all RAM.
  * Each fault fires once per migration and says so on stderr
  * ("kmig: fault injected: ...").  The stale and flipped copies travel as
@@ -61,6 +65,7 @@ enum mig_fault_kind {
 	MIG_FAULT_NO_DEVICE_MARKS,
 	MIG_FAULT_SKIP_DISK,
 	MIG_FAULT_PREEMPT_LATE,
+	MIG_FAULT_XBZRLE_FLIP,
 };
 
 #define MIG_FAULT_SAVED 1024       /* stale-page: pages remembered (direct mapped) */
@@ -107,7 +112,15 @@ void mig_fault__report(const struct mig_fault *f);
 /* preempt-late: whether the preempt channel holds its pages back (notes
  * that it acted when any were). */
 bool mig_fault__preempt_late(struct mig_fault *f, bool any);
+/* xbzrle-flip: whether to flip the last byte of this delta (final: the
+ * guest is stopped). */
+bool mig_fault__xbzrle_flip(struct mig_fault *f, bool final);
 #else
+static inline bool mig_fault__xbzrle_flip(struct mig_fault *f, bool final)
+{
+	(void)f; (void)final;
+	return false;
+}
 static inline bool mig_fault__preempt_late(struct mig_fault *f, bool any)
 {
 	(void)f; (void)any;

@@ -93,6 +93,7 @@ static int sender__flush_pages(struct sender *s)
 int sender__flush(struct sender *s)
 {
 	int rc = sender__flush_zero(s);
+	rc = rc ? rc : sender__xbzrle_flush(s);
 	return rc ? rc : sender__flush_pages(s);
 }
 
@@ -103,6 +104,8 @@ int sender__send_page(struct sender *s, uint64_t page)
 	const uint8_t *host = s->ram->blocks[b].host + off;
 	int rc = 0;
 	mig_fault__sent(&s->fault, s->paused, page, host);
+	if (sender__xbzrle_active(s))
+		return sender__xbzrle_page(s, b, off, page, host);
 	if (s->zero_detect && sender__page_is_zero(host)) {
 		if (s->zn && (s->zblock != b || s->zn == SENDER_BATCH_ZERO))
 			rc = sender__flush_zero(s);

@@ -10,6 +10,7 @@
 #include "mig/migration.h"
 #include "mig/send/disk_out.h"
 #include "mig/send/fault.h"
+#include "mig/send/xbzrle_cache.h"
 #include "mig/multifd.h"
 #include "mig/wire/proto.h"
 
@@ -28,6 +29,28 @@
  * Without an answer by then the migration fails and the guest stays paused
  * here: the destination may be running it. */
 #define SENDER_CONFIRM_S 60
+
+/* xbzrle (send_xbzrle.c): from the end of the bulk pass until a switch
+ * to post-copy, every page of the main stream goes in XBZRLE records,
+ * as a delta against the cache's copy, whole, or as zero. */
+struct sender_xbzrle {
+	bool on;                    /* capability xbzrle: the cache is set up */
+	bool stopped;               /* post-copy: pages go in PAGES and ZERO again */
+	uint64_t cache_size;        /* xbzrle-cache-size when the migration began */
+	struct xbzrle_cache cache;
+	uint8_t *snap;              /* the page as read for this send: what is sent
+				     * and what the cache keeps */
+	uint8_t *rec;               /* the record being built */
+	size_t len;                 /* its entries' bytes */
+	unsigned n;                 /* its entries */
+	int block;
+	uint64_t saved;             /* what its deltas and the unchanged pages save
+				     * (sender__moved, once out) */
+	/* QEMU's counters: deltas sent and their bytes (entry heads included),
+	 * pages not in the cache, deltas too long to send; and kmig's: pages
+	 * unchanged since their copy (nothing sent), pages looked at */
+	uint64_t pages, bytes, misses, overflows, unchanged, looked;
+};
 
 struct sender {
 	struct migration *m;
@@ -96,6 +119,7 @@ struct sender {
 	struct disk_out disk;
 	uint64_t disk_data, disk_zero;  /* chunks sent as DATA, as ZERO */
 	uint64_t disk_bytes;            /* bytes of DISK records */
+	struct sender_xbzrle xb;
 };
 
 /* sender__pass's answer when migrate-start-postcopy came during it (every
@@ -174,6 +198,22 @@ int sender__disk_sum(struct sender *s) KMIG_MUST_CHECK;
 /* Bytes still to send, and bytes the guest wrote since the last pass. */
 uint64_t sender__disk_pending(const struct sender *s);
 uint64_t sender__disk_dirty(const struct sender *s);
+
+/* send_xbzrle.c.  init: the cache and buffers when the capability is on
+ * (err set on a failure); active: whether pages go through page now;
+ * page: queues one page of block b at off (the record goes out when
+ * full, or at flush); flush: the record out; stop: post-copy switched;
+ * stats: the counters into st (under the migration's lock). */
+int sender__xbzrle_init(struct sender *s) KMIG_MUST_CHECK;
+void sender__xbzrle_free(struct sender *s);
+static inline bool sender__xbzrle_active(const struct sender *s)
+{
+	return s->xb.on && s->bulk_done && !s->xb.stopped;
+}
+int sender__xbzrle_page(struct sender *s, int b, uint64_t off, uint64_t page,
+			const uint8_t *host) KMIG_MUST_CHECK;
+int sender__xbzrle_flush(struct sender *s) KMIG_MUST_CHECK;
+void sender__xbzrle_stats(const struct sender *s, struct mig_stats *st);
 
 /* send.c: the disk at the switchover, after the last state: drained,
  * flushed and its write lock given up for the destination to take

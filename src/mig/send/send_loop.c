@@ -36,9 +36,11 @@ void sender__update_stats(struct sender *s)
 	uint64_t active = now > s->active_start_ms ? now - s->active_start_ms : 0;
 	if (active) {
 		st->mbps = (double)st->transferred * 8.0 / 1e6 / ((double)active / 1000.0);
-		st->pages_per_second = (s->zero_pages + s->normal_pages) * 1000 / active;
+		st->pages_per_second = (s->zero_pages + s->normal_pages + s->xb.pages) * 1000 /
+					active;
 	}
 	st->throttle_pct = atomic_load(&m->vm->throttle_pct);
+	sender__xbzrle_stats(s, st);
 	if (s->disk_on) {
 		st->disk_transferred = s->disk_bytes;
 		st->disk_remaining = sender__disk_pending(s);
@@ -539,6 +541,8 @@ void *migration__send_thread(void *arg)
 	if (!rc)
 		rc = sender__init_fault(s);
 	if (!rc)
+		rc = sender__xbzrle_init(s);
+	if (!rc)
 		rc = sender__setup(s, m->out_uri);
 	if (!rc) {
 		pthread_mutex_lock(&m->lock);
@@ -575,6 +579,7 @@ void *migration__send_thread(void *arg)
 	bitmap__free(&s->unsent);
 	mig_fault__free(&s->fault);
 	proto_codec__free(&s->codec);
+	sender__xbzrle_free(s);
 out:
 	free(s);
 	return NULL;

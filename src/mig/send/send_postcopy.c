@@ -495,6 +495,7 @@ static int pc__switch(struct sender *s)
 	uint64_t t0, bytes0 = sender__bytes(s);
 	int rc = sender__stop_guest(s, false, &t0);
 	s->comp = (struct mig_comp){ PROTO_COMP_NONE, 0 }; /* a page asked for goes as it is */
+	s->xb.stopped = true;   /* the destination places whole pages from now on */
 	/* multifd: every channel's pages are in before the discards, and
 	 * nothing more goes on the channels (QEMU too sends post-copy's pages
 	 * on the main stream); the destination closes them at POSTCOPY */

@@ -30,6 +30,7 @@ const char *proto__type_name(uint32_t type)
 	case PROTO_RP_BITMAP: return "RP_BITMAP";
 	case PROTO_DISK:    return "DISK";
 	case PROTO_PREEMPT: return "PREEMPT";
+	case PROTO_XBZRLE:  return "XBZRLE";
 	default:            return "unknown";
 	}
 }

@@ -59,6 +59,8 @@ enum proto_type {
 	PROTO_PREEMPT = 13,     /* postcopy-preempt: session, u32 multifd channels that
 				 * follow; announces / opens the channel of the pages
 				 * the destination asks for */
+	PROTO_XBZRLE  = 14,     /* xbzrle: pages as deltas against the destination's
+				 * copies (mig/wire/xbzrle.h) */
 	PROTO_RP_OK   = 0x101,
 	PROTO_RP_FAIL = 0x102,
 	PROTO_RP_PING = 0x103,
