@@ -14,8 +14,8 @@ they never wait behind the background push in the main stream's buffers.
   finishes; x-verify and the guest's own check pass.  (Negative control:
   with the destination's wait taken out, this test fails.)
 - test_preempt_recover: post-copy with the channel pauses (migrate-pause
-  at the destination), recovers on one new link without it, completes
-  with x-verify.
+  at the destination), recovers on a new link that reopens the channel
+  (both sides open it twice), completes with x-verify.
 - test_cli_preempt: kmig migrate --postcopy after-pass --preempt sets the
   capability on both sides (--dest-qmp) and completes; --preempt alone is
   refused.
@@ -178,8 +178,10 @@ def test_preempt_recover(d, vms, check):
                  "query-migrate %r; src %s; dst %s" % (r, dump(src), dump(dst))):
         return
     dst_completed(check, dst)
-    check("one_channel", src.output().count("postcopy-preempt channel open") == 1,
-          src.output()[-600:])
+    # the channel again on the recovery's link, on both sides
+    check("reopened", src.output().count("postcopy-preempt channel open") == 2 and
+          dst.output().count("postcopy-preempt channel open") == 2,
+          "%s / %s" % (src.output()[-600:], dst.output()[-600:]))
     check_verified(check, dst)
     check_dst_runs(check, src, dst)
 

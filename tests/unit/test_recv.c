@@ -922,6 +922,30 @@ static void t_preempt(struct t *t)
 		mig_recv__free(&r);
 		free(f.mem);
 	}
+	/* a resumed post-copy of a migration that had the channel: one
+	 * PREEMPT, with no multifd channels, reopens it; not a second, not
+	 * one naming channels, not without the expectation */
+	for (int k = 0; k < 3; k++) {
+		pc__setup(&r, &f, &h, true);
+		r.ops.on_preempt = pc_preempt;
+		r.ops.on_postcopy_end = pc_end_hook;
+		h.place_ret = -ETIMEDOUT;       /* END finds the channel's link lost */
+		T_CHECK_EQ(t, feed(&r, buf, proto__encode_empty(buf, sizeof(buf), PROTO_POSTCOPY)), 0);
+		T_CHECK_EQ(t, feed(&r, buf, proto__encode_end(buf, sizeof(buf), NULL)), -ETIMEDOUT);
+		T_CHECK_EQ(t, mig_recv__resume(&r), 0);
+		if (k != 2)
+			mig_recv__expect_preempt(&r);
+		h.discards = 0;
+		int rc = feed(&r, buf, proto__encode_preempt(buf, sizeof(buf), SESSION, k == 1 ? 2 : 0));
+		T_CHECK_EQ(t, rc, k == 0 ? 0 : -EPROTO);
+		T_CHECK_EQ(t, h.discards, k == 0 ? 1 : 0);
+		if (k == 0)     /* once only */
+			T_CHECK_EQ(t, feed(&r, buf, proto__encode_preempt(buf, sizeof(buf), SESSION, 0)),
+				   -EPROTO);
+		T_CHECK(t, k != 1 || strstr(mig_recv__error(&r), "names multifd channels"));
+		mig_recv__free(&r);
+		free(f.mem);
+	}
 	/* the channel: pages and zeros placed at once, no START; an END
 	 * without checksum ends it; nothing else is taken */
 	fake__init(&f, 9);

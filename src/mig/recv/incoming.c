@@ -132,9 +132,23 @@ static int incoming__on_channels(void *ctx, uint32_t count,
 static int incoming__place_page(void *ctx, uint32_t block, uint64_t offset, const void *data);
 static int incoming__place_zero(void *ctx, uint32_t block, uint64_t offset);
 
-/* The main stream announced the postcopy-preempt channel: accept it.  As
- * for the multifd channels, a connection that is not it is dropped and
- * counted, and the listener waits on. */
+/* A recovery's channel that did not open: the new link is lost as a
+ * broken one would be (post-copy pauses again, and a new recovery
+ * brings both), instead of failing a migration whose guest runs here. */
+static int incoming__reopen_failed(struct incoming *in, const char *err)
+{
+	log_warn("incoming migration: the postcopy-preempt channel did not reopen: %s", err);
+	mig_stream__fail(&in->stream, -ENOLINK, "the postcopy-preempt channel did not reopen: "
+			 "%.200s", err);
+	shutdown(in->stream.fd, SHUT_RD);
+	incoming__close_listener(in);
+	return 0;
+}
+
+/* The main stream announced the postcopy-preempt channel (at setup, or
+ * again on a recovery's new link): accept it.  As for the multifd
+ * channels, a connection that is not it is dropped and counted, and the
+ * listener waits on. */
 static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_LEN],
 				uint32_t channels)
 {
@@ -142,9 +156,10 @@ static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_L
 	struct migration *m = in->m;
 	char err[256] = "";
 	unsigned strays = 0;
-	if (atomic_load(&in->preempt_on) || !in->listening)
+	bool reopen = mig_recv__state(&in->recv) == MIG_RECV_POSTCOPY;
+	if (in->preempt.active || !in->listening)
 		return mig_recv__fail(&in->recv, -EPROTO, "PREEMPT, but %s",
-				      atomic_load(&in->preempt_on) ? "the channel is open already" :
+				      in->preempt.active ? "the channel is open already" :
 				      "this side has no listener for its connection");
 	struct mig_recv_ops ops = { .place_page = incoming__place_page,
 				    .place_zero = incoming__place_zero, .ctx = in };
@@ -152,6 +167,8 @@ static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_L
 		int rc = mig_listener__accept(&in->listener, &in->preempt.stream,
 					      time__now_ms() + INCOMING_CHANNEL_WAIT_MS, err,
 					      sizeof(err));
+		if (rc && reopen)
+			return incoming__reopen_failed(in, err);
 		if (rc)
 			return mig_recv__fail(&in->recv, rc, "the postcopy-preempt channel did not "
 					      "connect: %s", err);
@@ -162,12 +179,15 @@ static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_L
 			migration__stray(m, "postcopy-preempt channel", err);
 			continue;
 		}
+		if (rc && reopen)
+			return incoming__reopen_failed(in, err);
 		if (rc)
 			return mig_recv__fail(&in->recv, rc, "%s", err);
 		break;
 	}
 	atomic_store(&in->preempt_on, true);
-	in->preempt_channels = channels;
+	if (!reopen)
+		in->preempt_channels = channels;
 	if (!channels)          /* else the multifd channels come next */
 		incoming__close_listener(in);
 	log_info("incoming migration: postcopy-preempt channel open");
@@ -703,8 +723,8 @@ static int incoming__check_resume(struct incoming *in, char *err, size_t errlen)
 	return rc;
 }
 
-/* Closes the link (post-copy state stays as it is); the preempt channel
- * goes for good (a recovery carries everything on its one link). */
+/* Closes the link (post-copy state stays as it is) and the preempt
+ * channel (a recovery reopens it). */
 static void incoming__drop_link(struct incoming *in)
 {
 	preempt_in__close(&in->preempt);
@@ -728,8 +748,13 @@ static int incoming__reconnect(struct incoming *in, char *err, size_t errlen)
 	snprintf(uri, sizeof(uri), "%s", m->in_uri);
 	m->error[0] = 0;
 	pthread_mutex_unlock(&m->lock);
+	/* a migration that had the preempt channel gets it again: the
+	 * listener stays for its connection, which follows PREEMPT */
+	bool preempt = atomic_load(&in->preempt_on);
+	preempt_in__rearm(&in->preempt);
 	int rc = incoming__accept(in, uri, PROTO_RESUME, MIG_POSTCOPY_RECOVER);
-	incoming__close_listener(in);
+	if (rc || !preempt)
+		incoming__close_listener(in);
 	if (rc) {
 		pthread_mutex_lock(&m->lock);
 		snprintf(err, errlen, "%s", m->error);
@@ -741,9 +766,12 @@ static int incoming__reconnect(struct incoming *in, char *err, size_t errlen)
 	if (!rc && (rc = mig_recv__resume(&in->recv)))
 		snprintf(err, errlen, "the receiver cannot resume");
 	if (rc) {
+		incoming__close_listener(in);
 		incoming__drop_link(in);
 		return rc;
 	}
+	if (preempt)
+		mig_recv__expect_preempt(&in->recv);
 	pthread_mutex_lock(&m->lock);
 	m->error[0] = 0;
 	pthread_mutex_unlock(&m->lock);

@@ -51,7 +51,7 @@ static void *preempt__thread(void *arg)
 	pthread_setname_np(pthread_self(), "pc-preempt");
 	for (;;) {
 		int rc = mig_recv__step(&p->recv, &p->stream);
-		atomic_store(&p->pages, mig_recv__stats(&p->recv)->postcopy_pages);
+		atomic_store(&p->pages, p->pages_before + mig_recv__stats(&p->recv)->postcopy_pages);
 		if (!rc && mig_recv__state(&p->recv) != MIG_RECV_DONE)
 			continue;
 		preempt__stopped(p, rc);
@@ -115,6 +115,7 @@ int preempt_in__add(struct preempt_in *p, const struct tls_config *tls, const ch
 	}
 	struct mig_recv_ops pops = { .place_page = ops->place_page,
 				     .place_zero = ops->place_zero, .ctx = ops->ctx };
+	p->pages_before = atomic_load(&p->pages);
 	int rc = mig_recv__init_preempt(&p->recv, ram, &pops);
 	if (!rc && pthread_create(&p->thread, NULL, preempt__thread, p))
 		rc = -EAGAIN;
@@ -147,6 +148,15 @@ int preempt_in__wait_end(struct preempt_in *p, int timeout_ms, char *err, size_t
 		snprintf(err, errlen, "the postcopy-preempt channel: %s", p->error);
 	pthread_mutex_unlock(&p->lock);
 	return out;
+}
+
+void preempt_in__rearm(struct preempt_in *p)
+{
+	pthread_mutex_lock(&p->lock);
+	p->cancelled = p->closing = p->ended = p->failed = p->link = false;
+	p->err = 0;
+	p->error[0] = 0;
+	pthread_mutex_unlock(&p->lock);
 }
 
 void preempt_in__cancel(struct preempt_in *p)

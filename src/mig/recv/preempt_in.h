@@ -15,8 +15,9 @@
  * reading is shut down: a broken link there (-ENOLINK) pauses post-copy
  * as a lost main link would, and before the switch fails the migration
  * with the main connection still able to carry RP_FAIL; anything else (a
- * bad record, a page it cannot place) fails it with -EPROTO.  A recovery goes on
- * without it: the source sends the pages asked for on the new link.
+ * bad record, a page it cannot place) fails it with -EPROTO.  A pause
+ * closes it; the recovery's new link reopens it (preempt_in__rearm, then
+ * add again once the resumed stream's PREEMPT comes).
  *
  * Threads: add, wait_end and close are the incoming thread's; cancel and
  * pages any thread's. */
@@ -49,7 +50,8 @@ struct preempt_in {
 	int err;
 	char error[256];             /* under lock, with failed: what happened */
 	pthread_t thread;
-	atomic_ullong pages;         /* placed from this channel */
+	atomic_ullong pages;         /* placed from this channel, all its connections */
+	uint64_t pages_before;       /* of those, by the connections before this one */
 };
 
 void preempt_in__init(struct preempt_in *p, struct mig_stream *main);
@@ -70,6 +72,9 @@ int preempt_in__add(struct preempt_in *p, const struct tls_config *tls, const ch
  * pause or cancel), err set. */
 int preempt_in__wait_end(struct preempt_in *p, int timeout_ms, char *err, size_t errlen)
 	KMIG_MUST_CHECK;
+/* After a pause closed it: ready for the recovery's connection (the
+ * pause's cancel forgotten; a cancel from now on counts). */
+void preempt_in__rearm(struct preempt_in *p);
 /* Makes a blocked read or handshake return (cancel, migrate-pause). */
 void preempt_in__cancel(struct preempt_in *p);
 /* Stops the thread and closes the connection (a pause, the end); the

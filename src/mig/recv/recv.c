@@ -451,8 +451,12 @@ static int recv__preempt_rec(struct mig_recv *r, const struct proto_hdr *h, cons
 	const char *why = NULL;
 	if (proto__decode_preempt(p, h->length, session, &channels, &why))
 		return mig_recv__fail(r, -EPROTO, "PREEMPT: %s", why);
-	if (r->channel || r->state != MIG_RECV_RAM)
+	bool reopen = r->state == MIG_RECV_POSTCOPY && r->preempt_due;
+	if (r->channel || (r->state != MIG_RECV_RAM && !reopen))
 		return mig_recv__fail(r, -EPROTO, "unexpected PREEMPT record");
+	if (reopen && channels)
+		return mig_recv__fail(r, -EPROTO, "PREEMPT after a resume names multifd channels");
+	r->preempt_due = false;
 	if (!r->ops.on_preempt)
 		return mig_recv__fail(r, -EPROTO, "PREEMPT record but postcopy-preempt is not "
 				      "enabled here (capability postcopy-preempt)");
@@ -481,7 +485,8 @@ static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const
 	if (r->channel && !recv__channel_allows(r, h->type))
 		return mig_recv__fail(r, -EPROTO, "%s record on a %s channel",
 				      proto__type_name(h->type), r->preempt ? "preempt" : "multifd");
-	if (r->state == MIG_RECV_POSTCOPY && !recv__postcopy_allows(h->type))
+	if (r->state == MIG_RECV_POSTCOPY && !recv__postcopy_allows(h->type) &&
+	    !(h->type == PROTO_PREEMPT && r->preempt_due))
 		return mig_recv__fail(r, -EPROTO, "%s record during post-copy",
 				      proto__type_name(h->type));
 	uint64_t round;
@@ -579,6 +584,7 @@ int mig_recv__resume(struct mig_recv *r)
 		return -EINVAL;
 	r->state = MIG_RECV_POSTCOPY;
 	r->link_lost = false;
+	r->preempt_due = false;
 	r->err = 0;
 	r->errmsg[0] = 0;
 	return 0;

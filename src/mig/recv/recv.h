@@ -120,6 +120,8 @@ struct mig_recv {
 	bool checksum_present, checksum_ok;
 	bool link_lost;         /* FAILED in POSTCOPY because the stream broke */
 	bool pc_verify;         /* POSTCOPY announced END's post-copy checksum */
+	bool preempt_due;       /* resumed post-copy: one PREEMPT may come (the
+				 * channel reopened), announcing no multifd channel */
 	int err;
 	char errmsg[256];
 	uint8_t *payload;       /* record buffer for step(), lazily allocated */
@@ -162,6 +164,13 @@ int mig_recv__fail(struct mig_recv *r, int err, const char *fmt, ...) KMIG_PRINT
  * goes back to POSTCOPY for a new stream; -EINVAL for any other state or
  * failure. */
 int mig_recv__resume(struct mig_recv *r) KMIG_MUST_CHECK;
+/* After mig_recv__resume, on a migration that had the postcopy-preempt
+ * channel: the source reopens it, so one PREEMPT (with no multifd
+ * channels) is accepted in POSTCOPY; mig_recv__resume clears it. */
+static inline void mig_recv__expect_preempt(struct mig_recv *r)
+{
+	r->preempt_due = true;
+}
 /* Whether POSTCOPY announced a checksum at END (for on_postcopy). */
 static inline bool mig_recv__postcopy_verify(const struct mig_recv *r)
 {

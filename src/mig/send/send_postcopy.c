@@ -411,7 +411,7 @@ static void pc__pause(struct sender *s, const char *why)
 		s->bytes_closed += mig_stream__bytes_out(s->stream);
 		mig_stream__close(s->stream);
 	}
-	/* a recovery goes on with one link: the pages asked for go on it */
+	/* the preempt channel too: a recovery reopens it */
 	sender__preempt_close(s);
 	if (migration__advance(m, MIG_POSTCOPY_ACTIVE, MIG_POSTCOPY_PAUSED) ||
 	    migration__advance(m, MIG_POSTCOPY_RECOVER, MIG_POSTCOPY_PAUSED))
@@ -452,6 +452,11 @@ static int pc__reconnect(struct sender *s, char *why, size_t n)
 		return rc;
 	}
 	rc = atomic_load(&m->cancel) ? -ECANCELED : pc__handshake(s);
+	/* the preempt channel again, on the same URI (the destination keeps
+	 * its listener for it); a channel that does not open fails this
+	 * attempt, which pauses again */
+	if (!rc && m->params.cap_postcopy_preempt)
+		rc = sender__preempt_open(s, uri);
 	if (rc)
 		pc__reason(s, why, n);
 	return rc;

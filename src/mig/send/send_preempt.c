@@ -8,10 +8,12 @@
 #include "mig/send/send_impl.h"
 #include "mig/wire/tls.h"
 
-/* PREEMPT (the session, the multifd channels that follow) on st, flushed. */
+/* PREEMPT (the session, the multifd channels that follow: none on a
+ * post-copy recovery's link) on st, flushed. */
 static int preempt__announce(struct sender *s, struct mig_stream *st)
 {
-	uint32_t channels = s->m->params.cap_multifd ? s->m->params.multifd_channels : 0;
+	uint32_t channels = s->m->params.cap_multifd && !s->postcopy_sent ?
+			    s->m->params.multifd_channels : 0;
 	ssize_t n = proto__encode_preempt(s->rec, s->rec_cap, s->session, channels);
 	int rc = n < 0 ? (int)n : mig_stream__write(st, s->rec, (size_t)n);
 	return rc ? rc : mig_stream__flush(st);
