@@ -48,6 +48,7 @@ struct incoming {
 	struct preempt_in preempt;   /* postcopy-preempt's channel */
 	atomic_bool preempt_on;      /* it connected */
 	uint32_t preempt_channels;   /* the multifd channels its PREEMPT announced */
+	uint8_t preempt_session[PROTO_SESSION_LEN]; /* its PREEMPT's: a reopening names it too */
 };
 
 /* migration__cancel_incoming, under m->lock: unblock whatever the incoming
@@ -72,6 +73,8 @@ static void incoming__pause(void *ctx)
 	if (in->connected)
 		mig_stream__shutdown(&in->stream);
 	preempt_in__cancel(&in->preempt);   /* both links, and END's wait for it */
+	if (in->listening)      /* a recovery's wait for the reopened channel */
+		mig_listener__shutdown(&in->listener);
 }
 
 #define INCOMING_CHANNEL_WAIT_MS 10000
@@ -161,6 +164,8 @@ static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_L
 		return mig_recv__fail(&in->recv, -EPROTO, "PREEMPT, but %s",
 				      in->preempt.active ? "the channel is open already" :
 				      "this side has no listener for its connection");
+	if (reopen && !proto__same_session(session, in->preempt_session))
+		return incoming__reopen_failed(in, "its PREEMPT names another session");
 	struct mig_recv_ops ops = { .place_page = incoming__place_page,
 				    .place_zero = incoming__place_zero, .ctx = in };
 	for (;;) {
@@ -175,7 +180,9 @@ static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_L
 		rc = preempt_in__add(&in->preempt, m->tls_in.creds ? &m->tls_in : NULL,
 				     in->mf.peer, session, channels, &in->pr, &ops, err,
 				     sizeof(err));
-		if (rc == -EPROTO && strays++ < INCOMING_CHANNEL_STRAYS) {
+		/* a reopening takes no strays: the source's next try may come
+		 * on this URI, and it needs migrate-recover here first */
+		if (rc == -EPROTO && !reopen && strays++ < INCOMING_CHANNEL_STRAYS) {
 			migration__stray(m, "postcopy-preempt channel", err);
 			continue;
 		}
@@ -186,8 +193,10 @@ static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_L
 		break;
 	}
 	atomic_store(&in->preempt_on, true);
-	if (!reopen)
+	if (!reopen) {
 		in->preempt_channels = channels;
+		memcpy(in->preempt_session, session, PROTO_SESSION_LEN);
+	}
 	if (!channels)          /* else the multifd channels come next */
 		incoming__close_listener(in);
 	log_info("incoming migration: postcopy-preempt channel open");
@@ -676,14 +685,14 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 		return;
 	}
 	const struct mig_recv_stats *st = mig_recv__stats(&in->recv);
-	const struct mig_recv_stats *ps = mig_recv__stats(&in->preempt.recv); /* joined */
 	/* pages with contents: whole, and changed by an XBZRLE delta */
 	uint64_t pages = st->pages + st->xbzrle_pages, zero = st->zero_pages, bytes = st->bytes;
-	uint64_t cp, cz, cb;
+	uint64_t cp, cz, cb, pp, pz, pb;
 	multifd_recv__stats(&in->mf, &cp, &cz, &cb);
-	pages += cp + ps->pages;
-	zero += cz + ps->zero_pages;
-	bytes += cb + ps->bytes;
+	preempt_in__totals(&in->preempt, &pp, &pz, &pb);     /* closed: joined */
+	pages += cp + pp;
+	zero += cz + pz;
+	bytes += cb + pb;
 	pthread_mutex_lock(&m->lock);
 	m->stats.transferred = bytes;
 	m->stats.normal = pages;

@@ -51,7 +51,8 @@ static void *preempt__thread(void *arg)
 	pthread_setname_np(pthread_self(), "pc-preempt");
 	for (;;) {
 		int rc = mig_recv__step(&p->recv, &p->stream);
-		atomic_store(&p->pages, p->pages_before + mig_recv__stats(&p->recv)->postcopy_pages);
+		atomic_store(&p->pages, p->done.postcopy_pages +
+			     mig_recv__stats(&p->recv)->postcopy_pages);
 		if (!rc && mig_recv__state(&p->recv) != MIG_RECV_DONE)
 			continue;
 		preempt__stopped(p, rc);
@@ -115,7 +116,6 @@ int preempt_in__add(struct preempt_in *p, const struct tls_config *tls, const ch
 	}
 	struct mig_recv_ops pops = { .place_page = ops->place_page,
 				     .place_zero = ops->place_zero, .ctx = ops->ctx };
-	p->pages_before = atomic_load(&p->pages);
 	int rc = mig_recv__init_preempt(&p->recv, ram, &pops);
 	if (!rc && pthread_create(&p->thread, NULL, preempt__thread, p))
 		rc = -EAGAIN;
@@ -179,6 +179,12 @@ void preempt_in__close(struct preempt_in *p)
 	pthread_mutex_unlock(&p->lock);
 	if (p->active) {
 		pthread_join(p->thread, NULL);
+		const struct mig_recv_stats *st = mig_recv__stats(&p->recv);
+		p->done.pages += st->pages;
+		p->done.zero_pages += st->zero_pages;
+		p->done.bytes += st->bytes;
+		p->done.records += st->records;
+		p->done.postcopy_pages += st->postcopy_pages;
 		mig_recv__free(&p->recv);
 		p->active = false;
 	}
@@ -188,6 +194,14 @@ void preempt_in__close(struct preempt_in *p)
 		pthread_mutex_unlock(&p->lock);
 		mig_stream__close(&p->stream);
 	}
+}
+
+void preempt_in__totals(const struct preempt_in *p, uint64_t *pages, uint64_t *zero,
+			uint64_t *bytes)
+{
+	*pages = p->done.pages;
+	*zero = p->done.zero_pages;
+	*bytes = p->done.bytes;
 }
 
 void preempt_in__free(struct preempt_in *p)

@@ -51,7 +51,8 @@ struct preempt_in {
 	char error[256];             /* under lock, with failed: what happened */
 	pthread_t thread;
 	atomic_ullong pages;         /* placed from this channel, all its connections */
-	uint64_t pages_before;       /* of those, by the connections before this one */
+	struct mig_recv_stats done;  /* the connections closed (pages, zero_pages,
+				      * bytes, records, postcopy_pages) */
 };
 
 void preempt_in__init(struct preempt_in *p, struct mig_stream *main);
@@ -81,5 +82,9 @@ void preempt_in__cancel(struct preempt_in *p);
  * count of pages stays. */
 void preempt_in__close(struct preempt_in *p);
 void preempt_in__free(struct preempt_in *p);
+/* What every connection of the channel brought, once closed: pages, zero
+ * pages, bytes (records' headers and payloads). */
+void preempt_in__totals(const struct preempt_in *p, uint64_t *pages, uint64_t *zero,
+			uint64_t *bytes);
 
 #endif

@@ -455,8 +455,9 @@ static int pc__reconnect(struct sender *s, char *why, size_t n)
 	/* the preempt channel again, on the same URI (the destination keeps
 	 * its listener for it); a channel that does not open fails this
 	 * attempt, which pauses again */
-	if (!rc && m->params.cap_postcopy_preempt)
-		rc = sender__preempt_open(s, uri);
+	if (!rc && m->params.cap_postcopy_preempt &&
+	    (rc = sender__preempt_open(s, uri)) == -EPROTO)
+		rc = -ENOLINK;  /* a link's trouble (a TLS refusal): pause again */
 	if (rc)
 		pc__reason(s, why, n);
 	return rc;

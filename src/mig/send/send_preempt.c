@@ -51,12 +51,14 @@ int sender__preempt_open(struct sender *s, const char *uri)
 	if (rc)
 		return rc;
 	rc = preempt__connect(s, uri, err, sizeof(err));
-	if (rc && rc != -ECANCELED) {
-		/* a destination that refused PREEMPT says why on the main stream
-		 * (and closes, which may be all this connection sees) */
+	/* at setup a destination that refused PREEMPT says why on the main
+	 * stream (and closes, which may be all this connection sees); a
+	 * recovery's destination pauses again instead, and its requests
+	 * queue on the main stream */
+	if (rc && rc != -ECANCELED && !s->postcopy_sent)
 		sender__check_return_path(s, 500);
+	if (rc && rc != -ECANCELED)
 		migration__set_error(s->m, "the postcopy-preempt channel: %s", err);
-	}
 	if (!rc)
 		log_info("migration: postcopy-preempt channel open");
 	return rc;
