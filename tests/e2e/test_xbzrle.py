@@ -4,10 +4,10 @@ the source's cache keeps of it.
 
 Each migration first holds the switchover off (a downtime limit of 0 ms,
 which only a round with nothing left to send would meet, and these
-guests always write; the verify guests' rounds are held to 20 MB/s, so
-that each is long enough for the guest to run in it) until the source
-has sent deltas and at least three dirty syncs have passed, then allows
-it (30 s): the checks never depend on how fast the machine is.
+guests always write; the rounds are held to 20 MB/s, so that the guest
+runs in them) until the source has sent deltas (for the stress guest
+1024, of its own pages) and at least three dirty syncs have passed, then
+allows it (30 s): the checks do not depend on how fast the machine is.
 
 - test_stress_deltas: the stress guest writes one byte of each page per
   sweep, xbzrle's best case: the deltas are a few bytes each, x-verify
@@ -44,11 +44,13 @@ pytestmark = pytest.mark.kvm
 STRESS = "workload=stress mb=32 report_ms=300"
 VERIFY = "workload=verify mb=%d cpus=%d report_ms=300"
 MISMATCH = "destination failed: END: guest RAM checksum mismatch (pages lost or corrupted)"
-HOLD = {"downtime-limit": 0, "max-bandwidth": 0}
-# the verify guests' rounds held to 20 MB/s: a round long enough that the
-# guest runs in it (an emulated host may not schedule a vCPU for a round of
-# a few ms, which then finds nothing written and ends the migration)
+HOLD = {"downtime-limit": 0}
+# rounds held to 20 MB/s: the sender sleeps, so the guest runs in them (on
+# a loaded emulated host an unlimited sender kept a stress guest from
+# writing for rounds on end, which then found nothing to send and ended
+# the migration with no deltas of its pages)
 LIMIT = 20000000
+STRESS_DELTAS = 1024    # of its 8192 pages: the stress guest's own
 
 
 def pair(d, vms, cmdline, cpus=1, kmig=None, env=None):
@@ -60,10 +62,11 @@ def pair(d, vms, cmdline, cpus=1, kmig=None, env=None):
     return src, dst, uri
 
 
-def hold_until_deltas(q, timeout, release=True, overflow=False):
-    """Waits (the switchover held off) until deltas went out (and, with
-    overflow, a delta too long went whole) and three dirty syncs passed;
-    then (release) allows the switchover.  Returns the last reply."""
+def hold_until_deltas(q, timeout, release=True, overflow=False, pages=1):
+    """Waits (the switchover held off) until that many deltas went out
+    (and, with overflow, a delta too long went whole) and three dirty
+    syncs passed; then (release) allows the switchover.  Returns the last
+    reply."""
     deadline = time.time() + timeout
     r = {}
     while time.time() < deadline:
@@ -71,7 +74,7 @@ def hold_until_deltas(q, timeout, release=True, overflow=False):
         if r.get("status") in kt.MIG_FINAL:
             break
         xb = r.get("xbzrle-cache", {})
-        if (xb.get("pages", 0) > 0 and (not overflow or xb.get("overflow", 0) > 0) and
+        if (xb.get("pages", 0) >= pages and (not overflow or xb.get("overflow", 0) > 0) and
                 r.get("ram", {}).get("dirty-sync-count", 0) >= 3):
             break
         time.sleep(0.1)
@@ -80,10 +83,10 @@ def hold_until_deltas(q, timeout, release=True, overflow=False):
     return r
 
 
-def start(src, dst, uri, caps=None, bandwidth=0):
+def start(src, dst, uri, caps=None):
     q = src.qmp()
     kt.set_caps(q, **dict({"xbzrle": True, "x_verify": True}, **(caps or {})))
-    q.cmd("migrate-set-parameters", **dict(HOLD, **{"max-bandwidth": bandwidth}))
+    q.cmd("migrate-set-parameters", **dict(HOLD, **{"max-bandwidth": LIMIT}))
     kt.wait_incoming(dst)
     q.cmd("migrate", uri=uri)
     return q
@@ -95,7 +98,7 @@ def test_stress_deltas(d, vms, check):
                  is not None, dump(src)):
         return
     q = start(src, dst, uri)
-    mid = hold_until_deltas(q, kt.slow(120))
+    mid = hold_until_deltas(q, kt.slow(120), pages=STRESS_DELTAS)
     r = kt.wait_migration(q, kt.slow(60))
     xb = r.get("xbzrle-cache", {})
     print("# stress_deltas: held %r; xbzrle %r; ram %r" % (mid.get("xbzrle-cache"), xb,
@@ -104,7 +107,7 @@ def test_stress_deltas(d, vms, check):
     check("qemu_fields", set(xb) >= {"cache-size", "bytes", "pages", "cache-miss",
                                      "cache-miss-rate", "encoding-rate", "overflow"}, repr(xb))
     check("cache_size", xb.get("cache-size") == 64 << 20, repr(xb))
-    check("deltas", xb.get("pages", 0) > 0, repr(xb))
+    check("deltas", xb.get("pages", 0) >= STRESS_DELTAS, repr(xb))
     # one byte per page changed: a delta is its 10-byte head and 3 bytes
     check("small_deltas", xb.get("bytes", 1 << 30) <= 16 * max(xb.get("pages", 0), 1), repr(xb))
     check("encoding_rate", xb.get("encoding-rate", 0) > 100, repr(xb))
@@ -119,7 +122,7 @@ def test_verify_guest(d, vms, check):
     src, dst, uri = pair(d, vms, VERIFY % (48, 2), cpus=2)
     if not check("boot", booted(src, 2), dump(src)):
         return
-    q = start(src, dst, uri, bandwidth=LIMIT)
+    q = start(src, dst, uri)
     mid = hold_until_deltas(q, kt.slow(120), overflow=True)
     r = kt.wait_migration(q, kt.slow(60))
     xb = r.get("xbzrle-cache", {})
@@ -139,7 +142,7 @@ def test_postcopy_after_deltas(d, vms, check):
     if not check("boot", booted(src, 1), dump(src)):
         return
     kt.set_caps(dst.qmp(), postcopy_ram=True)
-    q = start(src, dst, uri, {"postcopy_ram": True}, bandwidth=LIMIT)
+    q = start(src, dst, uri, {"postcopy_ram": True})
     mid = hold_until_deltas(q, kt.slow(120), release=False)
     if not check("active_at_the_switch", mid.get("status") == "active", repr(mid)):
         return
@@ -162,7 +165,7 @@ def test_catches(d, vms, check):
                  is not None, dump(src)):
         return
     q = start(src, dst, uri)
-    hold_until_deltas(q, kt.slow(120))
+    hold_until_deltas(q, kt.slow(120), pages=STRESS_DELTAS)
     r = kt.wait_migration(q, kt.slow(60))
     print("# catches: status %r, error-desc %r" % (r.get("status"), r.get("error-desc")))
     check("fault_injected", "fault injected: xbzrle-flip" in src.output(), dump(src))

@@ -61,6 +61,8 @@ static void scribble(uint8_t *p)
 
 struct fixture {
 	struct sender s;
+	struct migration m;         /* its lock and parameters (resize) */
+	struct ram ram;             /* its page count */
 	struct mig_stream out, in;
 	struct mig_recv r;
 	struct proto_ram dram;
@@ -92,6 +94,12 @@ static int fixture__init(struct fixture *f, uint64_t cache_bytes)
 	    mig_recv__step(&f->r, &f->in))
 		return -1;
 	struct sender *s = &f->s;
+	pthread_mutex_init(&f->m.lock, NULL);
+	f->m.params.xbzrle_cache_size = cache_bytes;
+	f->ram.npages = NPAGES;
+	s->m = &f->m;
+	s->ram = &f->ram;
+	s->xb.cache_size = cache_bytes;
 	s->stream = &f->out;
 	s->zero_detect = true;
 	s->bulk_done = true;
@@ -130,7 +138,9 @@ static int round_trip(struct fixture *f, uint64_t k)
 	return 0;
 }
 
-static void run(struct t *t, uint64_t cache_bytes)
+/* resize_at: the round before which xbzrle-cache-size becomes resize_to
+ * (sender__xbzrle_resize, as a pass starts); -1: never. */
+static void run(struct t *t, uint64_t cache_bytes, int resize_at, uint64_t resize_to)
 {
 	struct fixture f;
 	if (fixture__init(&f, cache_bytes)) {
@@ -143,6 +153,24 @@ static void run(struct t *t, uint64_t cache_bytes)
 		f.src[i] = (uint8_t)(i / 7);
 	memcpy(f.dst, f.src, NPAGES * PG);
 	for (int k = 0; k < ROUNDS; k++) {
+		if (k == resize_at) {
+			uint64_t misses = f.s.xb.misses;
+			f.m.params.xbzrle_cache_size = resize_to;
+			sender__xbzrle_resize(&f.s);
+			uint64_t slots = resize_to / PG < 32 ? resize_to / PG : 32;
+			T_CHECK_EQ(t, f.s.xb.cache.slots, slots);  /* as RAM needs, at most */
+			T_CHECK_EQ(t, f.s.xb.cache_size, resize_to);
+			sender__xbzrle_resize(&f.s);        /* unchanged: kept */
+			T_CHECK_EQ(t, f.s.xb.cache.slots, slots);
+			if (round_trip(&f, (uint64_t)k)) {
+				T_CHECK(t, !"round trip");
+				break;
+			}
+			/* emptied: every page not zero went whole (a miss) */
+			T_CHECK(t, f.s.xb.misses > misses);
+			T_CHECK(t, !memcmp(f.src, f.dst, NPAGES * PG));
+			continue;
+		}
 		if (round_trip(&f, (uint64_t)k)) {
 			T_CHECK(t, !"round trip");
 			printf("#   round %d: %s\n", k, mig_recv__error(&f.r));
@@ -165,16 +193,25 @@ static void run(struct t *t, uint64_t cache_bytes)
 	T_CHECK(t, f.s.zero_pages > 0);
 	T_CHECK_EQ(t, mig_recv__stats(&f.r)->xbzrle_pages, x->pages);
 	fixture__free(&f);
+	pthread_mutex_destroy(&f.m.lock);
 }
 
 static void t_small_cache(struct t *t)
 {
-	run(t, 8 * PG);         /* 8 slots for 24 pages: evictions every round */
+	run(t, 8 * PG, -1, 0);  /* 8 slots for 24 pages: evictions every round */
 }
 
 static void t_whole_cache(struct t *t)
 {
-	run(t, 64 << 20);       /* capped at 32 slots: every page keeps its copy */
+	run(t, 64 << 20, -1, 0); /* capped at 32 slots: every page keeps its copy */
+}
+
+/* xbzrle-cache-size changed mid-migration: the next pass starts from an
+ * empty cache of the new size, and the destination stays exact. */
+static void t_resize(struct t *t)
+{
+	run(t, 64 << 20, 10, 16 * PG);
+	run(t, 8 * PG, 10, 64 << 20);
 }
 
 int main(void)
@@ -182,6 +219,7 @@ int main(void)
 	struct t t = {0};
 	T_RUN(&t, t_small_cache);
 	T_RUN(&t, t_whole_cache);
+	T_RUN(&t, t_resize);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);
 }

@@ -230,6 +230,7 @@ int sender__pass(struct sender *s)
 	int drc = sender__disk_pass(s);  /* the disk first (x-block-migration) */
 	if (drc)
 		return drc;
+	sender__xbzrle_resize(s);
 	for (size_t p = bitmap__next_set(todo, 0); p < todo->nbits; p = bitmap__next_set(todo, p + 1)) {
 		bitmap__clear_bit(todo, p);
 		/* the chunk's log is re-protected before its first page is read

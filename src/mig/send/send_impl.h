@@ -205,6 +205,10 @@ uint64_t sender__disk_dirty(const struct sender *s);
  * full, or at flush); flush: the record out; stop: post-copy switched;
  * stats: the counters into st (under the migration's lock). */
 int sender__xbzrle_init(struct sender *s) KMIG_MUST_CHECK;
+/* Before a pass: an xbzrle-cache-size changed since takes effect, the
+ * cache emptied (QEMU too drops it); kept as it is when there is no
+ * memory for the new one (logged). */
+void sender__xbzrle_resize(struct sender *s);
 void sender__xbzrle_free(struct sender *s);
 static inline bool sender__xbzrle_active(const struct sender *s)
 {

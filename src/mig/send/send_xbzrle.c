@@ -44,6 +44,33 @@ int sender__xbzrle_init(struct sender *s)
 	return 0;
 }
 
+void sender__xbzrle_resize(struct sender *s)
+{
+	struct sender_xbzrle *x = &s->xb;
+	if (!x->on || x->stopped)
+		return;
+	pthread_mutex_lock(&s->m->lock);
+	uint64_t size = s->m->params.xbzrle_cache_size;
+	pthread_mutex_unlock(&s->m->lock);
+	if (size == x->cache_size)
+		return;
+	/* an empty cache of the new size: its pages go whole once more */
+	struct xbzrle_cache c;
+	int rc = xbzrle_cache__init(&c, size, s->ram->npages);
+	if (rc) {
+		log_warn("migration: xbzrle keeps its cache of %llu bytes: none of %llu: %s",
+			 (unsigned long long)x->cache_size, (unsigned long long)size,
+			 strerror(-rc));
+		return;
+	}
+	xbzrle_cache__free(&x->cache);
+	x->cache = c;
+	log_info("migration: xbzrle cache resized from %llu to %llu bytes (%llu pages)",
+		 (unsigned long long)x->cache_size, (unsigned long long)size,
+		 (unsigned long long)c.slots);
+	x->cache_size = size;
+}
+
 void sender__xbzrle_free(struct sender *s)
 {
 	xbzrle_cache__free(&s->xb.cache);
