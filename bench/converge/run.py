@@ -651,7 +651,8 @@ def tables(summary, heads, info, a, cfg):
         rows = [s for s in summary if s["stress_mib"] == size]
         rows.sort(key=lambda s: (s["vmm"] != "kmig", s["dirty_ring"],
                                  (["step", "computed", "dirty-limit", "ac", "vcpu-limit",
-                                   "postcopy", "postcopy-preempt", "postcopy-start", "hybrid"]
+                                   "postcopy", "postcopy-preempt", "postcopy-start", "hybrid",
+                                   "xbzrle"]
                                   + list(SEED_OFF))
                                  .index(s["policy"])))
         qb = next((s for s in rows if s["config"] == qbest[size].get("qemu_best")), None)
