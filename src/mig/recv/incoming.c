@@ -762,7 +762,7 @@ static int incoming__reconnect(struct incoming *in, char *err, size_t errlen)
 	bool preempt = atomic_load(&in->preempt_on);
 	preempt_in__rearm(&in->preempt);
 	int rc = incoming__accept(in, uri, PROTO_RESUME, MIG_POSTCOPY_RECOVER);
-	if (rc || !preempt)
+	if (!preempt)   /* else closed once the channel is in, or on a failure below */
 		incoming__close_listener(in);
 	if (rc) {
 		pthread_mutex_lock(&m->lock);

@@ -23,7 +23,7 @@
  * at most 2 x THROTTLE_MAX_STALL_NS, and its run slice) */
 #define SWITCHOVER_SLEEP_WAIT_NS (4 * THROTTLE_MAX_STALL_NS + 5 * THROTTLE_TIMESLICE_NS)
 
-static bool sender__page_is_zero(const uint8_t *p)
+bool sender__page_is_zero(const uint8_t *p)
 {
 	const uint64_t *w = (const uint64_t *)p;
 	for (unsigned i = 0; i < RAM_PAGE_SIZE / 8; i += 4)

@@ -163,6 +163,8 @@ bool sender__postcopy_due(struct sender *s);
 /* After each dirty__sync into m->todo: pages about to be sent leave unsent. */
 void sender__synced(struct sender *s);
 int sender__flush(struct sender *s);
+/* Whether the page (RAM_PAGE_SIZE bytes, 8-byte aligned) is all zero. */
+bool sender__page_is_zero(const uint8_t *p);
 /* Queues one page (a ZERO offset or PAGES data) in the pending batches. */
 int sender__send_page(struct sender *s, uint64_t page);
 int sender__switchover(struct sender *s);

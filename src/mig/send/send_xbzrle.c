@@ -98,15 +98,6 @@ int sender__xbzrle_flush(struct sender *s)
 	return rc;
 }
 
-static bool xb__zero(const uint8_t *p)
-{
-	const uint64_t *w = (const uint64_t *)p;
-	for (unsigned i = 0; i < RAM_PAGE_SIZE / 8; i++)
-		if (w[i])
-			return false;
-	return true;
-}
-
 /* The entry of x->snap at e (room for a whole page is there): its length
  * (0 for nothing to send), and the cache updated to what it brings. */
 static long xb__entry(struct sender *s, uint64_t page, uint8_t *e)
@@ -114,7 +105,8 @@ static long xb__entry(struct sender *s, uint64_t page, uint8_t *e)
 	struct sender_xbzrle *x = &s->xb;
 	uint8_t *copy = xbzrle_cache__find(&x->cache, page);
 	ssize_t d = -ENOSPC;
-	if (s->zero_detect && xb__zero(x->snap) && !(copy && xb__zero(copy))) {
+	if (s->zero_detect && sender__page_is_zero(x->snap) &&
+	    !(copy && sender__page_is_zero(copy))) {
 		if (copy)
 			memset(copy, 0, RAM_PAGE_SIZE);
 		s->zero_pages++;
@@ -132,7 +124,9 @@ static long xb__entry(struct sender *s, uint64_t page, uint8_t *e)
 	if (d > 0) {
 		x->pages++;
 		x->bytes += XBZRLE_ENTRY_HEAD + (uint64_t)d;
-		x->saved += RAM_PAGE_SIZE - XBZRLE_ENTRY_HEAD - (uint64_t)d;
+		/* a delta of 4087 bytes or more saves nothing */
+		uint64_t cost = XBZRLE_ENTRY_HEAD + (uint64_t)d;
+		x->saved += cost < RAM_PAGE_SIZE ? RAM_PAGE_SIZE - cost : 0;
 		if (mig_fault__xbzrle_flip(&s->fault, s->paused))
 			e[XBZRLE_ENTRY_HEAD + d - 1] ^= 0xff;
 	} else {
