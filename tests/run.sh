@@ -154,7 +154,8 @@ run_host_part() {
 # built with ASan + UBSan (make SAN=1 all): a sanitizer report fails the test.
 SAN_E2E="tests/e2e/test_migrate.py tests/e2e/test_multifd.py tests/e2e/test_migrate_fail.py
 	tests/e2e/test_hostile.py tests/e2e/test_tls.py tests/e2e/test_postcopy.py
-	tests/e2e/test_save_restore.py tests/e2e/test_postcopy_preempt.py tests/e2e/test_xbzrle.py"
+	tests/e2e/test_save_restore.py tests/e2e/test_postcopy_preempt.py tests/e2e/test_xbzrle.py
+	tests/e2e/test_background_snapshot.py"
 # Under emulation ASan's slowdown on top of TCG's made that cut take ten
 # minutes, and post-copy's alone seven; there it keeps the one-VMM
 # migrations, failures and post-copy's verified migrations (multifd, TLS,
@@ -162,7 +163,8 @@ SAN_E2E="tests/e2e/test_migrate.py tests/e2e/test_multifd.py tests/e2e/test_migr
 SAN_E2E_EMULATED="tests/e2e/test_migrate.py tests/e2e/test_migrate_fail.py
 	tests/e2e/test_postcopy.py::test_verify tests/e2e/test_save_restore.py
 	tests/e2e/test_postcopy_preempt.py::test_preempt tests/e2e/test_xbzrle.py::test_stress_deltas
-	tests/e2e/test_xbzrle.py::test_verify_guest"
+	tests/e2e/test_xbzrle.py::test_verify_guest
+	tests/e2e/test_background_snapshot.py::test_snapshot_restore"
 # Cancel, failure and hostile-peer tests with kmig built with
 # ThreadSanitizer (make TSAN=1 all): a data race reported fails the test.
 # TSan slows kmig's page loops tenfold and more, so the cut leaves out the

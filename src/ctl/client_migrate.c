@@ -1,6 +1,7 @@
 /* `kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS] [--tls-creds ID]
  *  [--auto-converge step|computed|off] [--dirty-limit MB/s] [--postcopy auto|after-pass|off]
- *  [--preempt] [--dest-qmp unix:PATH] [--disk] [--xbzrle MIB] [--verify] [--json]`: drives a
+ *  [--preempt] [--dest-qmp unix:PATH] [--disk] [--xbzrle MIB] [--background-snapshot]
+ *  [--verify] [--json]`: drives a
  * migration through the source's QMP socket (and, for post-copy, sets the destination's
  * capability through its own) and shows its progress.  With --resume a
  * paused post-copy goes on over a new link to URI (migrate-recover at the
@@ -43,6 +44,7 @@ struct migrate_opts {
 	bool by_default;             /* the policy is kmig migrate's choice */
 	uint64_t multifd;            /* channels; 0 = off */
 	uint64_t xbzrle_mib;         /* --xbzrle: the cache in MiB; 0 = off */
+	bool snapshot;               /* --background-snapshot */
 };
 
 static void migrate__usage(FILE *f)
@@ -73,6 +75,8 @@ static void migrate__usage(FILE *f)
 		"  --tls-creds ID [--tls-hostname NAME]  TLS with the source's --object ID\n"
 		"  --disk                        carry the disk image in the stream, for a\n"
 		"                                destination with an image of its own (x-block-migration)\n"
+		"  --background-snapshot         save the VM as it is now while it runs on\n"
+		"                                (file:, exec:; no convergence policy needed)\n"
 		"  --verify                      check every page at the destination (x-verify)\n"
 		"  --json                        the final statistics as JSON\n");
 }
@@ -90,6 +94,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "resume", no_argument, 0, 'r' }, { "help", no_argument, 0, 'h' },
 		{ "disk", no_argument, 0, 'B' }, { "preempt", no_argument, 0, 'P' },
 		{ "xbzrle", required_argument, 0, 'x' },
+		{ "background-snapshot", no_argument, 0, 'S' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -148,6 +153,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		case 'r': o->resume = true; break;
 		case 'B': o->disk = true; break;
 		case 'P': o->preempt = true; break;
+		case 'S': o->snapshot = true; break;
 		case 'x':
 			if (units__parse_u64(optarg, 1, 1ull << 20, &o->xbzrle_mib) ||
 			    (o->xbzrle_mib & (o->xbzrle_mib - 1)))
@@ -179,6 +185,11 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		die("--xbzrle with --multifd: multifd is not compatible with xbzrle (leave one out)");
 	if (o->dirty_limit && (o->policy || o->policy_off))
 		die("--dirty-limit with --auto-converge: give one of them");
+	if (o->snapshot && (o->postcopy != PC_OFF || o->multifd || o->xbzrle_mib || o->disk ||
+			    o->dirty_limit || o->policy || o->resume))
+		die("--background-snapshot takes none of --postcopy, --multifd, --xbzrle, --disk, "
+		    "--dirty-limit, --auto-converge, --resume (it sends each page once, as it was "
+		    "when it began)");
 	if (o->resume && !o->dest_qmp)
 		die("--resume needs --dest-qmp unix:PATH (the destination listens on URI first)");
 	o->uri = argv[optind];
@@ -212,7 +223,8 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 	json_decref(r);
 	/* pause-before-switchover off: this client never sends migrate-continue */
 	json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},"
-				 "{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b}]}", "capabilities",
+				 "{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b}]}",
+				 "capabilities",
 				 "capability", "auto-converge", "state", o->policy != NULL,
 				 "capability", "x-verify", "state", o->verify,
 				 "capability", "dirty-limit", "state", o->dirty_limit != 0,
@@ -222,7 +234,8 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 				 "capability", "x-postcopy-auto", "state", o->postcopy == PC_AUTO,
 				 "capability", "postcopy-preempt", "state", o->preempt,
 				 "capability", "x-block-migration", "state", o->disk,
-				 "capability", "xbzrle", "state", o->xbzrle_mib != 0);
+				 "capability", "xbzrle", "state", o->xbzrle_mib != 0,
+				 "capability", "background-snapshot", "state", o->snapshot);
 	r = qmp_client__call(c, "migrate-set-capabilities", caps, err, n);
 	if (!r)
 		return -1;
@@ -245,7 +258,8 @@ static json_int_t jint(json_t *o, const char *k)
 static int migrate__default_policy(struct qmp_client *c, struct migrate_opts *o, char *err,
 				   size_t n)
 {
-	if (o->resume || o->policy || o->policy_off || o->dirty_limit || o->postcopy != PC_OFF)
+	if (o->resume || o->policy || o->policy_off || o->dirty_limit || o->postcopy != PC_OFF ||
+	    o->snapshot)
 		return 0;
 	o->by_default = true;
 	/* a VMM that cannot say (not kmig's) gets the throttle, which needs no ring */
@@ -284,7 +298,7 @@ static const char *migrate__policy_name(const struct migrate_opts *o)
 
 static void migrate__print_policy(const struct migrate_opts *o, FILE *f)
 {
-	if (o->postcopy != PC_OFF && !o->policy && !o->dirty_limit)
+	if ((o->postcopy != PC_OFF && !o->policy && !o->dirty_limit) || o->snapshot)
 		return;
 	if (o->dirty_limit)
 		fprintf(f, "policy: dirty-limit %llu MB/s per vCPU", (unsigned long long)o->dirty_limit);
@@ -308,7 +322,8 @@ static void migrate__hint(const struct migrate_opts *o, json_t *q, bool *hinted)
 	if (!strncmp(o->uri, "file:", 5) || !strncmp(o->uri, "exec:", 5)) {
 		/* no return path: post-copy cannot help a save */
 		fprintf(stderr, "\nkmig migrate: the save is in round %lld and has not ended; "
-			"a guest stopped first (QMP stop) is saved in one pass\n",
+			"a guest stopped first (QMP stop) is saved in one pass, and "
+			"--background-snapshot saves it in one pass while it runs\n",
 			jint(json_object_get(q, "ram"), "dirty-sync-count"));
 		return;
 	}
@@ -407,6 +422,11 @@ static void migrate__summary(json_t *q)
 		       "%lld overflows, %lld pages unchanged\n", jint(xb, "pages"),
 		       jint(xb, "bytes") >> 10, jint(xb, "cache-miss"), jint(xb, "overflow"),
 		       jint(xb, "x-unchanged"));
+	json_t *bg = json_object_get(q, "x-background-snapshot");
+	if (bg)
+		printf("background snapshot: the guest ran on; %lld of its writes waited for their "
+		       "page, %lld pages sent ahead of the scan for them\n", jint(bg, "write-faults"),
+		       jint(bg, "pages-ahead"));
 	json_t *sw = json_object_get(q, "x-postcopy-switch");
 	if (jint(ram, "postcopy-bytes"))
 		printf("post-copy: %lld MiB after the switch, %lld pages asked for by the destination\n",

@@ -17,17 +17,44 @@ int64_t balloon__page_of(const struct balloon *b, uint64_t gpa)
 }
 
 /* Drops [gpa, gpa + len) (page aligned, inside one block) from the host
- * and records the change (it now reads as zero). */
+ * and records the change (it now reads as zero; while discards are held
+ * it stays as it was). */
 void balloon__discard(struct balloon *b, uint64_t gpa, uint64_t len)
 {
 	uint8_t *h = ram__gpa_to_host(b->ram, gpa, len);
 	if (!h || !len)
 		return;
-	if (madvise(h, len, MADV_DONTNEED))
+	if (!atomic_load(&b->hold_discards) && madvise(h, len, MADV_DONTNEED))
 		log_warn("balloon: madvise(DONTNEED) of 0x%llx+0x%llx failed",
 			 (unsigned long long)gpa, (unsigned long long)len);
 	if (b->mem.mark)
 		b->mem.mark(b->mem.mark_ctx, gpa, len);
+}
+
+/* Frames ballooned now, discarded from the host (again, for most). */
+static void balloon__discard_ballooned(struct balloon *b)
+{
+	const struct bitmap *m = &b->ballooned;
+	for (size_t p = bitmap__next_set(m, 0); p < m->nbits;) {
+		size_t end = p + 1;
+		while (end < m->nbits && bitmap__test(m, end))
+			end++;
+		if (madvise(b->ram->base + p * RAM_PAGE_SIZE, (end - p) * RAM_PAGE_SIZE,
+			    MADV_DONTNEED))
+			log_warn("balloon: madvise(DONTNEED) after a hold failed");
+		p = bitmap__next_set(m, end);
+	}
+}
+
+void balloon__hold_discards(struct balloon *b, bool hold)
+{
+	if (!b)
+		return;
+	pthread_mutex_lock(&b->vp.lock);
+	atomic_store(&b->hold_discards, hold);
+	if (!hold)
+		balloon__discard_ballooned(b);
+	pthread_mutex_unlock(&b->vp.lock);
 }
 
 /* Accumulates contiguous frames so one madvise covers a run. */

@@ -138,6 +138,13 @@ void balloon__hint_stop(struct balloon *b);
 /* Command id DONE: the driver takes its pages back; the hinted bitmap is
  * cleared.  No-op unless a hint round is active or stopped. */
 void balloon__hint_done(struct balloon *b);
+/* While held, frames the guest gives up (inflate, free page reporting)
+ * are recorded as usual but stay in host memory, holding what they held:
+ * a background snapshot's write protection does not see a discard, so
+ * a page it has not read yet must not lose its data that way.  The end
+ * of a hold discards every frame ballooned then; frames free page
+ * reporting gave meanwhile stay until the guest reports them again. */
+void balloon__hold_discards(struct balloon *b, bool hold);
 /* The current command id (tests). */
 uint32_t balloon__hint_cmd_id(struct balloon *b);
 

@@ -10,6 +10,7 @@
 #define KMIG_DEV_BALLOON_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "dev/balloon.h"
 
@@ -17,6 +18,7 @@ struct balloon {
 	struct virtio_pci vp;          /* vp.lock is the device lock */
 	struct ram *ram;
 	struct virtio_mem mem;
+	atomic_bool hold_discards;     /* balloon__hold_discards */
 	/* configuration space; num_pages and actual are atomics (QMP's) */
 	uint32_t num_pages, actual, cmd_id, poison_val;
 	/* free page hinting */

@@ -202,6 +202,28 @@ bool migration__fd_is_socket(int fd)
 	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
+const char *migration__snapshot_conflict(const struct mig_params *p)
+{
+	const struct { bool on; const char *name; } with[] = {
+		{ p->cap_postcopy_ram, "postcopy-ram" },
+		{ p->cap_postcopy_preempt, "postcopy-preempt" },
+		{ p->cap_postcopy_auto, "x-postcopy-auto" },
+		{ p->cap_postcopy_blocktime, "postcopy-blocktime" },
+		{ p->cap_multifd, "multifd" },
+		{ p->cap_xbzrle, "xbzrle" },
+		{ p->cap_auto_converge, "auto-converge" },
+		{ p->cap_dirty_limit, "dirty-limit" },
+		{ p->cap_pause_before_switchover, "pause-before-switchover" },
+		{ p->cap_block_migration, "x-block-migration" },
+	};
+	if (!p->cap_background_snapshot)
+		return NULL;
+	for (size_t i = 0; i < sizeof(with) / sizeof(with[0]); i++)
+		if (with[i].on)
+			return with[i].name;
+	return NULL;
+}
+
 /* Source, exec:/file:/fd: URIs: what a stream without a connection
  * cannot do is refused before anything starts; an fd: descriptor is
  * taken (into m->out_fd) once the rest is known good. */
@@ -220,6 +242,13 @@ static int migration__take_local(struct migration *m, const struct mig_uri *u,
 		fd = migration__fd(m, u->arg, err, errlen);
 		if (fd < 0)
 			return fd;
+	}
+	if (fd >= 0 && p->cap_background_snapshot && migration__fd_is_socket(fd)) {
+		migration__drop_fd(&fd);
+		snprintf(err, errlen, "background-snapshot writes a snapshot: use a file:, exec: or "
+			 "fd: URI of a file or pipe, not a socket to a destination that would run "
+			 "the guest beside this one");
+		return -EINVAL;
 	}
 	if (fd < 0 || !migration__fd_is_socket(fd)) {
 		const char *no = p->cap_postcopy_ram ? "postcopy-ram" : p->tls_creds[0] ?
@@ -260,6 +289,12 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 	pthread_mutex_lock(&m->lock);
 	struct mig_params p = m->params;
 	pthread_mutex_unlock(&m->lock);
+	if (p.cap_background_snapshot && mig_uri__is_socket(&u)) {
+		snprintf(err, errlen, "background-snapshot writes a snapshot: use a file:, exec: or "
+			 "fd: URI, not a connection to a destination that would run the guest "
+			 "beside this one");
+		return -EINVAL;
+	}
 	migration__join(m);
 	int rc = mig_uri__is_socket(&u) ? 0 : migration__take_local(m, &u, &p, err, errlen);
 	if (!rc)
@@ -495,6 +530,10 @@ json_t *migration__query(struct migration *m)
 				"x-dirtied-chunks", (json_int_t)st.disk_dirtied));
 		if (st.xbzrle)
 			json_object_set_new(r, "xbzrle-cache", migration__xbzrle_json(&st));
+		if (st.snapshot)
+			json_object_set_new(r, "x-background-snapshot", json_pack("{s:I, s:I}",
+				"write-faults", (json_int_t)st.snapshot_faults,
+				"pages-ahead", (json_int_t)st.snapshot_ahead));
 		if (st.postcopy_faults)
 			json_object_set_new(r, "x-postcopy", json_pack("{s:I, s:I, s:I, s:I, s:I}",
 				"faults", (json_int_t)st.postcopy_faults,
@@ -533,6 +572,7 @@ json_t *migration__query(struct migration *m)
 	 * ends, whatever the outcome) */
 	json_object_set_new(r, "x-dirty-tracking",
 			    json_boolean(m->vm->dirty && dirty__active(m->vm->dirty)));
+	json_object_set_new(r, "x-write-protect", json_boolean(atomic_load(&m->write_protect)));
 	json_object_set_new(r, "x-cpu-throttle-now",
 			    json_integer(atomic_load(&m->vm->throttle_pct)));
 	if (m->strays)   /* the incoming side: who else knocked, and why it was dropped */

@@ -68,6 +68,8 @@ struct mig_params {
 	bool cap_postcopy_preempt;   /* postcopy-preempt: pages asked for on a channel of their own */
 	bool cap_block_migration;    /* x-block-migration: the disk image in the stream */
 	bool cap_xbzrle;             /* xbzrle: pages the destination holds go as deltas */
+	bool cap_background_snapshot; /* background-snapshot: RAM as it was when the
+				       * migration began, the guest running on */
 	uint64_t xbzrle_cache_size;  /* xbzrle-cache-size: bytes, a power of two */
 	unsigned multifd_channels;   /* multifd-channels */
 	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */
@@ -146,6 +148,11 @@ struct mig_stats {
 	bool xbzrle;
 	uint64_t xbzrle_cache_size, xbzrle_pages, xbzrle_bytes, xbzrle_misses;
 	uint64_t xbzrle_overflow, xbzrle_unchanged, xbzrle_looked;
+	/* background-snapshot (query-migrate's "x-background-snapshot"):
+	 * guest writes that waited for their page, pages sent ahead of the
+	 * scan for them */
+	bool snapshot;
+	uint64_t snapshot_faults, snapshot_ahead;
 };
 
 struct migration {
@@ -174,6 +181,7 @@ struct migration {
 	pthread_cond_t cont_cond;    /* with lock: migrate-continue or a cancel came */
 	bool cont;                   /* under lock: migrate-continue came */
 	atomic_bool postcopy_start;  /* migrate-start-postcopy came */
+	atomic_bool write_protect;   /* background-snapshot holds guest RAM write-protected */
 	bool resume;                 /* under lock: migrate resume=true came (to resume_uri) */
 	char resume_uri[256];
 	/* incoming */
@@ -215,6 +223,9 @@ bool migration__fd_is_socket(int fd);
 /* Closes *fd if open; *fd = -1. */
 void migration__drop_fd(int *fd);
 
+/* With background-snapshot on: the first capability on that it does not
+ * go with (QEMU's name where QEMU has it), or NULL. */
+const char *migration__snapshot_conflict(const struct mig_params *p);
 /* Starts an outgoing migration to uri in the background. */
 int migration__start(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
 /* Requests cancellation (setup, active, pre-switchover or device, until the destination's

@@ -410,6 +410,7 @@ static const struct cap_desc caps[] = {
 	{ "postcopy-preempt", offsetof(struct mig_params, cap_postcopy_preempt) },
 	{ "x-block-migration", offsetof(struct mig_params, cap_block_migration) },
 	{ "xbzrle", offsetof(struct mig_params, cap_xbzrle) },
+	{ "background-snapshot", offsetof(struct mig_params, cap_background_snapshot) },
 };
 #define NCAPS (sizeof(caps) / sizeof(caps[0]))
 
@@ -472,6 +473,12 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 	}
 	if (p.cap_multifd && p.cap_xbzrle) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Multifd is not compatible with xbzrle");
+		return NULL;
+	}
+	const char *bg = migration__snapshot_conflict(&p);
+	if (bg) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Background-snapshot is not compatible "
+			       "with %s", bg);
 		return NULL;
 	}
 	if (p.cap_postcopy_auto && !p.cap_postcopy_ram) {

@@ -45,4 +45,13 @@ struct t {
 
 #define T_DONE(t) ((t)->failed ? 1 : 0)
 
+/* xorshift64: the same numbers every run, from any non-zero *state. */
+static inline unsigned t_xorshift(unsigned long long *state)
+{
+	*state ^= *state << 13;
+	*state ^= *state >> 7;
+	*state ^= *state << 17;
+	return (unsigned)*state;
+}
+
 #endif

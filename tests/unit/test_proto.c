@@ -358,6 +358,14 @@ static void t_small_records(struct t *t)
 	T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
 	T_CHECK_EQ(t, proto__decode_end(b + 16, h.length, h.flags, got, &has, &why), 0);
 	T_CHECK(t, !has);
+	/* END with the page sum (background-snapshot); the flag alone is bad */
+	n = proto__encode_end_sum(b, sizeof(b), hash);
+	T_CHECK_EQ(t, n, 48);
+	T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
+	T_CHECK_EQ(t, h.flags, PROTO_F_HAS_CHECKSUM | PROTO_F_PAGE_SUM);
+	T_CHECK_EQ(t, proto__decode_end(b + 16, h.length, h.flags, got, &has, &why), 0);
+	T_CHECK(t, has && memcmp(got, hash, 32) == 0);
+	T_CHECK_EQ(t, proto__decode_end(b + 16, 0, PROTO_F_PAGE_SUM, got, &has, &why), -EPROTO);
 	/* ERROR, RP_FAIL, RP_OK */
 	struct proto_error e;
 	n = proto__encode_error(b, sizeof(b), 5, "disk on fire");

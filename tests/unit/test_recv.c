@@ -494,6 +494,16 @@ static void t_reject_hooks_and_checksum(struct t *t)
 	neg__expect(t, &x, proto__encode_end(x.buf, sizeof(x.buf), hash), -EBADMSG, "checksum");
 	T_CHECK(t, mig_recv__checksum_present(&x.r) && !mig_recv__checksum_ok(&x.r));
 	neg__done(&x);
+	/* END with the page sum: right, then one bit off */
+	neg__setup(&x, true);
+	proto__ram_page_sum(&x.f.ram, hash);
+	T_CHECK_EQ(t, feed(&x.r, x.buf, proto__encode_end_sum(x.buf, sizeof(x.buf), hash)), 0);
+	T_CHECK(t, mig_recv__checksum_present(&x.r) && mig_recv__checksum_ok(&x.r));
+	neg__done(&x);
+	neg__setup(&x, true);
+	hash[0] ^= 1;
+	neg__expect(t, &x, proto__encode_end_sum(x.buf, sizeof(x.buf), hash), -EBADMSG, "checksum");
+	neg__done(&x);
 	/* END without checksum: done, but not "ok" */
 	neg__setup(&x, true);
 	T_CHECK_EQ(t, feed(&x.r, x.buf, proto__encode_end(x.buf, sizeof(x.buf), NULL)), 0);

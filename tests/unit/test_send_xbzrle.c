@@ -18,13 +18,10 @@
 #define NPAGES 24
 #define ROUNDS 40
 
-static uint64_t rng = 0x2545f4914f6cdd1dull;
+static unsigned long long rng = 0x2545f4914f6cdd1dull;
 static uint32_t rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)rng;
+	return t_xorshift(&rng);
 }
 
 static int no_state(void *c, uint32_t id, uint32_t v, uint32_t i, const void *d, size_t n)

@@ -13,13 +13,10 @@
 #define PG PROTO_PAGE_SIZE
 #define NPAGES 8
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void)
 {
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return (uint32_t)rng_state;
+	return t_xorshift(&rng_state);
 }
 
 /* cur = old with about `changes` bytes rewritten at random places. */

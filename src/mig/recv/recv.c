@@ -373,6 +373,9 @@ static int recv__end(struct mig_recv *r, const struct proto_hdr *h, const void *
 			return rc;
 		}
 	}
+	if (r->state == MIG_RECV_POSTCOPY && (h->flags & PROTO_F_PAGE_SUM))
+		return mig_recv__fail(r, -EPROTO, "END: a background snapshot's page sum after "
+				      "post-copy");
 	if (r->state == MIG_RECV_POSTCOPY && has != r->pc_verify)
 		return mig_recv__fail(r, -EPROTO, has ? "END: a RAM checksum POSTCOPY did not announce"
 						      : "END without the checksum POSTCOPY announced");
@@ -383,7 +386,12 @@ static int recv__end(struct mig_recv *r, const struct proto_hdr *h, const void *
 			return mig_recv__fail(r, -EBADMSG, "END: guest RAM checksum mismatch after "
 					      "post-copy (pages lost or corrupted)");
 	} else if (has) {
-		proto__ram_hash(r->ram, ours);
+		/* a background snapshot's pages were read out of order: it
+		 * sums them, each as it went */
+		if (h->flags & PROTO_F_PAGE_SUM)
+			proto__ram_page_sum(r->ram, ours);
+		else
+			proto__ram_hash(r->ram, ours);
 		r->checksum_ok = memcmp(ours, theirs, PROTO_HASH_LEN) == 0;
 		if (!r->checksum_ok)
 			return mig_recv__fail(r, -EBADMSG,

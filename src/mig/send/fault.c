@@ -94,6 +94,10 @@ int mig_fault__init(struct mig_fault *f, const char *spec, const struct ram *ram
 		f->kind = MIG_FAULT_XBZRLE_FLIP;
 		return 0;
 	}
+	if (!strcmp(spec, "snapshot-unprotected")) {
+		f->kind = MIG_FAULT_SNAPSHOT_UNPROTECTED;
+		return 0;
+	}
 	if (!strcmp(spec, "skip-disk-chunk") || !strcmp(spec, "skip-disk-chunk@bulk")) {
 		f->kind = MIG_FAULT_SKIP_DISK;
 		f->disk_bulk = spec[15] == '@';
@@ -125,7 +129,7 @@ int mig_fault__init(struct mig_fault *f, const char *spec, const struct ram *ram
 	}
 	snprintf(err, errlen, "KMIG_FAULT: unknown fault \"%s\" (skip-page, stale-page, "
 		 "flip-byte, drop-state=NAME, no-device-marks, skip-disk-chunk[@bulk], "
-		 "preempt-late, xbzrle-flip)", spec);
+		 "preempt-late, xbzrle-flip, snapshot-unprotected)", spec);
 	return -EINVAL;
 }
 
@@ -242,11 +246,22 @@ bool mig_fault__xbzrle_flip(struct mig_fault *f, bool final)
 	return true;
 }
 
+bool mig_fault__snapshot_unprotected(struct mig_fault *f)
+{
+	if (f->kind != MIG_FAULT_SNAPSHOT_UNPROTECTED)
+		return false;
+	if (!f->fired)
+		log_warn("fault injected: snapshot-unprotected: guest RAM is released from "
+			 "write protection at once");
+	f->fired = true;
+	return true;
+}
+
 void mig_fault__report(const struct mig_fault *f)
 {
 	static const char *names[] = { "", "skip-page", "stale-page", "flip-byte", "drop-state",
 				       "no-device-marks", "skip-disk-chunk", "preempt-late",
-				       "xbzrle-flip" };
+				       "xbzrle-flip", "snapshot-unprotected" };
 	if (f->kind != MIG_FAULT_NONE && !f->fired)
 		log_warn("fault not injected: %s found nothing to act on", names[f->kind]);
 }

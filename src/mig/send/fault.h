@@ -40,6 +40,11 @@
  *                       first page it sends as a delta with the delta's
  *                       last byte (one it writes) flipped; the source's
  *                       cache keeps the right copy
+ *   snapshot-unprotected  background-snapshot: all of RAM is released
+ *                       from write protection as soon as it is protected,
+ *                       so each page goes as it is when the scan reads it
+ *                       (a dump read while the guest runs), not as it was
+ *                       when the snapshot began
  * LO and HI are hexadecimal (0x...) or decimal; no range means all RAM.
  * Each fault fires once per migration and says so on stderr
  * ("kmig: fault injected: ...").  The stale and flipped copies travel as
@@ -66,6 +71,7 @@ enum mig_fault_kind {
 	MIG_FAULT_SKIP_DISK,
 	MIG_FAULT_PREEMPT_LATE,
 	MIG_FAULT_XBZRLE_FLIP,
+	MIG_FAULT_SNAPSHOT_UNPROTECTED,
 };
 
 #define MIG_FAULT_SAVED 1024       /* stale-page: pages remembered (direct mapped) */
@@ -115,7 +121,14 @@ bool mig_fault__preempt_late(struct mig_fault *f, bool any);
 /* xbzrle-flip: whether to flip the last byte of this delta (final: the
  * guest is stopped). */
 bool mig_fault__xbzrle_flip(struct mig_fault *f, bool final);
+/* snapshot-unprotected: whether to lift all protection at once. */
+bool mig_fault__snapshot_unprotected(struct mig_fault *f);
 #else
+static inline bool mig_fault__snapshot_unprotected(struct mig_fault *f)
+{
+	(void)f;
+	return false;
+}
 static inline bool mig_fault__xbzrle_flip(struct mig_fault *f, bool final)
 {
 	(void)f; (void)final;

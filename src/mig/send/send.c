@@ -320,14 +320,15 @@ static int sender__await_destination(struct sender *s)
 /* A one-way stream (exec:, file:, a pipe's or file's fd:) has nobody to
  * answer: the end is confirmed once the bytes are out, a file's on its
  * disk and exec:'s command exited with status 0. */
-static int sender__finish_one_way(struct sender *s)
+int sender__finish_one_way(struct sender *s)
 {
 	char err[256];
 	int rc = mig_stream__finish_local(s->stream, SENDER_CONFIRM_S * 1000, &s->m->cancel, err,
 					  sizeof(err));
-	if (rc) {
-		migration__set_error(s->m, "the stream's end is not confirmed (%s); the guest "
-				     "stays paused here", err);
+	if (rc) {   /* a snapshot hands the guest to no one: it runs on */
+		migration__set_error(s->m, "the stream's end is not confirmed (%s)%s", err,
+				     s->m->params.cap_background_snapshot ? "" :
+				     "; the guest stays paused here");
 		return rc;
 	}
 	pthread_mutex_lock(&s->m->lock);

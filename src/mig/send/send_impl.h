@@ -168,6 +168,13 @@ bool sender__page_is_zero(const uint8_t *p);
 /* Queues one page (a ZERO offset or PAGES data) in the pending batches. */
 int sender__send_page(struct sender *s, uint64_t page);
 int sender__switchover(struct sender *s);
+/* A one-way stream's end (exec:, file:, fd: of a pipe or file): confirmed
+ * once its bytes are out, a file's on its disk, exec:'s command exited 0. */
+int sender__finish_one_way(struct sender *s);
+/* background-snapshot instead of the passes and the switchover
+ * (send_snapshot.c): RAM and devices as they were at the start, the
+ * guest running on. */
+int sender__snapshot(struct sender *s);
 int sender__check_return_path(struct sender *s, int timeout_ms);
 /* A pass's look around: -ECANCELED for a cancel, -EPROTO when the
  * destination refused (sender__check_return_path), else fresh statistics

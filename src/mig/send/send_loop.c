@@ -169,7 +169,7 @@ static int sender__setup(struct sender *s, const char *uri)
 		rc = sender__open_channels(s, uri, pr);
 	if (!rc)
 		rc = sender__disk_setup(s);
-	if (rc)
+	if (rc || m->params.cap_background_snapshot)    /* it tracks writes its own way */
 		return rc;
 	rc = dirty__start(m->vm->dirty);
 	if (rc) {
@@ -440,6 +440,10 @@ static void sender__cleanup(struct sender *s, int rc)
 	s->tracking = false;
 	if (m->stream_open)
 		sender__update_stats(s);
+	if (!rc && m->params.cap_background_snapshot) {
+		migration__set_status(m, MIG_COMPLETED);  /* the guest runs on */
+		return;
+	}
 	if (!rc) {
 		vm__set_status(vm, VM_STATUS_POSTMIGRATE);
 		if (vm->net)    /* frames that came for the guest after it stopped here */
@@ -499,6 +503,18 @@ static void sender__cleanup(struct sender *s, int rc)
 	migration__set_status(m, MIG_FAILED);
 }
 
+/* After the setup: the passes, then the switchover or post-copy; or
+ * the background snapshot. */
+static int sender__run(struct sender *s)
+{
+	if (s->m->params.cap_background_snapshot)
+		return sender__snapshot(s);
+	int rc = sender__iterate(s);
+	if (rc == SENDER_POSTCOPY)
+		return sender__postcopy(s);
+	return rc ? rc : sender__switchover(s);
+}
+
 /* KMIG_FAULT (test builds only; fault.h). */
 static int sender__init_fault(struct sender *s)
 {
@@ -550,12 +566,8 @@ void *migration__send_thread(void *arg)
 		pthread_mutex_unlock(&m->lock);
 		s->active_start_ms = time__now_ms();
 		migration__set_status(m, MIG_ACTIVE);
-		rc = sender__iterate(s);
+		rc = sender__run(s);
 	}
-	if (rc == SENDER_POSTCOPY)
-		rc = sender__postcopy(s);
-	else if (!rc)
-		rc = sender__switchover(s);
 	if (rc && atomic_load(&m->cancel))
 		rc = -ECANCELED;
 	sender__cleanup(s, rc);

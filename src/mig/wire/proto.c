@@ -52,7 +52,7 @@ static uint32_t proto__allowed_flags(uint32_t type)
 {
 	switch (type) {
 	case PROTO_PAGES: return PROTO_F_COMPRESSED_ANY;
-	case PROTO_END:   return PROTO_F_HAS_CHECKSUM;
+	case PROTO_END:   return PROTO_F_HAS_CHECKSUM | PROTO_F_PAGE_SUM;
 	case PROTO_POSTCOPY: return PROTO_F_HAS_CHECKSUM;
 	case PROTO_DISK:  return PROTO_F_HAS_CHECKSUM;
 	default:          return 0;
@@ -381,6 +381,16 @@ ssize_t proto__encode_end(void *buf, size_t cap, const uint8_t *hash)
 	return proto__rec_size(len);
 }
 
+ssize_t proto__encode_end_sum(void *buf, size_t cap, const uint8_t *sum)
+{
+	uint8_t *p = proto__begin(buf, cap, PROTO_END, PROTO_F_HAS_CHECKSUM | PROTO_F_PAGE_SUM,
+				  PROTO_HASH_LEN);
+	if (!p)
+		return -ENOSPC;
+	memcpy(p, sum, PROTO_HASH_LEN);
+	return proto__rec_size(PROTO_HASH_LEN);
+}
+
 ssize_t proto__encode_rp_ok(void *buf, size_t cap)
 {
 	return proto__begin(buf, cap, PROTO_RP_OK, 0, 0) ? (ssize_t)PROTO_HDR_SIZE : -ENOSPC;
@@ -606,6 +616,8 @@ int proto__decode_end(const void *p, size_t len, uint32_t flags, uint8_t *hash,
 		      bool *has_hash, const char **why)
 {
 	*has_hash = flags & PROTO_F_HAS_CHECKSUM;
+	if ((flags & PROTO_F_PAGE_SUM) && !*has_hash)
+		return proto__bad(why, "END with PAGE_SUM but no checksum");
 	if (len != (*has_hash ? PROTO_HASH_LEN : 0))
 		return proto__bad(why, "END length does not match its checksum flag");
 	if (*has_hash)

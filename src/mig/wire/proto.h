@@ -75,6 +75,8 @@ enum proto_type {
 #define PROTO_F_COMPRESSED_LZ4   (1u << 1)   /* PAGES */
 #define PROTO_F_HAS_CHECKSUM     (1u << 2)   /* END, POSTCOPY, DISK INFO */
 #define PROTO_F_COMPRESSED_ZLIB  (1u << 3)   /* PAGES */
+#define PROTO_F_PAGE_SUM         (1u << 4)   /* END with HAS_CHECKSUM: the checksum is
+					      * the page sum (background-snapshot) */
 #define PROTO_F_COMPRESSED_ANY   (PROTO_F_COMPRESSED_ZSTD | PROTO_F_COMPRESSED_LZ4 | \
 				  PROTO_F_COMPRESSED_ZLIB)
 
@@ -193,6 +195,8 @@ ssize_t proto__encode_preempt(void *buf, size_t cap, const uint8_t session[PROTO
 			      uint32_t channels) KMIG_MUST_CHECK;
 /* hash may be NULL: END without checksum. */
 ssize_t proto__encode_end(void *buf, size_t cap, const uint8_t *hash) KMIG_MUST_CHECK;
+/* END whose checksum is the page sum of all RAM (flag PAGE_SUM). */
+ssize_t proto__encode_end_sum(void *buf, size_t cap, const uint8_t *sum) KMIG_MUST_CHECK;
 /* msg is truncated to PROTO_MAX_MSG bytes. */
 ssize_t proto__encode_error(void *buf, size_t cap, uint32_t code, const char *msg) KMIG_MUST_CHECK;
 ssize_t proto__encode_rp_ok(void *buf, size_t cap) KMIG_MUST_CHECK;
