@@ -328,6 +328,37 @@ static void break_ring(struct drv *d, enum bad_case c)
 	vdrv__kick(&d->v, q);
 }
 
+/* While discards are held (a background snapshot), an inflated frame is
+ * marked but keeps its data; the end of the hold discards it, and a frame
+ * deflated meanwhile is left as it is. */
+static void t_hold_discards(struct t *t)
+{
+	struct drv d;
+	drv_init(&d);
+	T_CHECK_EQ(t, drv_start(&d, ALL_FEATURES), 0x0f);
+	uint64_t pfns_at = 0x200000;
+	uint32_t pfns[2] = { 0x400, 0x401 };
+	memcpy(vdrv__host(&d.v, pfns_at), pfns, sizeof(pfns));
+	memset(vdrv__host(&d.v, 0x400000), 0xab, 2 * 4096);
+	balloon__hold_discards(d.b, true);
+	struct vdrv_seg s = { pfns_at, sizeof(pfns), false };
+	vdrv__add_chain(&d.v, BALLOON_VQ_INFLATE, &s, 1);
+	vdrv__kick(&d.v, BALLOON_VQ_INFLATE);
+	T_CHECK_EQ(t, vdrv__used_idx(&d.v, BALLOON_VQ_INFLATE), 1);
+	T_CHECK_EQ(t, balloon__skip(d.b, 0x400), BALLOON_SKIP_BALLOONED);
+	T_CHECK_EQ(t, vdrv__host(&d.v, 0x400000)[0], 0xab);       /* held: kept */
+	T_CHECK_EQ(t, vdrv__host(&d.v, 0x401000)[0], 0xab);
+	uint32_t one = 0x401;
+	memcpy(vdrv__host(&d.v, pfns_at), &one, 4);
+	s.len = 4;
+	vdrv__add_chain(&d.v, BALLOON_VQ_DEFLATE, &s, 1);
+	vdrv__kick(&d.v, BALLOON_VQ_DEFLATE);
+	balloon__hold_discards(d.b, false);
+	T_CHECK_EQ(t, vdrv__host(&d.v, 0x400000)[0], 0);          /* ballooned: discarded */
+	T_CHECK_EQ(t, vdrv__host(&d.v, 0x401000)[0], 0xab);       /* the guest's again */
+	drv_fini(&d);
+}
+
 static void t_malformed(struct t *t)
 {
 	for (int c = 0; c < BAD_NCASES; c++) {
@@ -759,6 +790,7 @@ int main(void)
 	T_RUN(&t, t_bar_move);
 	T_RUN(&t, t_features);
 	T_RUN(&t, t_inflate_deflate);
+	T_RUN(&t, t_hold_discards);
 	T_RUN(&t, t_malformed);
 	T_RUN(&t, t_hints);
 	T_RUN(&t, t_reporting);
