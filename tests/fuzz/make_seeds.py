@@ -67,8 +67,10 @@ def xbzrle(block, entries):
     return rec(14, p)
 
 
-def end(checksum=None):
-    return rec(6, checksum or b"", 1 if checksum else 0)
+def end(checksum=None, page_sum=False):
+    """END; with a checksum flag HAS_CHECKSUM (4), and PAGE_SUM (16): a
+    background snapshot's page sum."""
+    return rec(6, checksum or b"", (4 if checksum else 0) | (16 if page_sum else 0))
 
 
 def recv_seeds():
@@ -77,6 +79,7 @@ def recv_seeds():
         "main_full": b"\0" + start() + body + sync(1) + pages(1, [PG], 0x42) + end(),
         "main_channels": b"\0" + start() + channel(0, 2) + body + sync(1) + end(),
         "main_checksum": b"\0" + start() + body + end(bytes(32)),
+        "main_page_sum": b"\0" + start() + body + end(bytes(32), page_sum=True),
         "channel": b"\1" + pages(0, [2 * PG], 0x33) + zero(0, [3 * PG]) + sync(1) + sync(2),
         "main_zlib": b"\0" + start() + pages_zlib(0, [0, 3 * PG], 0x21) + sync(1) + end(),
         "error": b"\0" + start() + rec(7, struct.pack("<I", 125) + b"cancelled"),
