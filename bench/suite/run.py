@@ -123,7 +123,9 @@ def catalogue(reps, seed_reps):
             ("dirty", ["bench/dirty/run.py"], 10),
             ("cost", ["bench/cost/run.py"], 25),
             ("net-blackout", ["bench/net-blackout/run.py", "--reps", r], 30),
-            ("disk", ["bench/disk/run.py"], 30)]
+            ("disk", ["bench/disk/run.py"], 30),
+            # saving a busy guest: background-snapshot, stopped, live
+            ("snapshot", ["bench/snapshot/run.py", "--restore", "--cap", "60"], 20)]
     for name, argv, est in lone:
         tail = [] if "--reps" in argv else ["--reps", r]
         cells.append(suite.Cell(name, [PY] + argv + tail + ["--out", "{out}"],
