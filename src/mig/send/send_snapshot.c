@@ -112,8 +112,9 @@ static int snap__page(struct sender *s, struct snap *sn, uint64_t p)
 	return sender__send_page(s, p);
 }
 
-/* The writes that wait: each page sent at once (out of order, past the
- * rate limit's wait: a vCPU waits for it) and released. */
+/* The writes that wait: each page queued out of order and flushed past
+ * the rate limit's wait (a vCPU waits for it; the bytes are charged all
+ * the same), then released: once in the stream's buffer it is copied. */
 static int snap__faults(struct sender *s, struct snap *sn)
 {
 	uint64_t p;
@@ -137,7 +138,8 @@ static int snap__faults(struct sender *s, struct snap *sn)
 
 /* Pages [first, first + n) not sent yet, then their release; the writes
  * that wait are taken every SNAP_FAULT_EVERY pages, each batch flushed
- * first, so a write waits at most about that many pages' sending. */
+ * first.  A write then waits for those pages and, where the stream's
+ * buffer fills meanwhile, for that buffer (256 KiB) to go at the rate. */
 static int snap__chunk(struct sender *s, struct snap *sn, uint64_t first, uint64_t n)
 {
 	int rc = 0;
