@@ -11,7 +11,8 @@ every 50 ms) is saved into a file on this host, in one of three modes:
   unreachable for the whole save);
 - `live`: a live save (pre-copy into the file, no convergence policy): ends
   only if the guest's rewrites fit in the downtime limit at the file's
-  speed; cancelled after --cap seconds ("did not converge").
+  speed; any save still running after --cap seconds is cancelled ("not
+  done at cap").
 kmig writes to `file:PATH`; QEMU 7.2, which has no `file:` URI, to
 `exec:cat > PATH`.  Both at the same max-bandwidth (--bandwidth, bytes/s; 0 =
 unlimited, QEMU then 100 GB/s).  Recorded per run: status, total-time,
@@ -76,7 +77,7 @@ def drive(src, q, vmm, mode, path, a):
         time.sleep(0.02)
     if r.get("status") not in kt.MIG_FINAL:
         q.cmd("migrate_cancel")
-        r = dict(r, status="did not converge")
+        r = dict(r, status="not done at cap")
     if mode == "stopped" or (r.get("status") == "completed" and mode == "live"):
         q.cmd("cont")       # a save leaves the source stopped, as in QEMU
     return r, t0, time.monotonic()
@@ -92,6 +93,11 @@ def restore(env, vmm, cl, a, d, path):
             dst.poll_lines()
             if any(l.startswith("stress cpu=0") for _, l in dst.seen):
                 return True
+            # a guest saved stopped is restored stopped (both VMMs)
+            q = dst.qmp()
+            if q.cmd("query-migrate").get("status") == "completed" and \
+                    q.cmd("query-status").get("status") == "paused":
+                q.cmd("cont")
             time.sleep(0.1)
         return False
     finally:
