@@ -12,6 +12,8 @@ by a new kmig.
   snapshot-unprotected lifts the write protection as soon as it is set, so
   the file holds each page as the scan found it, from instants seconds
   apart: the restored guest must find that (`verify BAD`, or it fails).
+- test_disk_busy: the same while the guest reads and writes its disk:
+  the disk workers' writes into guest RAM wait as the vCPU's do.
 - test_ends: a cancel, and an exec: command that fails, in the middle of
   a snapshot: the guest is released from write protection and goes on.
 - test_refusals: the capabilities it does not go with, and a URI that
@@ -24,6 +26,7 @@ import time
 
 import pytest
 
+import blkguest
 import kmigtest as kt
 
 pytestmark = pytest.mark.kvm
@@ -150,6 +153,26 @@ def test_catches(d, vms, check):
             status(dst) in ("guest-panicked", "internal-error", "shutdown")
     print("# catches: %s" % (" / ".join(bad_lines(dst)[:3]) or "the guest failed"))
     check("guest_finds_it", bad_lines(dst) != [] or failed, dump(dst))
+
+
+def test_disk_busy(d, vms, check):
+    """A guest that reads and rewrites its disk all the while (blkguest's
+    workload beside verify): kmig's disk workers write the blocks they
+    read, and the used ring, into guest RAM, and those writes wait on the
+    protection as the vCPU's do.  The snapshot completes and the disk
+    goes on, no request failed.  (The disk is not in a snapshot, so no
+    restore here: the image has moved on from the instant.)"""
+    img = blkguest.image(d)
+    src = blkguest.start(d, vms, check, "src", img)
+    if not src:
+        return
+    r, _ = snapshot(check, src, os.path.join(d, "vm.snap"))
+    check("writes_waited", r.get("x-background-snapshot", {}).get("write-faults", 0) > 0,
+          repr(r))
+    check("disk_goes_on", blkguest.goes_on(src, kt.slow(60)), dump(src))
+    check("no_bad", not blkguest.bad_lines(src), " / ".join(blkguest.bad_lines(src)[:5]))
+    b = (src.qmp().cmd("query-block") or [{}])[0]
+    check("io_ok", b.get("io-status") == "ok" and status(src) == "running", repr(b))
 
 
 @pytest.mark.parametrize("how", ["cancel", "exec-fails"])
