@@ -327,7 +327,7 @@ int sender__finish_one_way(struct sender *s)
 					  sizeof(err));
 	if (rc) {   /* a snapshot hands the guest to no one: it runs on */
 		migration__set_error(s->m, "the stream's end is not confirmed (%s)%s", err,
-				     s->m->params.cap_background_snapshot ? "" :
+				     s->snapshot ? "" :
 				     "; the guest stays paused here");
 		return rc;
 	}

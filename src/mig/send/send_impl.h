@@ -59,6 +59,8 @@ struct sender {
 	uint8_t *rec;               /* record buffer */
 	size_t rec_cap;
 	bool zero_detect;
+	bool snapshot;              /* background-snapshot (read under the lock at the start:
+				     * migrate-set-parameters rewrites all of m->params) */
 	struct mig_comp comp;        /* of the main stream's PAGES records (mig/comp.h) */
 	struct mig_comp chan_comp;   /* of the multifd channels' */
 	struct proto_codec codec;

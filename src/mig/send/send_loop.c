@@ -169,7 +169,7 @@ static int sender__setup(struct sender *s, const char *uri)
 		rc = sender__open_channels(s, uri, pr);
 	if (!rc)
 		rc = sender__disk_setup(s);
-	if (rc || m->params.cap_background_snapshot)    /* it tracks writes its own way */
+	if (rc || s->snapshot)    /* it tracks writes its own way */
 		return rc;
 	rc = dirty__start(m->vm->dirty);
 	if (rc) {
@@ -440,7 +440,7 @@ static void sender__cleanup(struct sender *s, int rc)
 	s->tracking = false;
 	if (m->stream_open)
 		sender__update_stats(s);
-	if (!rc && m->params.cap_background_snapshot) {
+	if (!rc && s->snapshot) {
 		migration__set_status(m, MIG_COMPLETED);  /* the guest runs on */
 		return;
 	}
@@ -507,7 +507,7 @@ static void sender__cleanup(struct sender *s, int rc)
  * the background snapshot. */
 static int sender__run(struct sender *s)
 {
-	if (s->m->params.cap_background_snapshot)
+	if (s->snapshot)
 		return sender__snapshot(s);
 	int rc = sender__iterate(s);
 	if (rc == SENDER_POSTCOPY)
@@ -547,6 +547,7 @@ void *migration__send_thread(void *arg)
 	s->rec = malloc(s->rec_cap);
 	pthread_mutex_lock(&m->lock);    /* migrate-set-parameters may write them */
 	s->zero_detect = m->params.cap_zero_detect;
+	s->snapshot = m->params.cap_background_snapshot;
 	s->comp = mig_comp__stream(&m->params.comp);
 	s->chan_comp = mig_comp__channel(&m->params.comp);
 	pthread_mutex_unlock(&m->lock);

@@ -205,7 +205,9 @@ int sender__snapshot(struct sender *s)
 				     "the guest beside this one");
 		return -EINVAL;
 	}
+	pthread_mutex_lock(&m->lock);   /* migrate-set-parameters rewrites all of params */
 	struct snap sn = { .verify = m->params.cap_verify };
+	pthread_mutex_unlock(&m->lock);
 	ram_wp__init(&sn.wp);
 	int rc = snap__begin(s, &sn);
 	if (!rc)
