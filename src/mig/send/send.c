@@ -263,12 +263,9 @@ int sender__pass(struct sender *s)
 	return rc ? rc : sender__end_pass(s);
 }
 
-int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
+ssize_t sender__encode_state(struct sender *s, uint32_t id, uint32_t ver, uint32_t inst,
 			     const void *data, size_t len)
 {
-	struct sender *s = ctx;
-	if (mig_fault__drop_state(&s->fault, id, inst))
-		return 0;
 	size_t need = PROTO_HDR_SIZE + 12 + len;
 	if (need > PROTO_HDR_SIZE + PROTO_MAX_PAYLOAD)
 		return -E2BIG;
@@ -279,10 +276,29 @@ int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
 		s->rec = bigger;
 		s->rec_cap = need;
 	}
-	ssize_t n = proto__encode_state(s->rec, s->rec_cap, id, ver, inst, data, len);
+	return proto__encode_state(s->rec, s->rec_cap, id, ver, inst, data, len);
+}
+
+int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
+			     const void *data, size_t len)
+{
+	struct sender *s = ctx;
+	if (mig_fault__drop_state(&s->fault, id, inst))
+		return 0;
+	ssize_t n = sender__encode_state(s, id, ver, inst, data, len);
 	if (n < 0)
 		return (int)n;
 	return mig_stream__write(s->stream, s->rec, (size_t)n);
+}
+
+void sender__resume_guest(struct sender *s)
+{
+	struct vm *vm = s->m->vm;
+	if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_FINISH_MIGRATE), s->prev_status))
+		vm__resume_vcpus(vm);   /* the status moved on (a guest failure) */
+	else if (s->prev_status == VM_STATUS_RUNNING)
+		control__event(s->m->ctl, "RESUME", NULL);
+	s->paused = false;
 }
 
 /* Reads the destination's answer on the return path: at most

@@ -143,6 +143,13 @@ int sender__tls(struct sender *s, char *err, size_t errlen);
 int sender__end_pass(struct sender *s);
 int sender__stop_guest(struct sender *s, bool pre, uint64_t *t0);
 /* Writes one STATE record (state__save's callback). */
+/* A STATE record in s->rec (grown for a large section, the balloon's
+ * bitmap); its length or -errno. */
+ssize_t sender__encode_state(struct sender *s, uint32_t id, uint32_t ver, uint32_t inst,
+			     const void *data, size_t len);
+/* Undoes the pause sender__stop_guest (or a snapshot's stop) took: a VM
+ * the user had stopped stays stopped; RESUME when it runs again. */
+void sender__resume_guest(struct sender *s);
 int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
 		      const void *data, size_t len);
 /* x-postcopy-auto during the bulk pass (x-postcopy-early; called as the

@@ -486,10 +486,7 @@ static void sender__cleanup(struct sender *s, int rc)
 		migration__set_error(m, "%s; the guest stays paused here", why);
 	} else if (s->paused) {
 		/* a VM the user had stopped stays stopped (its own pause remains) */
-		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_FINISH_MIGRATE), s->prev_status))
-			vm__resume_vcpus(vm);   /* the status moved on (a guest failure) */
-		else if (s->prev_status == VM_STATUS_RUNNING)
-			control__event(m->ctl, "RESUME", NULL);
+		sender__resume_guest(s);
 	}
 	if (atomic_load(&m->cancel)) {
 		migration__set_status(m, MIG_CANCELLED);

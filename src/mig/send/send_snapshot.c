@@ -25,6 +25,7 @@
 #define SNAP_FAULT_EVERY 16     /* pages sent between two looks at the writes that wait */
 
 struct snap {
+	struct sender *s;
 	struct ram_wp wp;
 	uint8_t *state;             /* the STATE records, encoded */
 	size_t len, cap;
@@ -33,37 +34,25 @@ struct snap {
 	uint64_t ahead;             /* pages sent ahead of the scan for a write */
 };
 
+/* Each STATE record kept in memory until the pages have gone. */
 static int snap__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
 			   const void *data, size_t len)
 {
 	struct snap *sn = ctx;
-	size_t need = PROTO_HDR_SIZE + 12 + len;
-	if (need > PROTO_HDR_SIZE + PROTO_MAX_PAYLOAD)
-		return -E2BIG;
-	if (sn->cap - sn->len < need) {
-		size_t cap = (sn->cap + need) * 2;
+	ssize_t n = sender__encode_state(sn->s, id, ver, inst, data, len);
+	if (n < 0)
+		return (int)n;
+	if (sn->cap - sn->len < (size_t)n) {
+		size_t cap = (sn->cap + (size_t)n) * 2;
 		uint8_t *bigger = realloc(sn->state, cap);
 		if (!bigger)
 			return -ENOMEM;
 		sn->state = bigger;
 		sn->cap = cap;
 	}
-	ssize_t n = proto__encode_state(sn->state + sn->len, sn->cap - sn->len, id, ver, inst,
-					data, len);
-	if (n < 0)
-		return (int)n;
+	memcpy(sn->state + sn->len, sn->s->rec, (size_t)n);
 	sn->len += (size_t)n;
 	return 0;
-}
-
-static void snap__resume(struct sender *s)
-{
-	struct vm *vm = s->m->vm;
-	if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_FINISH_MIGRATE), s->prev_status))
-		vm__resume_vcpus(vm);   /* the status moved on (a guest failure) */
-	else if (s->prev_status == VM_STATUS_RUNNING)
-		control__event(s->m->ctl, "RESUME", NULL);
-	s->paused = false;
 }
 
 /* The one stop: device state saved, discards held, RAM protected. */
@@ -92,7 +81,7 @@ static int snap__begin(struct sender *s, struct snap *sn)
 			rc = ram_wp__release(&sn->wp, 0, s->ram->npages);
 	}
 	atomic_store(&m->write_protect, !rc);
-	snap__resume(s);
+	sender__resume_guest(s);
 	pthread_mutex_lock(&m->lock);
 	m->stats.downtime_ms = time__now_ms() - t0;
 	m->stats.snapshot = true;
@@ -206,7 +195,7 @@ int sender__snapshot(struct sender *s)
 		return -EINVAL;
 	}
 	pthread_mutex_lock(&m->lock);   /* migrate-set-parameters rewrites all of params */
-	struct snap sn = { .verify = m->params.cap_verify };
+	struct snap sn = { .s = s, .verify = m->params.cap_verify };
 	pthread_mutex_unlock(&m->lock);
 	ram_wp__init(&sn.wp);
 	int rc = snap__begin(s, &sn);
