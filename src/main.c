@@ -13,6 +13,7 @@
 #include "ctl/control.h"
 #include "ctl/blk_opts.h"
 #include "ctl/kvopts.h"
+#include "ctl/mem_opts.h"
 #include "ctl/net_opts.h"
 #include "kvm/vm.h"
 #include "mig/migration.h"
@@ -27,6 +28,8 @@ struct run_opts {
 	const char *tls_creds, *tls_authz, *tls_hostname;
 	struct net_opts net;
 	struct blk_opts blk;
+	struct mem_opts mem;
+	uint64_t memory;     /* --memory's, 0 when not given */
 };
 
 static void usage(FILE *f)
@@ -47,6 +50,8 @@ static void usage(FILE *f)
 		"                          [,logical_block_size=N][,discard=unmap|ignore]\n"
 		"                          [,werror=ACTION][,rerror=ACTION]]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|exec:CMD|file:PATH|fd:N|defer]\n"
+		"                [--object memory-backend-file,id=ID,size=SIZE,mem-path=PATH,share=on\n"
+		"                 --machine memory-backend=ID]\n"
 		"                [--object tls-creds-psk,id=ID,dir=DIR[,username=NAME]]\n"
 		"                [--object tls-creds-x509,id=ID,dir=DIR[,verify-peer=on|off]]\n"
 		"                [--object authz-simple,id=ID,identity=NAME]\n"
@@ -119,6 +124,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		{ "kvmclock", required_argument, 0, 'K' },
 		{ "netdev", required_argument, 0, 'N' }, { "device", required_argument, 0, 'D' },
 		{ "blockdev", required_argument, 0, 'b' }, { "drive", required_argument, 0, 'd' },
+		{ "machine", required_argument, 0, 'M' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	uint64_t v;
@@ -141,7 +147,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 				die("--memory %s: not a size (e.g. 512M, 2G)", optarg);
 			if (v < RAM_MIN_SIZE || v > RAM_MAX_SIZE || v % (2 * MiB))
 				die("--memory %s: must be a multiple of 2 MiB from 128M to 16G", optarg);
-			o->vm.mem_size = v;
+			o->vm.mem_size = o->memory = v;
 			break;
 		case 'n':
 			if (units__parse_u64(optarg, 1, VM_MAX_VCPUS, &v))
@@ -177,6 +183,11 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 				parse_balloon(optarg, &o->vm);
 			break;
 		case 'O':
+			if (mem_opts__is_object(optarg)) {
+				if (mem_opts__object(&o->mem, optarg, err, sizeof(err)))
+					die("%s", err);
+				break;
+			}
 			if (o->nobjects == sizeof(o->objects) / sizeof(o->objects[0]))
 				die("--object: at most %zu", sizeof(o->objects) / sizeof(o->objects[0]));
 			o->objects[o->nobjects++] = optarg;
@@ -203,6 +214,10 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 			if (blk_opts__drive(&o->blk, optarg, err, sizeof(err)))
 				die("%s", err);
 			break;
+		case 'M':
+			if (mem_opts__machine(&o->mem, optarg, err, sizeof(err)))
+				die("%s", err);
+			break;
 		case 'T': o->tls_creds = optarg; break;
 		case 'A': o->tls_authz = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;
@@ -224,6 +239,8 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 	if (net_opts__finish(&o->net, &o->vm.netc, &o->vm.net, err, sizeof(err)))
 		die("%s", err);
 	if (blk_opts__finish(&o->blk, &o->vm.blkc, &o->vm.blk, err, sizeof(err)))
+		die("%s", err);
+	if (mem_opts__finish(&o->mem, o->memory, &o->vm, err, sizeof(err)))
 		die("%s", err);
 	o->vm.incoming = o->incoming != NULL;
 	open_console(o->console, &o->vm.console_fd);

@@ -1,6 +1,7 @@
 /* `kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS] [--tls-creds ID]
  *  [--auto-converge step|computed|off] [--dirty-limit MB/s] [--postcopy auto|after-pass|off]
  *  [--preempt] [--dest-qmp unix:PATH] [--disk] [--xbzrle MIB] [--background-snapshot]
+ *  [--ignore-shared]
  *  [--verify] [--json]`: drives a
  * migration through the source's QMP socket (and, for post-copy, sets the destination's
  * capability through its own) and shows its progress.  With --resume a
@@ -45,6 +46,7 @@ struct migrate_opts {
 	uint64_t multifd;            /* channels; 0 = off */
 	uint64_t xbzrle_mib;         /* --xbzrle: the cache in MiB; 0 = off */
 	bool snapshot;               /* --background-snapshot */
+	bool ignore_shared;          /* --ignore-shared: x-ignore-shared */
 };
 
 static void migrate__usage(FILE *f)
@@ -77,6 +79,9 @@ static void migrate__usage(FILE *f)
 		"                                destination with an image of its own (x-block-migration)\n"
 		"  --background-snapshot         save the VM as it is now while it runs on\n"
 		"                                (file:, exec:; no convergence policy needed)\n"
+		"  --ignore-shared               RAM in a shared memory file is handed over, not\n"
+		"                                sent (x-ignore-shared: to a kmig on this host\n"
+		"                                mapping the same file, or a state-only save)\n"
 		"  --verify                      check every page at the destination (x-verify)\n"
 		"  --json                        the final statistics as JSON\n");
 }
@@ -95,6 +100,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "disk", no_argument, 0, 'B' }, { "preempt", no_argument, 0, 'P' },
 		{ "xbzrle", required_argument, 0, 'x' },
 		{ "background-snapshot", no_argument, 0, 'S' },
+		{ "ignore-shared", no_argument, 0, 'G' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -154,6 +160,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		case 'B': o->disk = true; break;
 		case 'P': o->preempt = true; break;
 		case 'S': o->snapshot = true; break;
+		case 'G': o->ignore_shared = true; break;
 		case 'x':
 			if (units__parse_u64(optarg, 1, 1ull << 20, &o->xbzrle_mib) ||
 			    (o->xbzrle_mib & (o->xbzrle_mib - 1)))
@@ -190,6 +197,11 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		die("--background-snapshot takes none of --postcopy, --multifd, --xbzrle, --disk, "
 		    "--dirty-limit, --auto-converge, --resume (it sends each page once, as it was "
 		    "when it began)");
+	if (o->ignore_shared && (o->postcopy != PC_OFF || o->multifd || o->disk || o->snapshot ||
+				 o->resume))
+		die("--ignore-shared takes none of --postcopy, --multifd, --disk, "
+		    "--background-snapshot, --resume (the RAM in its memory file is handed over, "
+		    "not sent)");
 	if (o->resume && !o->dest_qmp)
 		die("--resume needs --dest-qmp unix:PATH (the destination listens on URI first)");
 	o->uri = argv[optind];
@@ -223,7 +235,8 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 	json_decref(r);
 	/* pause-before-switchover off: this client never sends migrate-continue */
 	json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},"
-				 "{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b}]}",
+				 "{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},"
+				 "{s:s,s:b}]}",
 				 "capabilities",
 				 "capability", "auto-converge", "state", o->policy != NULL,
 				 "capability", "x-verify", "state", o->verify,
@@ -235,7 +248,8 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 				 "capability", "postcopy-preempt", "state", o->preempt,
 				 "capability", "x-block-migration", "state", o->disk,
 				 "capability", "xbzrle", "state", o->xbzrle_mib != 0,
-				 "capability", "background-snapshot", "state", o->snapshot);
+				 "capability", "background-snapshot", "state", o->snapshot,
+				 "capability", "x-ignore-shared", "state", o->ignore_shared);
 	r = qmp_client__call(c, "migrate-set-capabilities", caps, err, n);
 	if (!r)
 		return -1;
@@ -259,7 +273,7 @@ static int migrate__default_policy(struct qmp_client *c, struct migrate_opts *o,
 				   size_t n)
 {
 	if (o->resume || o->policy || o->policy_off || o->dirty_limit || o->postcopy != PC_OFF ||
-	    o->snapshot)
+	    o->snapshot || o->ignore_shared)
 		return 0;
 	o->by_default = true;
 	/* a VMM that cannot say (not kmig's) gets the throttle, which needs no ring */
@@ -298,7 +312,8 @@ static const char *migrate__policy_name(const struct migrate_opts *o)
 
 static void migrate__print_policy(const struct migrate_opts *o, FILE *f)
 {
-	if ((o->postcopy != PC_OFF && !o->policy && !o->dirty_limit) || o->snapshot)
+	if ((o->postcopy != PC_OFF && !o->policy && !o->dirty_limit) || o->snapshot ||
+	    o->ignore_shared)
 		return;
 	if (o->dirty_limit)
 		fprintf(f, "policy: dirty-limit %llu MB/s per vCPU", (unsigned long long)o->dirty_limit);
@@ -427,6 +442,11 @@ static void migrate__summary(json_t *q)
 		printf("background snapshot: the guest ran on; %lld of its writes waited for their "
 		       "page, %lld pages sent ahead of the scan for them\n", jint(bg, "write-faults"),
 		       jint(bg, "pages-ahead"));
+	json_t *sh = json_object_get(q, "x-ignore-shared");
+	if (sh)
+		printf("RAM: %s in %s, not sent (x-ignore-shared)\n",
+		       json_is_true(json_object_get(sh, "handed-over")) ? "handed over" : "left",
+		       json_string_value(json_object_get(sh, "mem-path")));
 	json_t *sw = json_object_get(q, "x-postcopy-switch");
 	if (jint(ram, "postcopy-bytes"))
 		printf("post-copy: %lld MiB after the switch, %lld pages asked for by the destination\n",

@@ -5,6 +5,7 @@
 
 #include "ctl/control.h"
 #include "kvm/vm_blk.h"
+#include "mem/memfile.h"
 
 static json_t *cmd_query_status(void *ctx, json_t *args, struct qmp_error *err)
 {
@@ -35,8 +36,15 @@ static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
 	 * after the last state went) takes it back first, as QEMU does: not
 	 * while another process (the destination) holds it */
 	enum vm_status st = vm__status(c->vm);
-	if ((st == VM_STATUS_PAUSED || st == VM_STATUS_POSTMIGRATE || st == VM_STATUS_IO_ERROR) &&
-	    vm_blk__activate(c->vm, why, sizeof(why))) {
+	bool after = st == VM_STATUS_PAUSED || st == VM_STATUS_POSTMIGRATE ||
+		     st == VM_STATUS_IO_ERROR;
+	/* and its RAM, handed over in a memory file (x-ignore-shared): only
+	 * if nobody took it since (mem/memfile.h) */
+	if (after && c->vm->memfile && memfile__take_back(c->vm->memfile, why, sizeof(why))) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: %s", why);
+		return NULL;
+	}
+	if (after && vm_blk__activate(c->vm, why, sizeof(why))) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: %s", why);
 		return NULL;
 	}

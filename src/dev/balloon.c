@@ -24,8 +24,8 @@ void balloon__discard(struct balloon *b, uint64_t gpa, uint64_t len)
 	uint8_t *h = ram__gpa_to_host(b->ram, gpa, len);
 	if (!h || !len)
 		return;
-	if (!atomic_load(&b->hold_discards) && madvise(h, len, MADV_DONTNEED))
-		log_warn("balloon: madvise(DONTNEED) of 0x%llx+0x%llx failed",
+	if (!atomic_load(&b->hold_discards) && ram__discard(b->ram, h, len))
+		log_warn("balloon: discarding 0x%llx+0x%llx failed",
 			 (unsigned long long)gpa, (unsigned long long)len);
 	if (b->mem.mark)
 		b->mem.mark(b->mem.mark_ctx, gpa, len);
@@ -39,9 +39,9 @@ static void balloon__discard_ballooned(struct balloon *b)
 		size_t end = p + 1;
 		while (end < m->nbits && bitmap__test(m, end))
 			end++;
-		if (madvise(b->ram->base + p * RAM_PAGE_SIZE, (end - p) * RAM_PAGE_SIZE,
-			    MADV_DONTNEED))
-			log_warn("balloon: madvise(DONTNEED) after a hold failed");
+		if (ram__discard(b->ram, b->ram->base + p * RAM_PAGE_SIZE,
+				 (end - p) * RAM_PAGE_SIZE))
+			log_warn("balloon: discarding after a hold failed");
 		p = bitmap__next_set(m, end);
 	}
 }

@@ -17,6 +17,7 @@
 #include "kvm/vm_net.h"
 #include "kvm/vcpu.h"
 #include "mem/dirty.h"
+#include "mem/memfile.h"
 #include "x86/boot.h"
 #include "x86/cpuid.h"
 #include "x86/mptable.h"
@@ -202,6 +203,32 @@ static void vm__rtc_irq(void *ctx, bool level)
 		log_debug("rtc: KVM_IRQ_LINE %d: %s", level, strerror(errno));
 }
 
+/* Guest RAM: anonymous, or a memory-backend-file's shared file (booting
+ * empties it; an incoming VM leaves it as it is, for a hand-over). */
+static int vm__create_ram(struct vm *vm, char *err, size_t errlen)
+{
+	const struct vm_config *cfg = &vm->cfg;
+	int rc, fd = -1;
+	if (cfg->mem_path[0]) {
+		if (!(vm->memfile = calloc(1, sizeof(*vm->memfile))))
+			return -ENOMEM;
+		rc = memfile__open(vm->memfile, cfg->mem_path, cfg->mem_size, !cfg->incoming, err,
+				   errlen);
+		if (rc) {
+			free(vm->memfile);
+			vm->memfile = NULL;
+			return rc;
+		}
+		fd = vm->memfile->fd;
+	}
+	rc = ram__create_shared(&vm->ram, vm->vm_fd, cfg->mem_size, fd);
+	if (rc)
+		snprintf(err, errlen, "cannot map %llu MiB of guest RAM%s%s: %s",
+			 (unsigned long long)(cfg->mem_size >> 20), fd >= 0 ? " from " : "",
+			 fd >= 0 ? cfg->mem_path : "", strerror(-rc));
+	return rc;
+}
+
 int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t errlen)
 {
 	memset(vm, 0, sizeof(*vm));
@@ -220,12 +247,8 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 		serial__connect_irq(&vm->serial, vm__serial_irq, vm);
 	if (!rc && (rc = rtc__start(&vm->rtc, vm__rtc_irq, vm)))
 		snprintf(err, errlen, "cannot start the RTC's thread: %s", strerror(-rc));
-	if (!rc) {
-		rc = ram__create(&vm->ram, vm->vm_fd, cfg->mem_size);
-		if (rc)
-			snprintf(err, errlen, "cannot map %llu MiB of guest RAM: %s",
-				 (unsigned long long)(cfg->mem_size >> 20), strerror(-rc));
-	}
+	if (!rc)
+		rc = vm__create_ram(vm, err, errlen);
 	if (!rc)
 		rc = vm__create_vcpus(vm, err, errlen);
 	if (!rc && !cfg->incoming) {
@@ -328,6 +351,10 @@ void vm__destroy(struct vm *vm)
 	free(vm->vcpus);
 	free(vm->cpuid);
 	ram__destroy(&vm->ram);
+	if (vm->memfile)
+		memfile__close(vm->memfile);
+	free(vm->memfile);
+	vm->memfile = NULL;
 	serial__destroy(&vm->serial);
 	rtc__stop(&vm->rtc);
 	rtc__destroy(&vm->rtc);

@@ -51,6 +51,8 @@ struct vm_config {
 	const char *initrd;          /* NULL: none */
 	const char *cmdline;
 	uint64_t mem_size;
+	char mem_path[1024];     /* memory-backend-file's mem-path (mem/memfile.h); "": anonymous */
+	char mem_id[32];         /* that backend's id */
 	unsigned cpus;
 	int console_fd;          /* -1: console discarded */
 	uint32_t dirty_ring;     /* entries per vCPU ring; 0 = bitmap tracking;
@@ -94,6 +96,7 @@ struct vm_config {
 #define VM_DIRTY_RING_DEFAULT 4096u
 
 struct dirty;                    /* mem/dirty.h */
+struct memfile;                  /* mem/memfile.h */
 struct pci_bus;                  /* dev/pci.h */
 struct balloon;                  /* dev/balloon.h */
 struct net;                      /* dev/net.h */
@@ -115,6 +118,7 @@ struct vm {
 	uint32_t tsc_khz;
 	struct kvm_cpuid2 *cpuid;    /* supported table, adjusted per vCPU */
 	struct ram ram;
+	struct memfile *memfile;     /* RAM's shared file; NULL: anonymous RAM */
 	struct serial serial;
 	struct rtc rtc;
 	struct dirty *dirty;         /* NULL until the tracker is created */

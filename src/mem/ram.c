@@ -22,11 +22,12 @@ static int ram__register(struct ram *r, const struct ram_block *b, bool log)
 	return 0;
 }
 
-/* An anonymous mapping whose start is 2 MiB aligned, so every 2 MiB of
+/* A mapping whose start is 2 MiB aligned, so every 2 MiB of
  * guest-physical memory (blocks start at multiples of 2 MiB) lies in one
  * 2 MiB of host memory: a transparent huge page can back it and KVM can
- * map it with one 2 MiB entry.  NULL with errno set on failure. */
-static void *ram__map_aligned(uint64_t size)
+ * map it with one 2 MiB entry.  Anonymous (fd -1) or the first size bytes
+ * of file fd, shared.  NULL with errno set on failure. */
+static void *ram__map_aligned(uint64_t size, int fd)
 {
 	const uint64_t huge = 2ull << 20;
 	uint8_t *p = mmap(NULL, size + huge, PROT_READ | PROT_WRITE,
@@ -38,18 +39,31 @@ static void *ram__map_aligned(uint64_t size)
 		munmap(p, head);
 	if (huge - head)
 		munmap(p + head + size, huge - head);
+	if (fd >= 0 && mmap(p + head, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+			    0) == MAP_FAILED) {
+		int e = errno;
+		munmap(p + head, size);
+		errno = e;
+		return NULL;
+	}
 	return p + head;
 }
 
 int ram__create(struct ram *r, int vm_fd, uint64_t size)
 {
+	return ram__create_shared(r, vm_fd, size, -1);
+}
+
+int ram__create_shared(struct ram *r, int vm_fd, uint64_t size, int fd)
+{
 	memset(r, 0, sizeof(*r));
 	if (size < RAM_MIN_SIZE || size > RAM_MAX_SIZE || size % (2ull << 20))
 		return -EINVAL;
-	void *p = ram__map_aligned(size);
+	void *p = ram__map_aligned(size, fd);
 	if (!p)
 		return -errno;
 	madvise(p, size, MADV_HUGEPAGE);
+	r->shared = fd >= 0;
 	r->vm_fd = vm_fd;
 	r->base = p;
 	r->size = size;
@@ -125,6 +139,12 @@ int ram__set_logging(struct ram *r, bool on)
 	}
 	__atomic_store_n(&r->logging, on, __ATOMIC_RELEASE);
 	return 0;
+}
+
+int ram__discard(const struct ram *r, void *host, uint64_t len)
+{
+	/* a shared file's pages stay in the file unless its range is punched */
+	return madvise(host, len, r->shared ? MADV_REMOVE : MADV_DONTNEED) ? -errno : 0;
 }
 
 bool ram__logging(const struct ram *r)

@@ -1,5 +1,6 @@
-/* Guest RAM: one anonymous mapping (transparent huge pages advised), cut
- * into blocks around the hole below 4 GiB, each block one KVM memslot.
+/* Guest RAM: one mapping (transparent huge pages advised), anonymous or
+ * a shared file's (mem/memfile.h), cut into blocks around the hole below
+ * 4 GiB, each block one KVM memslot.
  *
  * Layout for a guest of S bytes:
  *   S <= 3 GiB: block 0 = [0, S)
@@ -45,12 +46,20 @@ struct ram {
 	unsigned nr_blocks;
 	struct ram_block blocks[RAM_MAX_BLOCKS];
 	bool logging;
+	bool shared;       /* a file's pages, mapped shared (not private memory) */
 };
 
 /* Maps size bytes and registers the memslots on vm_fd (-1: no KVM, for
  * tests).  size must be a multiple of 2 MiB within [RAM_MIN_SIZE, RAM_MAX_SIZE]. */
 int ram__create(struct ram *r, int vm_fd, uint64_t size) KMIG_MUST_CHECK;
+/* The same over the first size bytes of file fd, mapped shared (fd stays
+ * the caller's; the mapping holds the file). */
+int ram__create_shared(struct ram *r, int vm_fd, uint64_t size, int fd) KMIG_MUST_CHECK;
 void ram__destroy(struct ram *r);
+/* Gives [host, host + len) (page-aligned, inside RAM) back to the host:
+ * it reads as zero afterwards.  Anonymous memory is dropped
+ * (MADV_DONTNEED), a shared file's range punched (MADV_REMOVE). */
+int ram__discard(const struct ram *r, void *host, uint64_t len) KMIG_MUST_CHECK;
 
 /* Host pointer for [gpa, gpa + len) if it lies inside one block, else NULL. */
 void *ram__gpa_to_host(const struct ram *r, uint64_t gpa, uint64_t len);

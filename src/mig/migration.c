@@ -14,6 +14,7 @@
 #include "ctl/control.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
+#include "mem/memfile.h"
 #include "mig/send/disk_out.h"
 
 #define MIG_DEFAULT_BANDWIDTH (128ull << 20) /* QEMU's default max-bandwidth */
@@ -224,6 +225,24 @@ const char *migration__snapshot_conflict(const struct mig_params *p)
 	return NULL;
 }
 
+const char *migration__shared_conflict(const struct mig_params *p, const struct vm *vm)
+{
+	const struct { bool on; const char *name; } with[] = {
+		{ p->cap_postcopy_ram, "postcopy-ram" },
+		{ p->cap_postcopy_preempt, "postcopy-preempt" },
+		{ p->cap_postcopy_auto, "x-postcopy-auto" },
+		{ p->cap_multifd, "multifd" },
+		{ p->cap_background_snapshot, "background-snapshot" },
+		{ p->cap_block_migration, "x-block-migration" },
+	};
+	if (!p->cap_ignore_shared || !vm->memfile)
+		return NULL;
+	for (size_t i = 0; i < sizeof(with) / sizeof(with[0]); i++)
+		if (with[i].on)
+			return with[i].name;
+	return NULL;
+}
+
 /* Source, exec:/file:/fd: URIs: what a stream without a connection
  * cannot do is refused before anything starts; an fd: descriptor is
  * taken (into m->out_fd) once the rest is known good. */
@@ -293,6 +312,12 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 		snprintf(err, errlen, "background-snapshot writes a snapshot: use a file:, exec: or "
 			 "fd: URI, not a connection to a destination that would run the guest "
 			 "beside this one");
+		return -EINVAL;
+	}
+	const char *sh = migration__shared_conflict(&p, m->vm);
+	if (sh) {
+		snprintf(err, errlen, "x-ignore-shared is not compatible with %s: this VM's RAM "
+			 "is handed over in its memory file, not sent", sh);
 		return -EINVAL;
 	}
 	migration__join(m);
@@ -534,6 +559,10 @@ json_t *migration__query(struct migration *m)
 			json_object_set_new(r, "x-background-snapshot", json_pack("{s:I, s:I}",
 				"write-faults", (json_int_t)st.snapshot_faults,
 				"pages-ahead", (json_int_t)st.snapshot_ahead));
+		if (st.ram_shared)
+			json_object_set_new(r, "x-ignore-shared", json_pack("{s:s, s:b}",
+				"mem-path", m->vm->memfile ? m->vm->memfile->path : "",
+				"handed-over", st.ram_handed));
 		if (st.postcopy_faults)
 			json_object_set_new(r, "x-postcopy", json_pack("{s:I, s:I, s:I, s:I, s:I}",
 				"faults", (json_int_t)st.postcopy_faults,

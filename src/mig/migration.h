@@ -70,6 +70,8 @@ struct mig_params {
 	bool cap_xbzrle;             /* xbzrle: pages the destination holds go as deltas */
 	bool cap_background_snapshot; /* background-snapshot: RAM as it was when the
 				       * migration began, the guest running on */
+	bool cap_ignore_shared;      /* x-ignore-shared: RAM in a shared memory file is
+				      * handed over, not sent (mem/memfile.h) */
 	uint64_t xbzrle_cache_size;  /* xbzrle-cache-size: bytes, a power of two */
 	unsigned multifd_channels;   /* multifd-channels */
 	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */
@@ -153,6 +155,9 @@ struct mig_stats {
 	 * scan for them */
 	bool snapshot;
 	uint64_t snapshot_faults, snapshot_ahead;
+	/* x-ignore-shared with RAM in a memory file (query-migrate's
+	 * "x-ignore-shared"): RAM not sent; handed over (and not taken back) */
+	bool ram_shared, ram_handed;
 };
 
 struct migration {
@@ -226,6 +231,10 @@ void migration__drop_fd(int *fd);
 /* With background-snapshot on: the first capability on that it does not
  * go with (QEMU's name where QEMU has it), or NULL. */
 const char *migration__snapshot_conflict(const struct mig_params *p);
+/* With x-ignore-shared and RAM in a memory file (its RAM is handed over,
+ * not sent): the name of a capability that has nothing to do then, or
+ * NULL. */
+const char *migration__shared_conflict(const struct mig_params *p, const struct vm *vm);
 /* Starts an outgoing migration to uri in the background. */
 int migration__start(struct migration *m, const char *uri, char *err, size_t errlen) KMIG_MUST_CHECK;
 /* Requests cancellation (setup, active, pre-switchover or device, until the destination's

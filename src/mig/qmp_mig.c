@@ -411,6 +411,7 @@ static const struct cap_desc caps[] = {
 	{ "x-block-migration", offsetof(struct mig_params, cap_block_migration) },
 	{ "xbzrle", offsetof(struct mig_params, cap_xbzrle) },
 	{ "background-snapshot", offsetof(struct mig_params, cap_background_snapshot) },
+	{ "x-ignore-shared", offsetof(struct mig_params, cap_ignore_shared) },
 };
 #define NCAPS (sizeof(caps) / sizeof(caps[0]))
 
@@ -479,6 +480,12 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 	if (bg) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Background-snapshot is not compatible "
 			       "with %s", bg);
+		return NULL;
+	}
+	const char *sh = migration__shared_conflict(&p, m->vm);
+	if (sh) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "x-ignore-shared is not compatible with %s: "
+			       "this VM's RAM is handed over in its memory file, not sent", sh);
 		return NULL;
 	}
 	if (p.cap_postcopy_auto && !p.cap_postcopy_ram) {

@@ -20,7 +20,6 @@ by a new kmig.
   would start a second copy of the guest.
 """
 import os
-import re
 import subprocess
 import time
 
@@ -28,11 +27,10 @@ import pytest
 
 import blkguest
 import kmigtest as kt
+from verifyguest import VERIFY, VERIFY_OK, bad_lines, goes_on, rounds
 
 pytestmark = pytest.mark.kvm
 
-VERIFY = "workload=verify mb=32 report_ms=300"
-VERIFY_OK = r"^verify ok round=(\d+)"
 CAPS = {"background-snapshot": True, "x-verify": True}
 # 32 MiB of the guest's data at 4 MB/s: seconds during which it writes
 SLOW = {"max-bandwidth": 4 << 20}
@@ -46,31 +44,12 @@ def status(vm):
     return vm.qmp().cmd("query-status").get("status")
 
 
-def rounds(vm, start=0):
-    return [int(x) for x in re.findall(VERIFY_OK, "\n".join(vm.console.lines[start:]), re.M)]
-
-
-def bad_lines(vm):
-    return [l for l in vm.console.text().splitlines() if "verify BAD" in l or "bad_pages" in l]
-
-
 def boot(d, vms, check, name="src", kmig=None, env=None):
     vm = kt.kmig_vm(d, name, VERIFY, memory="128M", kmig=kmig, env=env)
     vms.append(vm)
     ok = check("boot", vm.console.wait(VERIFY_OK, kt.slow(40), proc=vm.proc) is not None,
                dump(vm))
     return vm if ok else None
-
-
-def goes_on(check, vm, name, n=2):
-    """The guest writes on: n more verify rounds after now, none bad."""
-    start = len(vm.console.lines)
-    deadline = time.time() + kt.slow(30)
-    while time.time() < deadline and len(rounds(vm, start)) < n and vm.proc.poll() is None:
-        time.sleep(0.2)
-        vm.console.poll()
-    check(name + "_goes_on", len(rounds(vm, start)) >= n, dump(vm))
-    check(name + "_no_bad", not bad_lines(vm), " / ".join(bad_lines(vm)[:5]))
 
 
 def snapshot(check, src, path, caps=CAPS, params=SLOW):

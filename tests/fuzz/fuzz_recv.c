@@ -4,7 +4,8 @@
  * stream or multifd channel; bit 1: post-copy hooks, which check each page
  * they are handed lies in RAM; bit 2: the preempt channel's receiver
  * instead, with those hooks; bit 3: the main stream's postcopy-preempt
- * hooks, PREEMPT and the wait at END), then
+ * hooks, PREEMPT and the wait at END; bit 4: x-ignore-shared's hooks,
+ * START's RAM_SHARED and SHARED), then
  * records back to back, each header taken as it comes (the receiver must
  * refuse a bad one) with its payload cut to what the input holds. */
 #include <stdint.h>
@@ -61,6 +62,14 @@ static int on_preempt(void *c, const uint8_t session[PROTO_SESSION_LEN], uint32_
 	return session[0] == 0xfe ? -71 : 0;
 }
 static int on_postcopy_end(void *c) { (void)c; return 0; }
+static int on_start(void *c, bool shared) { (void)c; (void)shared; return 0; }
+static int on_shared(void *c, uint64_t token)
+{
+	(void)c;
+	if (!token)
+		abort();        /* the decoder lets no 0 through */
+	return 0;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -82,6 +91,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (data[0] & 8) {
 		ops.on_preempt = on_preempt;
 		ops.on_postcopy_end = on_postcopy_end;
+	}
+	if (data[0] & 16) {
+		ops.on_start = on_start;
+		ops.on_shared = on_shared;
 	}
 	int rc = data[0] & 4 ? mig_recv__init_preempt(&r, &ram, &ops) :
 		 data[0] & 1 ? mig_recv__init_channel(&r, &ram, &ops) : mig_recv__init(&r, &ram, &ops);

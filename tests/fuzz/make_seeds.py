@@ -14,11 +14,11 @@ def rec(rtype, payload=b"", flags=0):
     return struct.pack("<IIQ", rtype, flags, len(payload)) + payload
 
 
-def start(blocks=((0, 16 * PG), (1 << 32, 8 * PG))):
+def start(blocks=((0, 16 * PG), (1 << 32, 8 * PG)), shared=False):
     p = b"KMIGSTRM" + struct.pack("<III", 2, PG, len(blocks))
     for gpa, size in blocks:
         p += struct.pack("<QQ", gpa, size)
-    return rec(1, p)
+    return rec(1, p, 32 if shared else 0)
 
 
 def pages(block, offsets, fill):
@@ -88,6 +88,8 @@ def recv_seeds():
         "main_preempt": b"\x0a" + start() + preempt(2) + channel(0, 2) + body
                         + discard(0, [0, PG]) + rec(10, b"") + pages(0, [PG], 0x56) + end(),
         "preempt_channel": b"\4" + pages(0, [PG, 9 * PG], 0x57) + zero(1, [2 * PG]) + end(),
+        "main_shared": b"\x10" + start(shared=True) + state(7, 0, b"lapic" * 10)
+                       + rec(15, struct.pack("<Q", 0x5eed)) + end(bytes(32)),
         "main_xbzrle": b"\0" + start() + body + sync(1)
                        + xbzrle(0, [(0, bytes([0, 1, 0x99, 5, 2, 1, 2])), (PG, b""),
                                     (5 * PG, bytes([0x61]) * PG),

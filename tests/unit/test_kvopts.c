@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "ctl/kvopts.h"
+#include "ctl/mem_opts.h"
 #include "harness.h"
 
 struct seen {
@@ -85,11 +86,67 @@ static void t_helpers(struct t *t)
 	T_CHECK(t, on && strstr(err, "k=yes: expected on or off"));
 }
 
+/* --object memory-backend-file and --machine memory-backend= */
+static void t_mem_opts(struct t *t)
+{
+	struct mem_opts o;
+	struct vm_config c;
+	char err[512];
+	const char *ok = "memory-backend-file,id=m0,size=256M,mem-path=/dev/shm/a,,b,share=on";
+	memset(&o, 0, sizeof(o));
+	memset(&c, 0, sizeof(c));
+	T_CHECK(t, mem_opts__is_object(ok) && !mem_opts__is_object("tls-creds-psk,id=x"));
+	T_CHECK_EQ(t, mem_opts__object(&o, ok, err, sizeof(err)), 0);
+	T_CHECK_EQ(t, mem_opts__finish(&o, 0, &c, err, sizeof(err)), -EINVAL);
+	T_CHECK(t, strstr(err, "add --machine memory-backend=m0") != NULL);
+	T_CHECK_EQ(t, mem_opts__machine(&o, "memory-backend=m0", err, sizeof(err)), 0);
+	T_CHECK_EQ(t, mem_opts__finish(&o, 512ull << 20, &c, err, sizeof(err)), -EINVAL);
+	T_CHECK(t, strstr(err, "--memory is 512 MiB but memory backend m0 has size=256 MiB") != NULL);
+	T_CHECK_EQ(t, mem_opts__finish(&o, 256ull << 20, &c, err, sizeof(err)), 0);
+	T_CHECK_EQ(t, c.mem_size, 256ull << 20);
+	T_CHECK(t, !strcmp(c.mem_path, "/dev/shm/a,b") && !strcmp(c.mem_id, "m0"));
+	/* refusals, each with its reason */
+	static const struct { const char *spec, *why; } bad[] = {
+		{ "memory-backend-file,id=m,size=256M,mem-path=/x", "share=on is required" },
+		{ "memory-backend-file,id=m,size=256M,mem-path=/x,share=off", "share=on is required" },
+		{ "memory-backend-file,id=m,mem-path=/x,share=on", "size= is required" },
+		{ "memory-backend-file,size=256M,mem-path=/x,share=on", "id= is required" },
+		{ "memory-backend-file,id=m,size=256M,share=on", "mem-path= is required" },
+		{ "memory-backend-file,id=m,size=100M,mem-path=/x,share=on", "multiple of 2 MiB" },
+		{ "memory-backend-file,id=m,size=64M,mem-path=/x,share=on", "from 128M" },
+		{ "memory-backend-file,id=m,size=256M,mem-path=/x,share=on,prealloc=on",
+		  "unknown key 'prealloc'" },
+		{ "memory-backend-memfd,id=m,size=256M,share=on", "memory-backend-file" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		memset(&o, 0, sizeof(o));
+		err[0] = 0;
+		T_CHECK_EQ(t, mem_opts__object(&o, bad[i].spec, err, sizeof(err)), -EINVAL);
+		if (!strstr(err, bad[i].why)) {
+			T_CHECK(t, !"reason");
+			printf("#   %s: '%s' lacks '%s'\n", bad[i].spec, err, bad[i].why);
+		}
+	}
+	memset(&o, 0, sizeof(o));
+	T_CHECK_EQ(t, mem_opts__machine(&o, "memory-backend=zz", err, sizeof(err)), 0);
+	T_CHECK_EQ(t, mem_opts__finish(&o, 0, &c, err, sizeof(err)), -EINVAL);
+	T_CHECK(t, strstr(err, "no memory-backend-file with that id") != NULL);
+	T_CHECK_EQ(t, mem_opts__machine(&o, "memory-backend=zz", err, sizeof(err)), -EINVAL);
+	memset(&o, 0, sizeof(o));
+	T_CHECK_EQ(t, mem_opts__machine(&o, "accel=kvm", err, sizeof(err)), -EINVAL);
+	/* one backend per VM */
+	memset(&o, 0, sizeof(o));
+	T_CHECK_EQ(t, mem_opts__object(&o, ok, err, sizeof(err)), 0);
+	T_CHECK_EQ(t, mem_opts__object(&o, ok, err, sizeof(err)), -EINVAL);
+	T_CHECK(t, strstr(err, "one memory backend per VM") != NULL);
+}
+
 int main(void)
 {
 	struct t t = { 0 };
 	T_RUN(&t, t_split);
 	T_RUN(&t, t_refused);
 	T_RUN(&t, t_helpers);
+	T_RUN(&t, t_mem_opts);
 	return T_DONE(&t);
 }

@@ -1001,6 +1001,126 @@ static void t_preempt(struct t *t)
 	free(src.mem);
 }
 
+/* ---- x-ignore-shared: START's RAM_SHARED, SHARED before END ---- */
+
+/* the receiver's ctx: h_state takes it for its struct hooks */
+struct sh_hooks { struct hooks base; int starts; bool shared; uint64_t token; int start_ret; };
+static int sh_start(void *c, bool shared)
+{
+	struct sh_hooks *h = c;
+	h->starts++;
+	h->shared = shared;
+	return h->start_ret;
+}
+static int sh_token(void *c, uint64_t tok) { ((struct sh_hooks *)c)->token = tok; return 0; }
+
+static void sh__setup(struct mig_recv *r, struct fake *f, struct sh_hooks *h, bool hooks)
+{
+	memset(h, 0, sizeof(*h));
+	fake__init(f, 9);
+	struct mig_recv_ops ops = { .on_state = h_state, .ctx = h };
+	if (hooks) {
+		ops.on_start = sh_start;
+		ops.on_shared = sh_token;
+	}
+	if (mig_recv__init(r, &f->ram, &ops))
+		abort();
+}
+
+static ssize_t sh__start(uint8_t *buf, size_t cap, const struct fake *f, bool shared)
+{
+	struct proto_start st;
+	proto_start__from_ram(&st, &f->ram);
+	st.ram_shared = shared;
+	return proto__encode_start(buf, cap, &st);
+}
+
+static void t_shared(struct t *t)
+{
+	struct mig_recv r;
+	struct fake f;
+	struct sh_hooks h;
+	uint8_t buf[2 * PROTO_HDR_SIZE + 2 * (8 + PG) + 64];
+	uint64_t o[1] = { 0 };
+	struct proto_hdr hd;
+	/* the whole stream: START(shared), STATE, SHARED, END */
+	sh__setup(&r, &f, &h, true);
+	ssize_t n = sh__start(buf, sizeof(buf), &f, true);
+	T_CHECK(t, n > 0 && !proto__decode_header(buf, (size_t)n, &hd) &&
+		   hd.flags == PROTO_F_RAM_SHARED);
+	T_CHECK_EQ(t, feed(&r, buf, n), 0);
+	T_CHECK(t, h.starts == 1 && h.shared);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_state(buf, sizeof(buf), 1, 1, 0, "cpu", 3)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_shared(buf, sizeof(buf), 0x1234)), 0);
+	T_CHECK_EQ(t, h.token, 0x1234);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_end(buf, sizeof(buf), NULL)), 0);
+	T_CHECK_EQ(t, mig_recv__state(&r), MIG_RECV_DONE);
+	mig_recv__free(&r);
+	free(f.mem);
+	/* an ordinary START reaches the hook too, unshared */
+	sh__setup(&r, &f, &h, true);
+	T_CHECK_EQ(t, feed(&r, buf, sh__start(buf, sizeof(buf), &f, false)), 0);
+	T_CHECK(t, h.starts == 1 && !h.shared);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_shared(buf, sizeof(buf), 7)), -EPROTO);
+	T_CHECK(t, strstr(mig_recv__error(&r), "START did not say") != NULL);
+	mig_recv__free(&r);
+	free(f.mem);
+	/* no page may be written into a RAM handed over: RAM unchanged */
+	sh__setup(&r, &f, &h, true);
+	uint8_t *snap = malloc(f.len);
+	memcpy(snap, f.mem, f.len);
+	T_CHECK_EQ(t, feed(&r, buf, sh__start(buf, sizeof(buf), &f, true)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_pages(buf, sizeof(buf), 0, 1, o, snap + PG)),
+		   -EPROTO);
+	T_CHECK(t, strstr(mig_recv__error(&r), "handed over in a shared file") != NULL);
+	T_CHECK(t, memcmp(snap, f.mem, f.len) == 0);
+	mig_recv__free(&r);
+	free(f.mem);
+	sh__setup(&r, &f, &h, true);
+	T_CHECK_EQ(t, feed(&r, buf, sh__start(buf, sizeof(buf), &f, true)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_zero(buf, sizeof(buf), 0, 1, o)), -EPROTO);
+	T_CHECK(t, memcmp(snap, f.mem, f.len) == 0);
+	mig_recv__free(&r);
+	free(f.mem);
+	/* END before the hand-over; a second SHARED */
+	sh__setup(&r, &f, &h, true);
+	T_CHECK_EQ(t, feed(&r, buf, sh__start(buf, sizeof(buf), &f, true)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_end(buf, sizeof(buf), NULL)), -EPROTO);
+	T_CHECK(t, strstr(mig_recv__error(&r), "before the RAM's hand-over") != NULL);
+	mig_recv__free(&r);
+	free(f.mem);
+	sh__setup(&r, &f, &h, true);
+	T_CHECK_EQ(t, feed(&r, buf, sh__start(buf, sizeof(buf), &f, true)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_shared(buf, sizeof(buf), 5)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_shared(buf, sizeof(buf), 5)), -EPROTO);
+	mig_recv__free(&r);
+	free(f.mem);
+	/* a side with no hooks refuses a shared START; a hook's refusal stands */
+	sh__setup(&r, &f, &h, false);
+	T_CHECK_EQ(t, feed(&r, buf, sh__start(buf, sizeof(buf), &f, true)), -EPROTO);
+	T_CHECK(t, strstr(mig_recv__error(&r), "this side takes none") != NULL);
+	mig_recv__free(&r);
+	free(f.mem);
+	sh__setup(&r, &f, &h, true);
+	h.start_ret = -EBUSY;
+	T_CHECK_EQ(t, feed(&r, buf, sh__start(buf, sizeof(buf), &f, false)), -EBUSY);
+	T_CHECK_EQ(t, mig_recv__state(&r), MIG_RECV_FAILED);
+	mig_recv__free(&r);
+	free(f.mem);
+	free(snap);
+	/* token 0 and a RESUME with the flag are malformed */
+	T_CHECK_EQ(t, proto__encode_shared(buf, sizeof(buf), 0), -EINVAL);
+	uint8_t zero_tok[PROTO_HDR_SIZE + 8] = { 0 };
+	T_CHECK_EQ(t, proto__encode_header(zero_tok, sizeof(zero_tok), PROTO_SHARED, 0, 8), 0);
+	sh__setup(&r, &f, &h, true);
+	T_CHECK_EQ(t, feed(&r, buf, sh__start(buf, sizeof(buf), &f, true)), 0);
+	T_CHECK_EQ(t, feed(&r, zero_tok, sizeof(zero_tok)), -EPROTO);
+	mig_recv__free(&r);
+	free(f.mem);
+	hd = (struct proto_hdr){ .type = PROTO_RESUME, .flags = PROTO_F_RAM_SHARED, .length = 36 };
+	T_CHECK(t, proto__header_problem(&hd) != NULL);
+}
+
 int main(void)
 {
 	struct t t = {0};
@@ -1018,6 +1138,7 @@ int main(void)
 	T_RUN(&t, t_postcopy_resume);
 	T_RUN(&t, t_postcopy_checksum);
 	T_RUN(&t, t_preempt);
+	T_RUN(&t, t_shared);
 	T_RUN(&t, t_fuzz);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);

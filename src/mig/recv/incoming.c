@@ -13,6 +13,7 @@
 #include "kvm/vm.h"
 #include "kvm/vm_blk.h"
 #include "kvm/vm_net.h"
+#include "mem/memfile.h"
 #include "mig/migration.h"
 #include "mig/multifd.h"
 #include "mig/postcopy.h"
@@ -49,6 +50,8 @@ struct incoming {
 	atomic_bool preempt_on;      /* it connected */
 	uint32_t preempt_channels;   /* the multifd channels its PREEMPT announced */
 	uint8_t preempt_session[PROTO_SESSION_LEN]; /* its PREEMPT's: a reopening names it too */
+	bool ram_shared;             /* START's RAM_SHARED: the RAM's file is handed over */
+	uint64_t shared_token;       /* SHARED's token */
 };
 
 /* migration__cancel_incoming, under m->lock: unblock whatever the incoming
@@ -298,29 +301,63 @@ static int incoming__state_complete(struct incoming *in)
 	return 0;
 }
 
+/* START: a RAM handed over needs this VM's RAM in a memory file; a RAM
+ * sent page by page into a memory file needs the file to itself, zeroed. */
+static int incoming__on_start(void *ctx, bool ram_shared)
+{
+	struct incoming *in = ctx;
+	struct memfile *f = in->m->vm->memfile;
+	char err[512];
+	in->ram_shared = ram_shared;
+	if (ram_shared && !f)
+		return mig_recv__fail(&in->recv, -EINVAL, "the source hands its RAM over in a "
+				      "shared memory file (x-ignore-shared), but this VM's RAM is "
+				      "not in one: start it with --object memory-backend-file,...,"
+				      "mem-path=the source's file,share=on");
+	if (!ram_shared && f && memfile__claim(f, err, sizeof(err)))
+		return mig_recv__fail(&in->recv, -EBUSY, "%s", err);
+	if (ram_shared)
+		log_info("incoming migration: the RAM is handed over in %s, not sent", f->path);
+	return 0;
+}
+
+static int incoming__on_shared(void *ctx, uint64_t token)
+{
+	struct incoming *in = ctx;
+	in->shared_token = token;
+	return 0;
+}
+
 /* Runs the guest here (the source stopped it running) or leaves it paused
- * for `cont`; false if the VM left inmigrate meanwhile. */
-static bool incoming__resume(struct incoming *in)
+ * for `cont`; fails the stream (its error returned) if this VM cannot take
+ * the guest or left inmigrate meanwhile. */
+static int incoming__resume(struct incoming *in)
 {
 	struct migration *m = in->m;
 	struct vm *vm = m->vm;
 	char err[512];
 	/* the guest is this VM's now: the source gave the disk's lock up
 	 * after its last state, so take it (and forget any cached view) */
-	if (vm_blk__activate(vm, err, sizeof(err))) {
-		log_err("incoming migration: %s: the guest does not run here", err);
-		return false;
-	}
-	if (disk_in__complete(&in->disk, err, sizeof(err))) {
-		log_err("incoming migration: the disk: %s: the guest does not run here", err);
-		return false;
+	if (vm_blk__activate(vm, err, sizeof(err)))
+		return mig_recv__fail(&in->recv, -EBUSY, "%s: the guest does not run here", err);
+	if (disk_in__complete(&in->disk, err, sizeof(err)))
+		return mig_recv__fail(&in->recv, -EIO, "the disk: %s: the guest does not run here",
+				      err);
+	/* last, as it cannot be undone: the RAM handed over must be the one
+	 * the source stopped, the token its stream carries still in the
+	 * file's trailer (mem/memfile.h); if not, the disk goes back too */
+	if (in->ram_shared && memfile__take_over(vm->memfile, in->shared_token, err, sizeof(err))) {
+		if (vm_blk__inactivate(vm))
+			log_warn("incoming migration: the disk could not be given back");
+		return mig_recv__fail(&in->recv, -ESTALE, "%s: the guest does not run here", err);
 	}
 	if (!vm->run_after_migration) {
 		/* as QEMU's: a source stopped by a disk error is so here too */
 		vm__set_status(vm, vm_blk__kept(vm) ? VM_STATUS_IO_ERROR : VM_STATUS_PAUSED);
 	} else {
 		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING))
-			return false;
+			return mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it "
+					      "could run");
 		control__event(m->ctl, "RESUME", NULL);
 	}
 	if (vm->net) {    /* the guest is this VM's now: tell the network */
@@ -330,7 +367,7 @@ static bool incoming__resume(struct incoming *in)
 		if (vm_net__announce(vm, &ap))
 			log_warn("virtio-net: the self-announcements did not start");
 	}
-	return true;
+	return 0;
 }
 
 /* ---- post-copy hooks (mig_recv_ops) ---- */
@@ -419,8 +456,9 @@ static int incoming__on_postcopy(void *ctx)
 	if (rc)
 		return mig_recv__fail(&in->recv, rc, "%s", err);
 	in->postcopy = true;
-	if (!incoming__resume(in))
-		return mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it could run");
+	rc = incoming__resume(in);
+	if (rc)
+		return rc;
 	uint8_t rec[PROTO_HDR_SIZE];
 	ssize_t n = proto__encode_empty(rec, sizeof(rec), PROTO_RP_RUNNING);
 	rc = n < 0 ? (int)n : postcopy_dst__reply(&in->pc, rec, (size_t)n);
@@ -656,8 +694,8 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 		incoming__postcopy_stats(in);
 		postcopy_dst__free(&in->pc);
 		in->pc_ready = false;
-	} else if (!rc && !incoming__resume(in)) {   /* RP_OK only once the guest runs here */
-		rc = mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it could run");
+	} else if (!rc) {   /* RP_OK only once the guest runs here */
+		rc = incoming__resume(in);
 	}
 	if (connected && mig_stream__two_way(&in->stream)) {
 		int r2 = mig_recv__reply(&in->recv, &in->stream);
@@ -868,6 +906,7 @@ void *migration__incoming_thread(void *arg)
 	struct mig_recv_ops ops = { .on_state = incoming__on_state, .on_zero = incoming__on_zero,
 				    .on_page_written = incoming__on_page, .on_sync = incoming__on_sync,
 				    .on_channels = incoming__on_channels, .on_disk = incoming__on_disk,
+				    .on_start = incoming__on_start, .on_shared = incoming__on_shared,
 				    .ctx = in };
 	disk_in__init(&in->disk, m->vm->blkfile);
 	preempt_in__init(&in->preempt, &in->stream);

@@ -96,7 +96,7 @@ static int pc__flush_discard(struct postcopy_dst *d)
 	if (!d->run_len)
 		return 0;
 	uint8_t *h = pc__host(d->ram, d->run_start);
-	int rc = madvise(h, d->run_len * RAM_PAGE_SIZE, MADV_DONTNEED) ? -errno : 0;
+	int rc = ram__discard(d->ram, h, d->run_len * RAM_PAGE_SIZE);
 	d->run_len = 0;
 	return rc;
 }

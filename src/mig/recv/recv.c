@@ -139,8 +139,40 @@ static int recv__start(struct mig_recv *r, const struct proto_hdr *h, const void
 				      PRIu32 ")", why, st.version, st.page_size);
 	if (proto__layout_mismatch(&st, r->ram, msg, sizeof(msg)))
 		return mig_recv__fail(r, -EINVAL, "START: RAM layout differs: %s", msg);
+	r->ram_shared = h->flags & PROTO_F_RAM_SHARED;
+	if (r->ram_shared && !r->ops.on_start)
+		return mig_recv__fail(r, -EPROTO, "START: the RAM is handed over in a shared file, "
+				      "but this side takes none");
+	int rc = r->ops.on_start ? r->ops.on_start(r->ops.ctx, r->ram_shared) : 0;
+	if (rc)     /* a message the hook gave first stands */
+		return mig_recv__fail(r, recv__hook_ret(rc), "START: %s", strerror(-recv__hook_ret(rc)));
 	r->state = MIG_RECV_RAM;
 	return 0;
+}
+
+/* SHARED: once, with RAM_SHARED, before END. */
+static int recv__shared(struct mig_recv *r, const struct proto_hdr *h, const void *p)
+{
+	uint64_t token;
+	const char *why = NULL;
+	if (proto__decode_shared(p, h->length, &token, &why))
+		return mig_recv__fail(r, -EPROTO, "SHARED: %s", why);
+	if (!r->ram_shared || r->shared_token)
+		return mig_recv__fail(r, -EPROTO, r->ram_shared ? "second SHARED record" :
+				      "SHARED record, but START did not say the RAM is shared");
+	r->shared_token = token;
+	int rc = r->ops.on_shared ? r->ops.on_shared(r->ops.ctx, token) : -EPROTO;
+	if (rc)
+		return mig_recv__fail(r, recv__hook_ret(rc), "SHARED: %s",
+				      strerror(-recv__hook_ret(rc)));
+	return 0;
+}
+
+/* With RAM_SHARED only STATE, SHARED and END carry anything: no page
+ * may be written into a RAM that is handed over, not sent. */
+static bool recv__shared_allows(uint32_t type)
+{
+	return type == PROTO_STATE || type == PROTO_SHARED || type == PROTO_END;
 }
 
 static int recv__pages(struct mig_recv *r, const struct proto_hdr *h, const void *p)
@@ -358,6 +390,8 @@ static int recv__end(struct mig_recv *r, const struct proto_hdr *h, const void *
 	if (proto__decode_end(p, h->length, h->flags, theirs, &has, &why))
 		return mig_recv__fail(r, -EPROTO, "END: %s", why);
 	r->checksum_present = has;
+	if (r->ram_shared && !r->shared_token)
+		return mig_recv__fail(r, -EPROTO, "END before the RAM's hand-over (SHARED)");
 	if (r->preempt) {
 		if (has)
 			return mig_recv__fail(r, -EPROTO, "END with a checksum on the preempt channel");
@@ -497,9 +531,14 @@ static int recv__ram_record(struct mig_recv *r, const struct proto_hdr *h, const
 	    !(h->type == PROTO_PREEMPT && r->preempt_due))
 		return mig_recv__fail(r, -EPROTO, "%s record during post-copy",
 				      proto__type_name(h->type));
+	if (r->ram_shared && !recv__shared_allows(h->type))
+		return mig_recv__fail(r, -EPROTO, "%s record, but the RAM is handed over in a shared "
+				      "file (x-ignore-shared), not sent", proto__type_name(h->type));
 	uint64_t round;
 	const char *why = NULL;
 	switch (h->type) {
+	case PROTO_SHARED:
+		return recv__shared(r, h, p);
 	case PROTO_PAGES:
 		return recv__pages(r, h, p);
 	case PROTO_ZERO:

@@ -3,6 +3,7 @@
  *
  *   WAIT_START --START--> RAM --END--> DONE
  *        \                 |  PAGES, ZERO, XBZRLE, STATE, SYNC, DISCARD
+ *         \                |  (START with RAM_SHARED: STATE, SHARED only)
  *         \                +--POSTCOPY--> POSTCOPY --END--> DONE
  *          \                                 PAGES, ZERO (placed by hooks)
  *           `---- any error -----------------+--> FAILED  (sticky, with a message)
@@ -92,6 +93,13 @@ struct mig_recv_ops {
 	 * by the time it returns 0.  A return other than -EPROTO counts as a
 	 * lost link (post-copy pauses, mig_recv__link_lost). */
 	int (*on_postcopy_end)(void *ctx);
+	/* Optional: START came; ram_shared: its flag RAM_SHARED (RAM is
+	 * handed over in a shared file, not sent).  Without the hook such a
+	 * START fails with -EPROTO.  Non-zero returns fail as for on_disk. */
+	int (*on_start)(void *ctx, bool ram_shared);
+	/* Optional (required with RAM_SHARED): the SHARED record's token.
+	 * Non-zero returns fail as for on_disk. */
+	int (*on_shared)(void *ctx, uint64_t token);
 	void *ctx;
 };
 
@@ -118,6 +126,8 @@ struct mig_recv {
 	struct mig_recv_ops ops;
 	struct mig_recv_stats stats;
 	bool checksum_present, checksum_ok;
+	bool ram_shared;        /* START's RAM_SHARED: no page record may come */
+	uint64_t shared_token;  /* SHARED's (0: none yet) */
 	bool link_lost;         /* FAILED in POSTCOPY because the stream broke */
 	bool pc_verify;         /* POSTCOPY announced END's post-copy checksum */
 	bool preempt_due;       /* resumed post-copy: one PREEMPT may come (the

@@ -13,6 +13,7 @@
 #include "kvm/vm.h"
 #include "kvm/vm_blk.h"
 #include "mem/dirty.h"
+#include "mem/memfile.h"
 #include "mig/migration.h"
 #include "mig/wire/proto.h"
 #include "mig/send/send_impl.h"
@@ -441,6 +442,8 @@ int sender__stop_guest(struct sender *s, bool pre, uint64_t *t0)
 	if (s->m->mf_open)
 		multifd_send__set_rate(&s->m->mf, 0);
 	pthread_mutex_unlock(&s->m->lock);
+	if (!s->tracking)     /* x-ignore-shared: no page to find */
+		return 0;
 	/* deferred, and never cleared: the vCPUs stay stopped until tracking
 	 * ends, so the downtime spends nothing on write protection */
 	int64_t got = dirty__sync(vm->dirty, &s->m->todo, DIRTY_SYNC_DEFER_CLEAR);
@@ -465,8 +468,36 @@ int sender__give_up_image(struct sender *s)
 	return rc;
 }
 
+int sender__hand_over_ram(struct sender *s)
+{
+	uint64_t token;
+	if (!s->ram_shared)
+		return 0;
+	int rc = memfile__hand_over(s->m->vm->memfile, &token);
+	if (rc) {
+		migration__set_error(s->m, "memory file %s: cannot hand it over: %s",
+				     s->m->vm->memfile->path, strerror(-rc));
+		return rc;
+	}
+	s->ram_handed = true;
+	pthread_mutex_lock(&s->m->lock);
+	s->m->stats.ram_handed = true;
+	pthread_mutex_unlock(&s->m->lock);
+	ssize_t n = proto__encode_shared(s->rec, s->rec_cap, token);
+	return n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
+}
+
 int sender__take_back_image(struct sender *s, char *err, size_t errlen)
 {
+	if (s->ram_handed) {
+		int rc = memfile__take_back(s->m->vm->memfile, err, errlen);
+		if (rc)
+			return rc;
+		s->ram_handed = false;
+		pthread_mutex_lock(&s->m->lock);
+		s->m->stats.ram_handed = false;
+		pthread_mutex_unlock(&s->m->lock);
+	}
 	if (!s->image_given_up)
 		return 0;
 	int rc = vm_blk__activate(s->m->vm, err, errlen);
@@ -481,16 +512,18 @@ int sender__switchover(struct sender *s)
 	struct vm *vm = s->m->vm;
 	uint64_t t0, bytes0 = sender__bytes(s);
 	int rc = sender__stop_guest(s, true, &t0);
-	if (!rc)
+	if (!rc && !s->ram_shared)   /* shared: not a page is sent */
 		rc = sender__pass(s);
 	if (!rc)
 		rc = sender__disk_sum(s);
-	if (!rc)
+	if (!rc && !s->ram_shared)
 		rc = sender__fault_extra(s);
 	if (!rc)
 		rc = state__save(vm, sender__put_state, s);
 	if (!rc)
 		rc = sender__give_up_image(s);
+	if (!rc)
+		rc = sender__hand_over_ram(s);
 	mig_fault__report(&s->fault);
 	log_debug("switchover: pages and state queued after %llu ms",
 		  (unsigned long long)(time__now_ms() - t0));

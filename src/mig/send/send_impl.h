@@ -69,6 +69,9 @@ struct sender {
 	bool end_sent;              /* END is out: the destination may run the guest */
 	bool dest_refused;          /* the destination answered RP_FAIL */
 	bool image_given_up;        /* the disk's write lock went at the switchover */
+	bool ram_shared;            /* x-ignore-shared with RAM in a memory file: it is
+				     * handed over at the switchover, not sent */
+	bool ram_handed;            /* ... and was: the destination may take it */
 	bool postcopy_sent;         /* POSTCOPY is out: the destination may run the guest */
 	bool hybrid_refused;        /* x-postcopy-auto could not switch (said once) */
 	struct multifd_send *mf;    /* parallel channels, or NULL */
@@ -243,5 +246,9 @@ void sender__xbzrle_stats(const struct sender *s, struct mig_stats *st);
  * (-errno with err set: another process holds it now). */
 int sender__give_up_image(struct sender *s) KMIG_MUST_CHECK;
 int sender__take_back_image(struct sender *s, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* send.c, x-ignore-shared: the RAM's file handed over after the last
+ * state (mem/memfile.h), its token in a SHARED record; taken back as the
+ * disk is. */
+int sender__hand_over_ram(struct sender *s) KMIG_MUST_CHECK;
 
 #endif

@@ -11,6 +11,7 @@
 #include "dev/net.h"
 #include "kvm/vm.h"
 #include "mem/dirty.h"
+#include "mem/memfile.h"
 #include "mig/send/send_impl.h"
 
 /* room for a ZERO batch, or a PAGES batch written whole (compression) */
@@ -147,6 +148,7 @@ static int sender__setup(struct sender *s, const char *uri)
 	struct proto_ram *pr = &s->pr;
 	migration__proto_ram(s->ram, pr);
 	proto_start__from_ram(&st, pr);
+	st.ram_shared = s->ram_shared;
 	ssize_t n = proto__encode_start(s->rec, s->rec_cap, &st);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 	/* at once: until START arrives the destination takes this connection
@@ -171,6 +173,15 @@ static int sender__setup(struct sender *s, const char *uri)
 		rc = sender__disk_setup(s);
 	if (rc || s->snapshot)    /* it tracks writes its own way */
 		return rc;
+	if (s->ram_shared) {      /* no page is sent: nothing to track */
+		bitmap__clear_all(&m->todo);
+		pthread_mutex_lock(&m->lock);
+		m->stats.ram_shared = true;
+		pthread_mutex_unlock(&m->lock);
+		log_info("migration: x-ignore-shared: RAM stays in %s and is handed over, not sent",
+			 m->vm->memfile->path);
+		return 0;
+	}
 	rc = dirty__start(m->vm->dirty);
 	if (rc) {
 		migration__set_error(m, "cannot start dirty tracking: %s", strerror(-rc));
@@ -458,6 +469,14 @@ static void sender__cleanup(struct sender *s, int rc)
 	}
 	if (m->stream_open && mig_stream__error(s->stream))
 		sender__check_return_path(s, 500); /* the destination may say why */
+	/* RAM handed over in its file and no answer after END: the file says
+	 * whether anybody took it.  Taken back here (the lock and the token
+	 * hold), nobody can run the guest but this VM (mem/memfile.h) */
+	if (s->paused && s->end_sent && !s->dest_refused && s->ram_handed &&
+	    !sender__take_back_image(s, why, sizeof(why))) {
+		log_info("migration: the RAM was not taken over: it is this VM's again");
+		s->dest_refused = true;
+	}
 	if (s->paused && s->postcopy_sent && !s->dest_refused &&
 	    s->prev_status == VM_STATUS_RUNNING) {
 		/* the destination runs the guest (or may): this copy lacks
@@ -506,6 +525,8 @@ static int sender__run(struct sender *s)
 {
 	if (s->snapshot)
 		return sender__snapshot(s);
+	if (s->ram_shared)
+		return sender__switchover(s);
 	int rc = sender__iterate(s);
 	if (rc == SENDER_POSTCOPY)
 		return sender__postcopy(s);
@@ -545,6 +566,7 @@ void *migration__send_thread(void *arg)
 	pthread_mutex_lock(&m->lock);    /* migrate-set-parameters may write them */
 	s->zero_detect = m->params.cap_zero_detect;
 	s->snapshot = m->params.cap_background_snapshot;
+	s->ram_shared = m->params.cap_ignore_shared && m->vm->memfile;
 	s->comp = mig_comp__stream(&m->params.comp);
 	s->chan_comp = mig_comp__channel(&m->params.comp);
 	pthread_mutex_unlock(&m->lock);

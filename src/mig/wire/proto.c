@@ -31,6 +31,7 @@ const char *proto__type_name(uint32_t type)
 	case PROTO_DISK:    return "DISK";
 	case PROTO_PREEMPT: return "PREEMPT";
 	case PROTO_XBZRLE:  return "XBZRLE";
+	case PROTO_SHARED:  return "SHARED";
 	default:            return "unknown";
 	}
 }
@@ -55,6 +56,7 @@ static uint32_t proto__allowed_flags(uint32_t type)
 	case PROTO_END:   return PROTO_F_HAS_CHECKSUM | PROTO_F_PAGE_SUM;
 	case PROTO_POSTCOPY: return PROTO_F_HAS_CHECKSUM;
 	case PROTO_DISK:  return PROTO_F_HAS_CHECKSUM;
+	case PROTO_START: return PROTO_F_RAM_SHARED;
 	default:          return 0;
 	}
 }
@@ -82,6 +84,7 @@ const char *proto__header_problem(const struct proto_hdr *h)
 		break;
 	case PROTO_SYNC:
 	case PROTO_RP_PING:
+	case PROTO_SHARED:
 		if (h->length != 8)
 			return "record length must be 8";
 		break;
@@ -167,7 +170,8 @@ static ssize_t proto__encode_layout(void *buf, size_t cap, uint32_t type,
 	if (st->nr_blocks > PROTO_MAX_BLOCKS)
 		return -EINVAL;
 	uint64_t len = PROTO_MAGIC_LEN + 12 + 16ull * st->nr_blocks;
-	uint8_t *p = proto__begin(buf, cap, type, 0, len);
+	uint32_t flags = type == PROTO_START && st->ram_shared ? PROTO_F_RAM_SHARED : 0;
+	uint8_t *p = proto__begin(buf, cap, type, flags, len);
 	if (!p)
 		return -ENOSPC;
 	memcpy(p, PROTO_MAGIC, PROTO_MAGIC_LEN);
@@ -340,6 +344,11 @@ static ssize_t proto__encode_u64(void *buf, size_t cap, uint32_t type, uint64_t 
 ssize_t proto__encode_sync(void *buf, size_t cap, uint64_t round)
 {
 	return proto__encode_u64(buf, cap, PROTO_SYNC, round);
+}
+
+ssize_t proto__encode_shared(void *buf, size_t cap, uint64_t token)
+{
+	return token ? proto__encode_u64(buf, cap, PROTO_SHARED, token) : -EINVAL;
 }
 
 ssize_t proto__encode_channel(void *buf, size_t cap, uint32_t index, uint32_t count,
@@ -550,6 +559,12 @@ static int proto__decode_u64(const void *payload, size_t len, uint64_t *v, const
 int proto__decode_sync(const void *p, size_t len, uint64_t *round, const char **why)
 {
 	return proto__decode_u64(p, len, round, why);
+}
+
+int proto__decode_shared(const void *p, size_t len, uint64_t *token, const char **why)
+{
+	int rc = proto__decode_u64(p, len, token, why);
+	return rc ? rc : *token ? 0 : proto__bad(why, "SHARED token 0");
 }
 
 int proto__decode_channel(const void *p, size_t len, uint32_t *index, uint32_t *count,

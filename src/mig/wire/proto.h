@@ -61,6 +61,8 @@ enum proto_type {
 				 * the destination asks for */
 	PROTO_XBZRLE  = 14,     /* xbzrle: pages as deltas against the destination's
 				 * copies (mig/wire/xbzrle.h) */
+	PROTO_SHARED  = 15,     /* x-ignore-shared: u64 token the RAM's file was handed
+				 * over with (mem/memfile.h), before END */
 	PROTO_RP_OK   = 0x101,
 	PROTO_RP_FAIL = 0x102,
 	PROTO_RP_PING = 0x103,
@@ -77,6 +79,8 @@ enum proto_type {
 #define PROTO_F_COMPRESSED_ZLIB  (1u << 3)   /* PAGES */
 #define PROTO_F_PAGE_SUM         (1u << 4)   /* END with HAS_CHECKSUM: the checksum is
 					      * the page sum (background-snapshot) */
+#define PROTO_F_RAM_SHARED       (1u << 5)   /* START: RAM is not sent, it is handed
+					      * over in a shared file (SHARED) */
 #define PROTO_F_COMPRESSED_ANY   (PROTO_F_COMPRESSED_ZSTD | PROTO_F_COMPRESSED_LZ4 | \
 				  PROTO_F_COMPRESSED_ZLIB)
 
@@ -103,6 +107,7 @@ struct proto_start {
 	uint32_t page_size;
 	uint32_t nr_blocks;
 	struct { uint64_t gpa, size; } blocks[PROTO_MAX_BLOCKS];
+	bool ram_shared;        /* START's flag RAM_SHARED (not in RESUME) */
 };
 
 /* A decoded PAGES or ZERO payload.  offsets points at count little-endian
@@ -181,6 +186,8 @@ ssize_t proto__encode_zero(void *buf, size_t cap, uint32_t block, uint32_t count
 ssize_t proto__encode_state(void *buf, size_t cap, uint32_t id, uint32_t version,
 			    uint32_t instance, const void *data, size_t len) KMIG_MUST_CHECK;
 ssize_t proto__encode_sync(void *buf, size_t cap, uint64_t round) KMIG_MUST_CHECK;
+/* SHARED: the token (not 0) the source handed its RAM's file over with. */
+ssize_t proto__encode_shared(void *buf, size_t cap, uint64_t token) KMIG_MUST_CHECK;
 /* CHANNEL: on the main stream (index 0) it announces `count` extra
  * channels and the migration's session (PROTO_SESSION_LEN random bytes);
  * each extra connection starts with one naming its index and the same
@@ -243,6 +250,9 @@ int proto__decode_state(const void *p, size_t len, struct proto_state *st,
 			const char **why) KMIG_MUST_CHECK;
 int proto__decode_sync(const void *p, size_t len, uint64_t *round,
 		       const char **why) KMIG_MUST_CHECK;
+/* The token, not 0. */
+int proto__decode_shared(const void *p, size_t len, uint64_t *token,
+			 const char **why) KMIG_MUST_CHECK;
 /* Index 0..PROTO_MAX_CHANNELS, count 1..PROTO_MAX_CHANNELS, index <= count;
  * session receives PROTO_SESSION_LEN bytes. */
 int proto__decode_channel(const void *p, size_t len, uint32_t *index, uint32_t *count,
