@@ -198,8 +198,8 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		    "--dirty-limit, --auto-converge, --resume (it sends each page once, as it was "
 		    "when it began)");
 	if (o->ignore_shared && (o->postcopy != PC_OFF || o->multifd || o->disk || o->snapshot ||
-				 o->resume))
-		die("--ignore-shared takes none of --postcopy, --multifd, --disk, "
+				 o->resume || o->xbzrle_mib))
+		die("--ignore-shared takes none of --postcopy, --multifd, --disk, --xbzrle, "
 		    "--background-snapshot, --resume (the RAM in its memory file is handed over, "
 		    "not sent)");
 	if (o->resume && !o->dest_qmp)
@@ -273,7 +273,7 @@ static int migrate__default_policy(struct qmp_client *c, struct migrate_opts *o,
 				   size_t n)
 {
 	if (o->resume || o->policy || o->policy_off || o->dirty_limit || o->postcopy != PC_OFF ||
-	    o->snapshot || o->ignore_shared)
+	    o->snapshot)
 		return 0;
 	o->by_default = true;
 	/* a VMM that cannot say (not kmig's) gets the throttle, which needs no ring */
@@ -312,8 +312,7 @@ static const char *migrate__policy_name(const struct migrate_opts *o)
 
 static void migrate__print_policy(const struct migrate_opts *o, FILE *f)
 {
-	if ((o->postcopy != PC_OFF && !o->policy && !o->dirty_limit) || o->snapshot ||
-	    o->ignore_shared)
+	if ((o->postcopy != PC_OFF && !o->policy && !o->dirty_limit) || o->snapshot)
 		return;
 	if (o->dirty_limit)
 		fprintf(f, "policy: dirty-limit %llu MB/s per vCPU", (unsigned long long)o->dirty_limit);

@@ -38,13 +38,14 @@ static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
 	enum vm_status st = vm__status(c->vm);
 	bool after = st == VM_STATUS_PAUSED || st == VM_STATUS_POSTMIGRATE ||
 		     st == VM_STATUS_IO_ERROR;
-	/* and its RAM, handed over in a memory file (x-ignore-shared): only
-	 * if nobody took it since (mem/memfile.h) */
-	if (after && c->vm->memfile && memfile__take_back(c->vm->memfile, why, sizeof(why))) {
+	if (after && vm_blk__activate(c->vm, why, sizeof(why))) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: %s", why);
 		return NULL;
 	}
-	if (after && vm_blk__activate(c->vm, why, sizeof(why))) {
+	/* and its RAM, handed over in a memory file (x-ignore-shared): only
+	 * if nobody took it since (mem/memfile.h); the disk first, as the
+	 * destination takes them */
+	if (after && c->vm->memfile && memfile__take_back(c->vm->memfile, why, sizeof(why))) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: %s", why);
 		return NULL;
 	}

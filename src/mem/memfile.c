@@ -162,6 +162,7 @@ int memfile__open(struct memfile *f, const char *path, uint64_t size, bool boot,
 		  size_t errlen)
 {
 	memset(f, 0, sizeof(*f));
+	pthread_mutex_init(&f->lock, NULL);
 	f->fd = -1;
 	f->size = size;
 	if (!path || strlen(path) >= sizeof(f->path)) {
@@ -183,37 +184,77 @@ void memfile__close(struct memfile *f)
 		close(f->fd);   /* its locks go with it */
 	f->fd = -1;
 	f->owner = false;
+	pthread_mutex_destroy(&f->lock);
 }
 
-int memfile__claim(struct memfile *f, char *err, size_t errlen)
+static int memfile__claim_locked(struct memfile *f, char *err, size_t errlen)
 {
+	enum memfile_state st;
+	uint64_t tok;
 	if (f->owner && f->fresh)
 		return 0;
-	if (!f->owner) {
-		int rc = memfile__setlk(f->fd, F_WRLCK, MEMFILE_LOCK_OWNER);
-		if (rc)
-			return memfile__in_use(f, rc, ": a migration between two VMs on one memory "
-					       "file needs x-ignore-shared on the source", err, errlen);
-		f->owner = true;
+	/* nobody else may have it open: a source running on it, or one in
+	 * postmigrate after a state-only save, still maps it */
+	int rc = memfile__setlk(f->fd, F_WRLCK, MEMFILE_LOCK_USER);
+	if (!rc && !f->owner)
+		rc = memfile__setlk(f->fd, F_WRLCK, MEMFILE_LOCK_OWNER);
+	if (rc) {
+		(void)memfile__setlk(f->fd, F_RDLCK, MEMFILE_LOCK_USER);
+		return memfile__in_use(f, rc, ": a migration between two VMs on one memory "
+				       "file needs x-ignore-shared on the source", err, errlen);
 	}
-	int rc = memfile__empty(f);
+	f->owner = true;
+	if (!memfile__read_trailer(f, &st, &tok) && st == MEMFILE_HANDED_OVER) {
+		snprintf(err, errlen, "memory file %s holds RAM that was handed over and not taken "
+			 "(a state-only save's?): restore that save, or boot on the file to empty it",
+			 f->path);
+		(void)memfile__setlk(f->fd, F_UNLCK, MEMFILE_LOCK_OWNER);
+		(void)memfile__setlk(f->fd, F_RDLCK, MEMFILE_LOCK_USER);
+		f->owner = false;
+		return -EBUSY;
+	}
+	rc = memfile__empty(f);
+	if (!rc)
+		rc = memfile__setlk(f->fd, F_RDLCK, MEMFILE_LOCK_USER);
 	if (rc)
 		snprintf(err, errlen, "memory file %s: %s", f->path, strerror(-rc));
 	return rc;
 }
 
-int memfile__hand_over(struct memfile *f, uint64_t *token)
+int memfile__claim(struct memfile *f, char *err, size_t errlen)
 {
+	pthread_mutex_lock(&f->lock);
+	int rc = memfile__claim_locked(f, err, errlen);
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+static int memfile__hand_over_locked(struct memfile *f, uint64_t *token)
+{
+	uint64_t again;
 	if (!f->owner)
 		return -EPERM;
 	int rc = memfile__new_token(token);
 	rc = rc ? rc : memfile__write_trailer(f, MEMFILE_HANDED_OVER, *token);
-	rc = rc ? rc : memfile__setlk(f->fd, F_UNLCK, MEMFILE_LOCK_OWNER);
 	if (rc)
 		return rc;
+	rc = memfile__setlk(f->fd, F_UNLCK, MEMFILE_LOCK_OWNER);
+	if (rc) {       /* still ours: the trailer says so again */
+		if (!memfile__new_token(&again))
+			(void)memfile__write_trailer(f, MEMFILE_RUNNING, again);
+		return rc;
+	}
 	f->owner = false;
 	f->token = *token;
 	return 0;
+}
+
+int memfile__hand_over(struct memfile *f, uint64_t *token)
+{
+	pthread_mutex_lock(&f->lock);
+	int rc = memfile__hand_over_locked(f, token);
+	pthread_mutex_unlock(&f->lock);
+	return rc;
 }
 
 static const char *memfile__says(int rc, enum memfile_state st, uint64_t tok, uint64_t want)
@@ -225,7 +266,8 @@ static const char *memfile__says(int rc, enum memfile_state st, uint64_t tok, ui
 	return tok == want ? "handed over with this token" : "handed over by another migration";
 }
 
-int memfile__take_over(struct memfile *f, uint64_t token, char *err, size_t errlen)
+static int memfile__take_over_locked(struct memfile *f, uint64_t token, char *err,
+				     size_t errlen)
 {
 	if (f->owner) {
 		snprintf(err, errlen, "memory file %s is this VM's already", f->path);
@@ -256,9 +298,40 @@ int memfile__take_over(struct memfile *f, uint64_t token, char *err, size_t errl
 	return 0;
 }
 
+int memfile__take_over(struct memfile *f, uint64_t token, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&f->lock);
+	int rc = memfile__take_over_locked(f, token, err, errlen);
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
 int memfile__take_back(struct memfile *f, char *err, size_t errlen)
 {
-	if (f->owner)
-		return 0;
-	return memfile__take_over(f, f->token, err, errlen);
+	pthread_mutex_lock(&f->lock);
+	int rc = f->owner ? 0 : memfile__take_over_locked(f, f->token, err, errlen);
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+int memfile__give_back(struct memfile *f, uint64_t token)
+{
+	pthread_mutex_lock(&f->lock);
+	int rc = f->owner ? 0 : -EPERM;
+	rc = rc ? rc : memfile__write_trailer(f, MEMFILE_HANDED_OVER, token);
+	rc = rc ? rc : memfile__setlk(f->fd, F_UNLCK, MEMFILE_LOCK_OWNER);
+	if (!rc) {
+		f->owner = false;
+		f->token = token;
+	}
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+bool memfile__owner(struct memfile *f)
+{
+	pthread_mutex_lock(&f->lock);
+	bool own = f->owner;
+	pthread_mutex_unlock(&f->lock);
+	return own;
 }

@@ -21,12 +21,17 @@
  * Locks (open file description locks, as for disk images, dev/blkfile.h):
  * byte 101 shared by every opener while it has the file open; byte 100
  * exclusive while a VM owns the RAM (runs it, boots it, or receives it
- * page by page).  A fresh boot needs nobody else to have the file open
- * at all (it zeroes the file); a destination waiting for a hand-over
- * holds only byte 101 until the switchover.
+ * page by page).  A fresh boot, and a destination that receives the RAM
+ * page by page, need nobody else to have the file open at all (they zero
+ * the file); a destination waiting for a hand-over holds only byte 101
+ * until the switchover.
  *
- * Not thread-safe: one thread at a time (start-up, then the migration
- * thread or the QMP loop, which the migration lock serialises). */
+ * What this does not stop: a copy of the file made after a hand-over
+ * holds the same trailer, so a state saved with that token can be
+ * restored once on each copy (as a copy of a disk image boots twice).
+ *
+ * Threads: every function but open and close takes the file's own lock
+ * (the migration thread and the QMP loop's `cont` may both call them). */
 #ifndef KMIG_MEM_MEMFILE_H
 #define KMIG_MEM_MEMFILE_H
 
@@ -43,7 +48,10 @@
 
 enum memfile_state { MEMFILE_RUNNING = 1, MEMFILE_HANDED_OVER = 2 };
 
+#include <pthread.h>
+
 struct memfile {
+	pthread_mutex_t lock;   /* the fields below, and the trailer's I/O */
 	int fd;
 	char path[1024];
 	uint64_t size;      /* guest RAM bytes (the file is size + MEMFILE_TRAILER) */
@@ -62,10 +70,12 @@ int memfile__open(struct memfile *f, const char *path, uint64_t size, bool boot,
 		  size_t errlen) KMIG_MUST_CHECK;
 void memfile__close(struct memfile *f);
 
-/* A destination whose RAM comes page by page: it must own the file and
- * start from zeros, as with anonymous memory.  -EAGAIN with err set when
- * another VM owns it (the source, if it is the same file: that needs
- * x-ignore-shared).  Idempotent. */
+/* A destination whose RAM comes page by page: it must have the file to
+ * itself and start from zeros, as with anonymous memory.  -EAGAIN with
+ * err set when another process has it open (the source, if it is the
+ * same file: that needs x-ignore-shared), -EBUSY when the trailer says
+ * HANDED_OVER (RAM a state-only save left there, not taken yet).
+ * Idempotent. */
 int memfile__claim(struct memfile *f, char *err, size_t errlen) KMIG_MUST_CHECK;
 
 /* The source at the switchover, its guest stopped: writes HANDED_OVER
@@ -81,6 +91,12 @@ int memfile__take_over(struct memfile *f, uint64_t token, char *err,
  * completed: takes its RAM back if nobody took it: memfile__take_over
  * with the token it handed over with.  0 at once if it never handed over. */
 int memfile__take_back(struct memfile *f, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* The destination whose guest did not run after all: undoes its
+ * memfile__take_over(token): HANDED_OVER with that token again, the
+ * owner lock given up, so the source can take the RAM back. */
+int memfile__give_back(struct memfile *f, uint64_t token) KMIG_MUST_CHECK;
+/* Whether this VM owns the RAM now (false once handed over). */
+bool memfile__owner(struct memfile *f);
 
 /* Reads the trailer: 0 with *state and *token, -EPROTO when it is not a
  * kmig trailer for this size. */

@@ -11,6 +11,9 @@
 #include <unistd.h>
 
 /* Newer than Debian 12's headers (Linux 6.4 and 5.14). */
+#ifndef UFFD_FEATURE_WP_HUGETLBFS_SHMEM
+#define UFFD_FEATURE_WP_HUGETLBFS_SHMEM (1 << 12)
+#endif
 #ifndef UFFD_FEATURE_WP_UNPOPULATED
 #define UFFD_FEATURE_WP_UNPOPULATED (1 << 13)
 #endif
@@ -80,11 +83,21 @@ static int ram_wp__open(struct ram_wp *w, unsigned flags, char *err, size_t errl
 			 "(userfaultfd has no write-protect mode)");
 		return -ENOTSUP;
 	}
+	bool shared = w->ram->shared;  /* a memory file's: shared memory */
+	if (shared && !(offered & UFFD_FEATURE_WP_HUGETLBFS_SHMEM)) {
+		snprintf(err, errlen, "Background-snapshot is not supported with current memory "
+			 "configuration (guest RAM in a memory file needs userfaultfd's "
+			 "write-protect of shared memory, Linux 5.19 or later)");
+		return -ENOTSUP;
+	}
 	w->uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
 	if (flags & RAM_WP_POPULATE)
 		offered &= ~(uint64_t)UFFD_FEATURE_WP_UNPOPULATED;
-	struct uffdio_api api = { .api = UFFD_API, .features = UFFD_FEATURE_PAGEFAULT_FLAG_WP |
-				  (offered & UFFD_FEATURE_WP_UNPOPULATED) };
+	/* shared memory: the kernel marks unmapped pages protected itself */
+	uint64_t want = UFFD_FEATURE_PAGEFAULT_FLAG_WP |
+			(shared ? UFFD_FEATURE_WP_HUGETLBFS_SHMEM :
+				  offered & UFFD_FEATURE_WP_UNPOPULATED);
+	struct uffdio_api api = { .api = UFFD_API, .features = want };
 	if (w->uffd < 0 || ioctl(w->uffd, UFFDIO_API, &api) < 0) {
 		rc = -errno;
 		snprintf(err, errlen, "userfaultfd: %s", strerror(-rc));
@@ -106,7 +119,7 @@ static int ram_wp__open(struct ram_wp *w, unsigned flags, char *err, size_t errl
 		return -ENOTSUP;
 	}
 	/* what was asked for: UFFDIO_API answers with every feature offered */
-	rc = (offered & UFFD_FEATURE_WP_UNPOPULATED) ? 0 : ram_wp__populate(w);
+	rc = shared || (want & UFFD_FEATURE_WP_UNPOPULATED) ? 0 : ram_wp__populate(w);
 	if (rc)
 		snprintf(err, errlen, "cannot map guest RAM for write protection: %s",
 			 strerror(-rc));

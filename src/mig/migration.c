@@ -234,6 +234,7 @@ const char *migration__shared_conflict(const struct mig_params *p, const struct 
 		{ p->cap_multifd, "multifd" },
 		{ p->cap_background_snapshot, "background-snapshot" },
 		{ p->cap_block_migration, "x-block-migration" },
+		{ p->cap_xbzrle, "xbzrle" },
 	};
 	if (!p->cap_ignore_shared || !vm->memfile)
 		return NULL;
@@ -313,6 +314,11 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 			 "fd: URI, not a connection to a destination that would run the guest "
 			 "beside this one");
 		return -EINVAL;
+	}
+	if (m->vm->memfile && !memfile__owner(m->vm->memfile)) {
+		snprintf(err, errlen, "this VM's RAM is not its own: memory file %s was handed over "
+			 "(cont takes it back if nobody took it)", m->vm->memfile->path);
+		return -EPERM;
 	}
 	const char *sh = migration__shared_conflict(&p, m->vm);
 	if (sh) {
@@ -562,7 +568,7 @@ json_t *migration__query(struct migration *m)
 		if (st.ram_shared)
 			json_object_set_new(r, "x-ignore-shared", json_pack("{s:s, s:b}",
 				"mem-path", m->vm->memfile ? m->vm->memfile->path : "",
-				"handed-over", st.ram_handed));
+				"handed-over", m->vm->memfile && !memfile__owner(m->vm->memfile)));
 		if (st.postcopy_faults)
 			json_object_set_new(r, "x-postcopy", json_pack("{s:I, s:I, s:I, s:I, s:I}",
 				"faults", (json_int_t)st.postcopy_faults,

@@ -156,8 +156,8 @@ struct mig_stats {
 	bool snapshot;
 	uint64_t snapshot_faults, snapshot_ahead;
 	/* x-ignore-shared with RAM in a memory file (query-migrate's
-	 * "x-ignore-shared"): RAM not sent; handed over (and not taken back) */
-	bool ram_shared, ram_handed;
+	 * "x-ignore-shared"): RAM not sent */
+	bool ram_shared;
 };
 
 struct migration {

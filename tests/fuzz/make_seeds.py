@@ -89,7 +89,7 @@ def recv_seeds():
                         + discard(0, [0, PG]) + rec(10, b"") + pages(0, [PG], 0x56) + end(),
         "preempt_channel": b"\4" + pages(0, [PG, 9 * PG], 0x57) + zero(1, [2 * PG]) + end(),
         "main_shared": b"\x10" + start(shared=True) + state(7, 0, b"lapic" * 10)
-                       + rec(15, struct.pack("<Q", 0x5eed)) + end(bytes(32)),
+                       + rec(15, struct.pack("<Q", 0x5eed)) + end(),
         "main_xbzrle": b"\0" + start() + body + sync(1)
                        + xbzrle(0, [(0, bytes([0, 1, 0x99, 5, 2, 1, 2])), (PG, b""),
                                     (5 * PG, bytes([0x61]) * PG),

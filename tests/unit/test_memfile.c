@@ -74,8 +74,8 @@ static void t_shared_mapping(struct t *t)
 	uint8_t byte = 1;
 	T_CHECK_EQ(t, pread(a.fd, &byte, 1, 7 * RAM_PAGE_SIZE + 100), 1);
 	T_CHECK_EQ(t, byte, 0);
-	/* the trailer is not guest RAM: writing all of RAM leaves it */
-	memset(ra.base, 0xff, SIZE);
+	/* the trailer is not guest RAM: writing RAM's last page leaves it */
+	memset(ram__page_host(&ra, ra.npages - 1), 0xff, RAM_PAGE_SIZE);
 	enum memfile_state st = 0;
 	uint64_t tok = 0;
 	T_CHECK_EQ(t, memfile__read_trailer(&a, &st, &tok), 0);
@@ -162,6 +162,26 @@ static void t_claim(struct t *t)
 	T_CHECK_EQ(t, memfile__claim(&b, err, sizeof(err)), 0);   /* idempotent */
 	ram__destroy(&rb);
 	memfile__close(&b);
+	/* nor while a source that handed its RAM over still has it open (a
+	 * state-only save's source in postmigrate), nor after it quit: the
+	 * RAM waits for the save's restore */
+	uint64_t token;
+	t_fresh_path("claim2");
+	T_CHECK_EQ(t, memfile__open(&a, path, SIZE, true, err, sizeof(err)), 0);
+	T_CHECK_EQ(t, memfile__hand_over(&a, &token), 0);
+	T_CHECK_EQ(t, memfile__open(&b, path, SIZE, false, err, sizeof(err)), 0);
+	T_CHECK_EQ(t, memfile__claim(&b, err, sizeof(err)), -EAGAIN);
+	memfile__close(&a);
+	T_CHECK_EQ(t, memfile__claim(&b, err, sizeof(err)), -EBUSY);
+	T_CHECK(t, strstr(err, "handed over and not taken") != NULL);
+	T_CHECK(t, !memfile__owner(&b));
+	/* the restore still finds it */
+	T_CHECK_EQ(t, memfile__take_over(&b, token, err, sizeof(err)), 0);
+	/* and a destination whose guest did not run gives it back */
+	T_CHECK_EQ(t, memfile__give_back(&b, token), 0);
+	T_CHECK(t, !memfile__owner(&b));
+	T_CHECK_EQ(t, memfile__take_over(&b, token, err, sizeof(err)), 0);
+	memfile__close(&b);
 }
 
 static void t_bad_files(struct t *t)
@@ -175,6 +195,10 @@ static void t_bad_files(struct t *t)
 	T_CHECK(t, strstr(err, "holds 1 bytes") != NULL);
 	/* a boot takes any file and empties it */
 	T_CHECK_EQ(t, memfile__open(&f, path, SIZE, true, err, sizeof(err)), 0);
+	T_CHECK_EQ(t, t_size(), SIZE + MEMFILE_TRAILER);
+	uint8_t first = 1;
+	T_CHECK_EQ(t, pread(f.fd, &first, 1, 0), 1);
+	T_CHECK_EQ(t, first, 0);
 	memfile__close(&f);
 	/* a new file is sized for a destination (and holds no hand-over) */
 	t_fresh_path("new");
@@ -206,7 +230,8 @@ int main(void)
 	T_RUN(&t, t_take_back);
 	T_RUN(&t, t_claim);
 	T_RUN(&t, t_bad_files);
-	const char *names[] = { "boot", "map", "hand", "back", "claim", "odd", "new", "magic" };
+	const char *names[] = { "boot", "map", "hand", "back", "claim", "claim2", "odd", "new",
+				"magic" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		t_fresh_path(names[i]);
 	}

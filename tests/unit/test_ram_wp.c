@@ -119,10 +119,26 @@ static int snap__faults(struct snap *s)
 	return rc;
 }
 
-static void snapshot_while_written(struct t *t, unsigned flags)
+/* Guest RAM anonymous, or (shared) a file on tmpfs mapped shared, as a
+ * memory-backend-file's (mem/memfile.h). */
+static void ram_for_test(struct t *t, struct ram *ram, bool shared)
+{
+	if (!shared) {
+		T_CHECK_EQ(t, ram__create(ram, -1, RAM_MIN_SIZE), 0);
+		return;
+	}
+	char path[] = "/dev/shm/kmig-test-wp-XXXXXX";
+	int fd = mkstemp(path);
+	T_CHECK(t, fd >= 0 && ftruncate(fd, RAM_MIN_SIZE) == 0);
+	unlink(path);
+	T_CHECK_EQ(t, ram__create_shared(ram, -1, RAM_MIN_SIZE, fd), 0);
+	close(fd);      /* the mapping holds the file */
+}
+
+static void snapshot_while_written(struct t *t, unsigned flags, bool shared)
 {
 	struct ram ram;
-	T_CHECK_EQ(t, ram__create(&ram, -1, RAM_MIN_SIZE), 0);
+	ram_for_test(t, &ram, shared);
 	for (uint64_t p = 0; p < ram.npages; p++)
 		if (!untouched(p))
 			stamp(ram__page_host(&ram, p), p, 1);
@@ -159,7 +175,8 @@ static void snapshot_while_written(struct t *t, unsigned flags)
 	T_CHECK(t, s.wp.faults >= 1);
 	printf("#   %llu write faults, %llu pages copied ahead of the scan for them; %s\n",
 	       (unsigned long long)s.wp.faults, (unsigned long long)s.fault_copies,
-	       s.wp.populated ? "unmapped pages were mapped for reading first" :
+	       s.wp.populated ? "unmapped pages were mapped for reading first" : shared ?
+	       "shared memory: the kernel protected unmapped pages itself" :
 	       "the kernel protected unmapped pages itself (UFFD_FEATURE_WP_UNPOPULATED)");
 	/* every write landed: the last write of each page is there */
 	T_CHECK_EQ(t, atomic_load(&w.done), WRITES);
@@ -176,13 +193,20 @@ static void snapshot_while_written(struct t *t, unsigned flags)
 
 static void t_snapshot_while_written(struct t *t)
 {
-	snapshot_while_written(t, 0);
+	snapshot_while_written(t, 0, false);
+}
+
+/* Guest RAM in a memory file on tmpfs: shared memory, whose unmapped
+ * pages the kernel protects itself (UFFD_FEATURE_WP_HUGETLBFS_SHMEM). */
+static void t_snapshot_shared(struct t *t)
+{
+	snapshot_while_written(t, 0, true);
 }
 
 /* As a kernel before 6.4 must: every page mapped for reading first. */
 static void t_snapshot_populated(struct t *t)
 {
-	snapshot_while_written(t, RAM_WP_POPULATE);
+	snapshot_while_written(t, RAM_WP_POPULATE, false);
 }
 
 /* A stop (a cancelled snapshot) wakes a writer that waits on a page. */
@@ -220,6 +244,7 @@ int main(void)
 	struct t t = {0};
 	T_RUN(&t, t_snapshot_while_written);
 	T_RUN(&t, t_snapshot_populated);
+	T_RUN(&t, t_snapshot_shared);
 	T_RUN(&t, t_stop_wakes);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);

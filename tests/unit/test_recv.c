@@ -1082,6 +1082,20 @@ static void t_shared(struct t *t)
 	T_CHECK(t, memcmp(snap, f.mem, f.len) == 0);
 	mig_recv__free(&r);
 	free(f.mem);
+	sh__setup(&r, &f, &h, true);
+	T_CHECK_EQ(t, feed(&r, buf, sh__start(buf, sizeof(buf), &f, true)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_sync(buf, sizeof(buf), 1)), -EPROTO);
+	mig_recv__free(&r);
+	free(f.mem);
+	/* SHARED before the state: the order is free, END closes */
+	sh__setup(&r, &f, &h, true);
+	T_CHECK_EQ(t, feed(&r, buf, sh__start(buf, sizeof(buf), &f, true)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_shared(buf, sizeof(buf), 9)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_state(buf, sizeof(buf), 1, 1, 0, "cpu", 3)), 0);
+	T_CHECK_EQ(t, feed(&r, buf, proto__encode_end(buf, sizeof(buf), NULL)), 0);
+	T_CHECK_EQ(t, mig_recv__state(&r), MIG_RECV_DONE);
+	mig_recv__free(&r);
+	free(f.mem);
 	/* END before the hand-over; a second SHARED */
 	sh__setup(&r, &f, &h, true);
 	T_CHECK_EQ(t, feed(&r, buf, sh__start(buf, sizeof(buf), &f, true)), 0);

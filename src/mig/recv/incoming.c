@@ -355,9 +355,13 @@ static int incoming__resume(struct incoming *in)
 		/* as QEMU's: a source stopped by a disk error is so here too */
 		vm__set_status(vm, vm_blk__kept(vm) ? VM_STATUS_IO_ERROR : VM_STATUS_PAUSED);
 	} else {
-		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING))
+		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING)) {
+			/* the guest never ran here: the source may have its RAM back */
+			if (in->ram_shared && memfile__give_back(vm->memfile, in->shared_token))
+				log_warn("incoming migration: the RAM could not be given back");
 			return mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it "
 					      "could run");
+		}
 		control__event(m->ctl, "RESUME", NULL);
 	}
 	if (vm->net) {    /* the guest is this VM's now: tell the network */

@@ -344,7 +344,8 @@ int sender__finish_one_way(struct sender *s)
 					  sizeof(err));
 	if (rc) {   /* a snapshot hands the guest to no one: it runs on */
 		migration__set_error(s->m, "the stream's end is not confirmed (%s)%s", err,
-				     s->snapshot ? "" :
+				     s->snapshot ? "" : s->ram_handed ?
+				     "; the guest runs on here if nobody took its RAM" :
 				     "; the guest stays paused here");
 		return rc;
 	}
@@ -480,30 +481,27 @@ int sender__hand_over_ram(struct sender *s)
 		return rc;
 	}
 	s->ram_handed = true;
-	pthread_mutex_lock(&s->m->lock);
-	s->m->stats.ram_handed = true;
-	pthread_mutex_unlock(&s->m->lock);
 	ssize_t n = proto__encode_shared(s->rec, s->rec_cap, token);
 	return n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 }
 
 int sender__take_back_image(struct sender *s, char *err, size_t errlen)
 {
+	/* the disk first, then the RAM: the destination's order, so that of
+	 * two racing for both one gets both */
+	if (s->image_given_up) {
+		int rc = vm_blk__activate(s->m->vm, err, errlen);
+		if (rc)
+			return rc;
+		s->image_given_up = false;
+	}
 	if (s->ram_handed) {
 		int rc = memfile__take_back(s->m->vm->memfile, err, errlen);
 		if (rc)
 			return rc;
 		s->ram_handed = false;
-		pthread_mutex_lock(&s->m->lock);
-		s->m->stats.ram_handed = false;
-		pthread_mutex_unlock(&s->m->lock);
 	}
-	if (!s->image_given_up)
-		return 0;
-	int rc = vm_blk__activate(s->m->vm, err, errlen);
-	if (!rc)
-		s->image_given_up = false;
-	return rc;
+	return 0;
 }
 
 /* Stop-and-copy: the last dirty pages, device state, END, the answer. */
