@@ -29,6 +29,8 @@ the VM is saved as device state only and restored by a new kmig.
   whose RAM is a file to one with anonymous RAM and back, x-verify on:
   dirty logging over a shared mapping.
 - test_refusals: the command line's and QMP's refusals.
+- test_cli: `kmig migrate --ignore-shared` to a file; `cont` takes the
+  RAM back.
 """
 import os
 import shutil
@@ -297,3 +299,34 @@ def test_refusals(d, vms, check):
         {"capability": "postcopy-ram", "state": True}])
     check("dest_no_postcopy", "cannot take post-copy's pages" in
           reply.get("error", {}).get("desc", ""), repr(reply))
+
+
+def test_cli(d, vms, check):
+    """kmig migrate --ignore-shared saves the VM as state only; the summary
+    says where the RAM is; `cont` takes it back (nobody restored it) and
+    the guest runs on."""
+    mf = os.path.join(d, "ram")
+    src = boot(d, vms, check, mf)
+    if not src:
+        return
+    path = os.path.join(d, "vm.state")
+    cli = subprocess.run([kt.KMIG, "migrate", "--qmp", "unix:" + src.qmp_path,
+                          "--ignore-shared", "--verify", "file:" + path],
+                         capture_output=True, text=True, timeout=kt.slow(120))
+    print("# cli: %s" % cli.stdout.strip().replace("\n", " / "))
+    check("cli_ok", cli.returncode == 0 and "status completed" in cli.stdout and
+          "RAM: handed over in %s, not sent" % mf in cli.stdout,
+          "%s %r %r" % (cli.returncode, cli.stdout[-500:], cli.stderr[-500:]))
+    check("state_only", os.path.getsize(path) < (1 << 20), os.path.getsize(path))
+    check("src_postmigrate", status(src) == "postmigrate", dump(src))
+    q = src.qmp()
+    q.cmd("cont")
+    check("src_running", status(src) == "running", dump(src))
+    check("not_handed", q.cmd("query-migrate").get("x-ignore-shared", {}).get("handed-over")
+          is False, repr(q.cmd("query-migrate")))
+    goes_on(check, src, "src")
+    refused = subprocess.run([kt.KMIG, "migrate", "--qmp", "unix:" + src.qmp_path,
+                              "--ignore-shared", "--postcopy", "auto", "unix:/nowhere"],
+                             capture_output=True, text=True, timeout=30)
+    check("cli_refuses", refused.returncode != 0 and "--ignore-shared takes none of"
+          in refused.stderr, refused.stderr)
