@@ -125,7 +125,12 @@ def catalogue(reps, seed_reps):
             ("net-blackout", ["bench/net-blackout/run.py", "--reps", r], 30),
             ("disk", ["bench/disk/run.py"], 30),
             # saving a busy guest: background-snapshot, stopped, live
-            ("snapshot", ["bench/snapshot/run.py", "--restore", "--cap", "60"], 20)]
+            ("snapshot", ["bench/snapshot/run.py", "--restore", "--cap", "60"], 20),
+            # a new VMM process on the host: RAM handed over (x-ignore-shared)
+            # against copied, 4 GiB stressed and 8 GiB idle
+            ("local-update", ["bench/local-update/run.py"], 10),
+            ("local-update-8g-idle", ["bench/local-update/run.py", "--memory", "8G",
+                                      "--workload", "idle"], 10)]
     for name, argv, est in lone:
         tail = [] if "--reps" in argv else ["--reps", r]
         cells.append(suite.Cell(name, [PY] + argv + tail + ["--out", "{out}"],

@@ -256,7 +256,7 @@ def test_catalogue_and_plan():
     for want in ("boot.json", "converge.json", "converge-1536.json", "migrate.json",
                  "postcopy.json", "recovery.json", "logstart.json", "free-pages.json",
                  "tls.json", "dirty.json", "linux-free-pages.json", "seed000-cpus2-125MBs.json",
-                 "snapshot.json"):
+                 "snapshot.json", "local-update.json"):
         assert want in {c.group or c.publish for c in cs}, want
     assert {c.where for c in cs if c.name.startswith("linux-")} == {"emulated"}
     p = subprocess.run([PY, os.path.join(ROOT, "bench", "suite", "run.py"), "--plan"],
