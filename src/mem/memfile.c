@@ -113,7 +113,21 @@ static int memfile__open_fd(struct memfile *f, char *err, size_t errlen)
 	return 0;
 }
 
-/* Boot: nobody else has the file open; it becomes this VM's, emptied. */
+/* Whether the file holds RAM handed over and not taken (a state-only
+ * save waits for its restore): nothing may empty it then. */
+static bool memfile__waits(struct memfile *f, char *err, size_t errlen)
+{
+	enum memfile_state st;
+	uint64_t tok;
+	if (memfile__read_trailer(f, &st, &tok) || st != MEMFILE_HANDED_OVER)
+		return false;
+	snprintf(err, errlen, "memory file %s holds RAM that was handed over and not taken (a "
+		 "state-only save's?): restore that save, or remove the file", f->path);
+	return true;
+}
+
+/* Boot: nobody else has the file open and it holds no RAM handed over;
+ * it becomes this VM's, emptied. */
 static int memfile__open_boot(struct memfile *f, char *err, size_t errlen)
 {
 	int rc = memfile__setlk(f->fd, F_WRLCK, MEMFILE_LOCK_USER);
@@ -123,6 +137,8 @@ static int memfile__open_boot(struct memfile *f, char *err, size_t errlen)
 	if (rc)
 		return memfile__in_use(f, rc, "", err, errlen);
 	f->owner = true;
+	if (memfile__waits(f, err, errlen))
+		return -EBUSY;
 	rc = memfile__setlk(f->fd, F_RDLCK, MEMFILE_LOCK_USER);
 	rc = rc ? rc : memfile__empty(f);
 	if (rc)
@@ -189,8 +205,6 @@ void memfile__close(struct memfile *f)
 
 static int memfile__claim_locked(struct memfile *f, char *err, size_t errlen)
 {
-	enum memfile_state st;
-	uint64_t tok;
 	if (f->owner && f->fresh)
 		return 0;
 	/* nobody else may have it open: a source running on it, or one in
@@ -204,10 +218,7 @@ static int memfile__claim_locked(struct memfile *f, char *err, size_t errlen)
 				       "file needs x-ignore-shared on the source", err, errlen);
 	}
 	f->owner = true;
-	if (!memfile__read_trailer(f, &st, &tok) && st == MEMFILE_HANDED_OVER) {
-		snprintf(err, errlen, "memory file %s holds RAM that was handed over and not taken "
-			 "(a state-only save's?): restore that save, or boot on the file to empty it",
-			 f->path);
+	if (memfile__waits(f, err, errlen)) {
 		(void)memfile__setlk(f->fd, F_UNLCK, MEMFILE_LOCK_OWNER);
 		(void)memfile__setlk(f->fd, F_RDLCK, MEMFILE_LOCK_USER);
 		f->owner = false;

@@ -62,7 +62,9 @@ struct memfile {
 
 /* Opens (creating it if absent) and checks path: a regular file outside
  * hugetlbfs.  boot: this VM boots a guest in it: nobody else may have it
- * open; it is emptied to size + trailer zero bytes and owned (RUNNING).
+ * open, and it may not hold RAM handed over and not taken (-EBUSY: a
+ * state-only save waits for its restore); it is emptied to size +
+ * trailer zero bytes and owned (RUNNING).
  * !boot (--incoming): only byte 101 is held; a new or empty file is sized
  * (zeros), any other size than size + trailer is refused.  -errno with
  * err set ("memory file X is in use by another VM (locked)"). */

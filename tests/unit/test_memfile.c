@@ -139,6 +139,16 @@ static void t_take_back(struct t *t)
 	memfile__close(&a);
 	T_CHECK_EQ(t, memfile__take_over(&b, token, err, sizeof(err)), -ESTALE);
 	memfile__close(&b);
+	/* RAM handed over and not taken (a state-only save's): a boot does
+	 * not empty it; the restore still finds it */
+	T_CHECK_EQ(t, memfile__open(&a, path, SIZE, true, err, sizeof(err)), 0);
+	T_CHECK_EQ(t, memfile__hand_over(&a, &token), 0);
+	memfile__close(&a);
+	T_CHECK_EQ(t, memfile__open(&a, path, SIZE, true, err, sizeof(err)), -EBUSY);
+	T_CHECK(t, strstr(err, "handed over and not taken") != NULL);
+	T_CHECK_EQ(t, memfile__open(&b, path, SIZE, false, err, sizeof(err)), 0);
+	T_CHECK_EQ(t, memfile__take_over(&b, token, err, sizeof(err)), 0);
+	memfile__close(&b);
 }
 
 /* A destination receiving pages owns the file and starts from zeros; not
