@@ -482,11 +482,6 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 			       "with %s", bg);
 		return NULL;
 	}
-	if (p.cap_postcopy_ram && m->vm->memfile && vm__status(m->vm) == VM_STATUS_INMIGRATE) {
-		qmp_error__set(err, QMP_ERROR_GENERIC, "postcopy-ram: a destination whose RAM is a "
-			       "memory file cannot take post-copy's pages (not built)");
-		return NULL;
-	}
 	const char *sh = migration__shared_conflict(&p, m->vm);
 	if (sh) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "x-ignore-shared is not compatible with %s: "

@@ -293,12 +293,6 @@ def test_refusals(d, vms, check):
         check("refuses_" + cap, "x-ignore-shared is not compatible with " + cap in err,
               repr(reply))
     check("src_running", status(src) == "running", dump(src))
-    # a destination whose RAM is a file takes no post-copy (not built)
-    dst = dest(d, vms, "pcdst", os.path.join(d, "ram2"), "defer")
-    reply = dst.qmp().cmd_full("migrate-set-capabilities", capabilities=[
-        {"capability": "postcopy-ram", "state": True}])
-    check("dest_no_postcopy", "cannot take post-copy's pages" in
-          reply.get("error", {}).get("desc", ""), repr(reply))
 
 
 def test_cli(d, vms, check):

@@ -757,3 +757,31 @@ def test_destination_lost(d, vms, check):
           len(verify_rounds(src.console)) == rounds, repr(q.cmd("query-status")))
     q.cmd_full("quit")
     check("quits", src.wait_exit(kt.slow(10)) is not None, dump(src))
+
+
+def test_into_memory_file(d, vms, check):
+    """Post-copy into a destination whose RAM is a memory file (shared
+    memory on tmpfs, --object memory-backend-file,share=on): the stale
+    pages are punched out of the file and the missing ones placed into
+    it through userfaultfd, x-verify's post-copy checksum passes and the
+    guest's own check goes on."""
+    uri = tcp_uri()
+    mf = os.path.join(d, "dst-ram")
+    mem = ["--object", "memory-backend-file,id=m,size=512M,mem-path=%s,share=on" % mf,
+           "--machine", "memory-backend=m"]
+    src, dst = pair(d, vms, VERIFY % (64, 1), uri, RING, dst_extra=mem)
+    if not check("boot", booted(src, 1), dump(src)):
+        return
+    q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}, verify=True)
+    after_bulk_pass(q, kt.slow(60))
+    q.cmd("migrate-start-postcopy")
+    r, seen = kt.follow(q, kt.slow(60))
+    print("# into a memory file: statuses %r, total %s ms, requests %s"
+          % (seen, r.get("total-time"), r.get("ram", {}).get("postcopy-requests")))
+    if not completed_postcopy(check, src, dst, r, seen):
+        return
+    dq = dst.qmp().cmd("query-migrate")
+    check("dst_faults", dq.get("x-postcopy", {}).get("faults", 0) > 0, repr(dq))
+    check_verified(check, dst)
+    check_dst_runs(check, src, dst)
+    check("file_sized", os.path.getsize(mf) == (512 << 20) + 4096, os.path.getsize(mf))
