@@ -124,6 +124,18 @@ def snapshot_binaries(d):
                          "guest": src_guest, "guest_sha256": sha256(guest)}
 
 
+def bench_env(tmp, tsc_khz=0):
+    """A benchmark's set-up in tmp: the binaries snapshotted, the host's
+    facts (whether emulated too) and the guest's TSC rate (tsc_khz, else
+    calibrated).  Returns (env, info, bins)."""
+    kmig, guest, bins = snapshot_binaries(tmp)
+    env = {"kmig": kmig, "guest": guest, "tmp": tmp}
+    info = host_info()
+    info["emulated"] = bool(os.environ.get("KMIG_TEST_EMULATED"))
+    env["tsc_khz"] = tsc_khz or calibrate_tsc(env, tmp) or 2000000
+    return env, info, bins
+
+
 # ------------------------------------------------------------ VMs
 
 class Proc:

@@ -187,11 +187,7 @@ def main():
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="kmig-snap-")
     try:
-        kmig, guest, bins = mig.snapshot_binaries(tmp)
-        env = {"kmig": kmig, "guest": guest, "tmp": tmp}
-        info = mig.host_info()
-        info["emulated"] = bool(os.environ.get("KMIG_TEST_EMULATED"))
-        env["tsc_khz"] = a.tsc_khz or mig.calibrate_tsc(env, tmp) or 2000000
+        env, info, bins = mig.bench_env(tmp, a.tsc_khz)
         runs = []
         for rep in range(a.reps):
             for mode in a.modes.split(","):
