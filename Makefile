@@ -5,7 +5,7 @@
 CC      ?= cc
 BUILD   ?= build
 CFLAGS  := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Isrc -pthread
-LDLIBS  := -ljansson -lzstd -llz4 -lz -lgnutls -pthread -lm
+LDLIBS  := -ljansson -lzstd -llz4 -lz -lgnutls -luuid -pthread -lm
 ifeq ($(SAN),1)
 BUILD   := build-san
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -O1 -DKMIG_FAULTS

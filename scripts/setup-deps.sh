@@ -21,6 +21,7 @@ pkgs=(
   socat                # talking QMP by hand
   iproute2             # ip netns / veth / tc for shaped-link tests
   libgnutls28-dev      # TLS 1.3 for the migration streams (PSK and X.509)
+  uuid-dev             # libuuid: --uuid's parsing and QMP query-uuid's text
   gnutls-bin           # certtool and psktool: the tests' certificates and keys
   libtsan2             # ThreadSanitizer runtime for make TSAN=1 (gcc)
   python3-matplotlib   # bench/report/plot.py: PNG plots of the benchmark results

@@ -12,6 +12,7 @@
 #include "ctl/client.h"
 #include "ctl/control.h"
 #include "ctl/blk_opts.h"
+#include "ctl/ident_opts.h"
 #include "ctl/kvopts.h"
 #include "ctl/mem_opts.h"
 #include "ctl/net_opts.h"
@@ -30,6 +31,7 @@ struct run_opts {
 	struct blk_opts blk;
 	struct mem_opts mem;
 	uint64_t memory;     /* --memory's, 0 when not given */
+	bool paused;         /* -S: the guest waits for `cont` */
 };
 
 static void usage(FILE *f)
@@ -56,6 +58,7 @@ static void usage(FILE *f)
 		"                [--object tls-creds-x509,id=ID,dir=DIR[,verify-peer=on|off]]\n"
 		"                [--object authz-simple,id=ID,identity=NAME]\n"
 		"                [--tls-creds ID] [--tls-authz ID] [--tls-hostname NAME]\n"
+		"                [-S] [--uuid UUID] [--name NAME]\n"
 		"       kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS]\n"
 		"                    [--auto-converge step|computed] [--dirty-limit MB/s] [--multifd N]\n"
 		"                    [--compression none|zstd|lz4]\n"
@@ -125,6 +128,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		{ "netdev", required_argument, 0, 'N' }, { "device", required_argument, 0, 'D' },
 		{ "blockdev", required_argument, 0, 'b' }, { "drive", required_argument, 0, 'd' },
 		{ "machine", required_argument, 0, 'M' },
+		{ "uuid", required_argument, 0, 'U' }, { "name", required_argument, 0, 'E' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	uint64_t v;
@@ -137,7 +141,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 	o->vm.cpus = 1;
 	o->vm.dirty_ring = VM_DIRTY_RING_AUTO;
 	o->console = "stdio";
-	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":S", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'k': o->vm.kernel = optarg; break;
 		case 'c': o->vm.cmdline = optarg; break;
@@ -218,6 +222,15 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 			if (mem_opts__machine(&o->mem, optarg, err, sizeof(err)))
 				die("%s", err);
 			break;
+		case 'U':
+			if (ident_opts__uuid(&o->vm, optarg, err, sizeof(err)))
+				die("%s", err);
+			break;
+		case 'E':
+			if (ident_opts__name(&o->vm, optarg, err, sizeof(err)))
+				die("%s", err);
+			break;
+		case 'S': o->paused = true; break;
 		case 'T': o->tls_creds = optarg; break;
 		case 'A': o->tls_authz = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;
@@ -230,6 +243,8 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		die("unexpected argument: %s", argv[optind]);
 	if (!o->vm.kernel && !o->incoming)
 		die("--kernel FILE is required (kmig run --help)");
+	if (o->paused && !o->qmp)
+		die("-S needs --qmp: nothing else could send the `cont` that starts the guest");
 	if (o->vm.initrd && !o->vm.kernel)
 		die("--initrd needs --kernel (an incoming VM gets its RAM by migration)");
 	if (o->vm.kernel && access(o->vm.kernel, R_OK))
@@ -309,10 +324,11 @@ static int cmd_run(int argc, char **argv)
 	run_tls(&o, mig);
 	if (ctl->qmp && migration__register_qmp(mig))
 		die("cannot register the migration commands");
-	if (vm__start(vm, o.incoming != NULL))
+	vm->autostart = !o.paused;   /* before any thread reads it */
+	if (vm__start(vm, o.incoming ? VM_STATUS_INMIGRATE :
+			  o.paused ? VM_STATUS_PRELAUNCH : VM_STATUS_RUNNING))
 		die("cannot start vCPU threads");
 	if (o.incoming) {
-		vm__set_status(vm, VM_STATUS_INMIGRATE);
 		if (strcmp(o.incoming, "defer") && migration__incoming(mig, o.incoming, err, sizeof(err)))
 			die("--incoming %s: %s", o.incoming, err);
 	}

@@ -133,7 +133,7 @@ static int bench__boot(struct bench *b)
 	int rc = vm__create(&b->vm, &b->o.vm, err, sizeof(err));
 	b->created = true;
 	if (!rc)
-		rc = vm__start(&b->vm, false);
+		rc = vm__start(&b->vm, VM_STATUS_RUNNING);
 	if (rc) {
 		fprintf(stderr, "dirty_bench: %s\n", err[0] ? err : strerror(-rc));
 		return rc;

@@ -37,7 +37,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 RESULTS = os.path.join(ROOT, "bench", "results")
 HELPER = os.path.join(ROOT, "build", "bench", "dirty_bench")
 CFLAGS = ["-std=c11", "-D_GNU_SOURCE", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-Isrc", "-pthread"]
-LDLIBS = ["-ljansson", "-lzstd", "-llz4", "-lgnutls", "-pthread", "-lm"]
+LDLIBS = ["-ljansson", "-lzstd", "-llz4", "-lz", "-lgnutls", "-luuid", "-pthread", "-lm"]
 GIB = 1 << 30
 PAGES_PER_GIB = GIB // 4096
 STRESS = re.compile(r"^stress cpu=(\d+) t_ms=(\d+) ms_per_gib=([\d.]+) max_ms_per_gib=([\d.]+)")

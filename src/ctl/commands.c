@@ -1,9 +1,10 @@
-/* The VM's QMP commands: run state and query-cpus-fast.  Migration commands are registered by
- * the migration engine (mig/qmp_mig.c). */
+/* The VM's QMP commands: run state, query-cpus-fast, query-uuid and query-name.  Migration
+ * commands are registered by the migration engine (mig/qmp_mig.c). */
 #include <errno.h>
 #include <stdio.h>
 
 #include "ctl/control.h"
+#include "ctl/ident_opts.h"
 #include "kvm/vm_blk.h"
 #include "mem/memfile.h"
 
@@ -22,7 +23,9 @@ static json_t *cmd_stop(void *ctx, json_t *args, struct qmp_error *err)
 	struct control *c = ctx;
 	if (qmp_arg__check_known(args, NULL, err))
 		return NULL;
-	control__stop_vm(c);
+	/* as QEMU's: a guest still arriving stays stopped once it is here */
+	if (!vm__set_autostart(c->vm, false))
+		control__stop_vm(c);
 	return NULL;
 }
 
@@ -32,12 +35,17 @@ static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
 	char why[512];
 	if (qmp_arg__check_known(args, NULL, err))
 		return NULL;
+	/* as QEMU's: a guest still arriving runs once it is here (if its
+	 * source ran it) */
+	if (vm__set_autostart(c->vm, true))
+		return NULL;
 	/* a source whose migration gave its image up (completed, or failed
 	 * after the last state went) takes it back first, as QEMU does: not
 	 * while another process (the destination) holds it */
 	enum vm_status st = vm__status(c->vm);
 	bool after = st == VM_STATUS_PAUSED || st == VM_STATUS_POSTMIGRATE ||
 		     st == VM_STATUS_IO_ERROR;
+	bool had_disk = vm_blk__active(c->vm);
 	if (after && vm_blk__activate(c->vm, why, sizeof(why))) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: %s", why);
 		return NULL;
@@ -46,6 +54,9 @@ static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
 	 * if nobody took it since (mem/memfile.h); the disk first, as the
 	 * destination takes them */
 	if (after && c->vm->memfile && memfile__take_back(c->vm->memfile, why, sizeof(why))) {
+		/* the disk this `cont` took goes back to whoever has the RAM */
+		if (!had_disk && vm_blk__inactivate(c->vm))
+			log_warn("cont: the disk's image could not be given back");
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: %s", why);
 		return NULL;
 	}
@@ -54,14 +65,31 @@ static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
 	switch (vm__status(c->vm)) {
 	case VM_STATUS_RUNNING:
 		return NULL;
-	case VM_STATUS_INMIGRATE:
-		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: incoming migration in progress");
-		return NULL;
 	default:
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: it is %s",
 			       vm_status__name(vm__status(c->vm)));
 		return NULL;
 	}
+}
+
+/* QEMU's query-uuid: --uuid, or the nil UUID without one. */
+static json_t *cmd_query_uuid(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct control *c = ctx;
+	char text[37];
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
+	ident_opts__uuid_text(c->vm->cfg.uuid, text);   /* all zero without --uuid */
+	return json_pack("{s:s}", "UUID", text);
+}
+
+/* QEMU's query-name: {"name"} with --name, {} without. */
+static json_t *cmd_query_name(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct control *c = ctx;
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
+	return c->vm->cfg.name[0] ? json_pack("{s:s}", "name", c->vm->cfg.name) : json_object();
 }
 
 static json_t *cmd_quit(void *ctx, json_t *args, struct qmp_error *err)
@@ -100,6 +128,8 @@ int control__register_commands(struct control *c)
 	static const struct { const char *name; qmp_handler fn; } cmds[] = {
 		{ "query-status", cmd_query_status },
 		{ "query-cpus-fast", cmd_query_cpus_fast },
+		{ "query-uuid", cmd_query_uuid },
+		{ "query-name", cmd_query_name },
 		{ "stop", cmd_stop },
 		{ "cont", cmd_cont },
 		{ "quit", cmd_quit },

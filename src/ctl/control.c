@@ -232,7 +232,7 @@ void control__stop_io_error(struct control *c)
 bool control__cont_vm(struct control *c)
 {
 	unsigned from = VM_STATUS_BIT(VM_STATUS_PAUSED) | VM_STATUS_BIT(VM_STATUS_POSTMIGRATE) |
-			VM_STATUS_BIT(VM_STATUS_IO_ERROR);
+			VM_STATUS_BIT(VM_STATUS_IO_ERROR) | VM_STATUS_BIT(VM_STATUS_PRELAUNCH);
 	if (!vm__resume_from(c->vm, from, VM_STATUS_RUNNING))
 		return false;
 	control__event(c, "RESUME", NULL);

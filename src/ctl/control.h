@@ -48,7 +48,7 @@ void control__wake(struct control *c);
 void control__stop_vm(struct control *c);
 /* The same into io-error (a disk error with action stop).  Loop thread. */
 void control__stop_io_error(struct control *c);
-/* QMP cont: a paused, io-error or post-migrate VM runs again (the disk
+/* QMP cont: a prelaunch (-S), paused, io-error or post-migrate VM runs (the disk
  * then retries what it kept); false for any other status.  Loop thread. */
 bool control__cont_vm(struct control *c);
 

@@ -240,6 +240,7 @@ int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t err
 	serial__init(&vm->serial, cfg->console_fd);
 	rtc__init(&vm->rtc);
 	vm->status = VM_STATUS_PRELAUNCH;
+	vm->autostart = true;
 	int rc = vm__open_kvm(vm, err, errlen);
 	if (!rc)
 		rc = vm__setup_platform(vm, err, errlen);
@@ -290,11 +291,12 @@ static unsigned vm__ioevents(struct vm *vm, struct ioevent *io[VM_IOEVENTS])
 	return n;
 }
 
-int vm__start(struct vm *vm, bool start_paused)
+int vm__start(struct vm *vm, enum vm_status status)
 {
+	bool start_paused = status != VM_STATUS_RUNNING;
 	pthread_mutex_lock(&vm->lock);
 	vm->pause_depth = start_paused ? 1 : 0;
-	vm->status = start_paused ? VM_STATUS_PAUSED : VM_STATUS_RUNNING;
+	vm->status = status;
 	pthread_mutex_unlock(&vm->lock);
 	if (start_paused)
 		rtc__hold(&vm->rtc);   /* released with that pause level */
@@ -502,39 +504,80 @@ enum vm_status vm__pause_into(struct vm *vm, unsigned from, enum vm_status to,
 	return prev;
 }
 
+/* Under vm->lock: undoes one pause level, if any; whether it did. */
+static bool vm__unpause_locked(struct vm *vm)
+{
+	bool resumed = vm->pause_depth > 0;
+	if (resumed)
+		vm->pause_depth--;
+	pthread_cond_broadcast(&vm->cond);
+	return resumed;
+}
+
+/* Takes vm->lock's place after vm__unpause_locked: drops the lock, lets
+ * the devices go on (resumed) and, at the last level, the disk retry
+ * what it kept. */
+static void vm__unlock_unpaused(struct vm *vm, bool resumed)
+{
+	bool runs = resumed && !vm->pause_depth;
+	pthread_mutex_unlock(&vm->lock);
+	if (resumed)
+		vm__release_devices(vm);
+	if (runs)
+		vm_blk__restart(vm);
+}
+
 bool vm__resume_from(struct vm *vm, unsigned from, enum vm_status to)
 {
 	pthread_mutex_lock(&vm->lock);
 	bool ok = (from & VM_STATUS_BIT(vm->status)) != 0, resumed = false;
 	if (ok) {
 		vm->status = to;
-		resumed = vm->pause_depth > 0;
-		if (resumed)
-			vm->pause_depth--;
-		pthread_cond_broadcast(&vm->cond);
+		resumed = vm__unpause_locked(vm);
 	}
-	bool runs = resumed && !vm->pause_depth;
-	pthread_mutex_unlock(&vm->lock);
-	if (resumed)
-		vm__release_devices(vm);
-	if (runs)
-		vm_blk__restart(vm);
+	vm__unlock_unpaused(vm, resumed);
 	return ok;
+}
+
+/* ---- QEMU's autostart: does an incoming guest run once it has arrived ---- */
+
+bool vm__set_autostart(struct vm *vm, bool on)
+{
+	pthread_mutex_lock(&vm->lock);
+	bool in = vm->status == VM_STATUS_INMIGRATE;
+	if (in)
+		vm->autostart = on;
+	pthread_mutex_unlock(&vm->lock);
+	return in;
+}
+
+enum vm_incoming_end vm__end_incoming(struct vm *vm, enum vm_run_permit permit,
+				      enum vm_status stopped)
+{
+	enum vm_incoming_end end;
+	bool resumed = false;
+	pthread_mutex_lock(&vm->lock);
+	bool run = vm->run_after_migration && vm->autostart;
+	if (vm->status != VM_STATUS_INMIGRATE) {
+		end = VM_INCOMING_LEFT;
+	} else if (run && permit == VM_RUN_ASK) {
+		end = VM_INCOMING_WANTS_RUN;
+	} else if (run && permit == VM_RUN_ALLOWED) {
+		vm->status = VM_STATUS_RUNNING;
+		end = VM_INCOMING_RAN;
+		resumed = vm__unpause_locked(vm);
+	} else {
+		vm->status = stopped;
+		end = VM_INCOMING_STOPPED;
+	}
+	vm__unlock_unpaused(vm, resumed);
+	return end;
 }
 
 void vm__resume_vcpus(struct vm *vm)
 {
 	pthread_mutex_lock(&vm->lock);
-	bool resumed = vm->pause_depth > 0;
-	if (resumed)
-		vm->pause_depth--;
-	pthread_cond_broadcast(&vm->cond);
-	bool runs = resumed && !vm->pause_depth;
-	pthread_mutex_unlock(&vm->lock);
-	if (resumed)
-		vm__release_devices(vm);
-	if (runs)
-		vm_blk__restart(vm);
+	vm__unlock_unpaused(vm, vm__unpause_locked(vm));
 }
 
 void vm__kick_all(struct vm *vm)

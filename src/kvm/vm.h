@@ -46,6 +46,8 @@ enum vm_status {
 };
 const char *vm_status__name(enum vm_status s);
 
+#define VM_NAME_MAX 256
+
 struct vm_config {
 	const char *kernel;          /* PVH ELF or bzImage (x86/boot.h) */
 	const char *initrd;          /* NULL: none */
@@ -54,6 +56,9 @@ struct vm_config {
 	char mem_path[1024];     /* memory-backend-file's mem-path (mem/memfile.h); "": anonymous */
 	char mem_id[32];         /* that backend's id */
 	unsigned cpus;
+	bool has_uuid;           /* --uuid (ctl/ident_opts.h) */
+	uint8_t uuid[16];
+	char name[VM_NAME_MAX];  /* --name; "": none */
 	int console_fd;          /* -1: console discarded */
 	uint32_t dirty_ring;     /* entries per vCPU ring; 0 = bitmap tracking;
 				  * VM_DIRTY_RING_AUTO = VM_DIRTY_RING_DEFAULT entries where
@@ -147,6 +152,9 @@ struct vm {
 	atomic_int exit_code;        /* process exit status once shut down */
 	atomic_bool device_marks_off; /* test builds' KMIG_FAULT=no-device-marks (mig/send/fault.h) */
 	bool run_after_migration;    /* source: was running at switchover; destination: resume */
+	bool autostart;              /* under lock: an incoming guest whose source ran it runs
+				      * once the migration ends (QEMU's autostart: -S clears
+				      * it, stop and cont in inmigrate set it) */
 	struct vm_tsc_in {           /* destination: the source's TSC sample (state_tsc.c) */
 		bool valid;          /* a STATE_VM_TSC section arrived */
 		bool offset_known;   /* offset computed (with the TSC attribute) */
@@ -171,8 +179,10 @@ struct vm {
  * (threads not started) and, unless cfg->incoming, loads the kernel.
  * On failure writes a one-line reason into err and returns -errno. */
 int vm__create(struct vm *vm, const struct vm_config *cfg, char *err, size_t errlen) KMIG_MUST_CHECK;
-/* Starts the vCPU threads; with start_paused the VM begins paused (depth 1). */
-int vm__start(struct vm *vm, bool start_paused) KMIG_MUST_CHECK;
+/* Starts the vCPU threads.  status VM_STATUS_RUNNING runs the guest; any
+ * other (prelaunch for QEMU's -S, inmigrate for --incoming) starts it
+ * paused (depth 1) with that status. */
+int vm__start(struct vm *vm, enum vm_status status) KMIG_MUST_CHECK;
 /* Tells every vCPU thread to exit (kicked out of KVM_RUN); for the end of
  * the process only: nothing runs the guest after it. */
 void vm__request_quit(struct vm *vm);
@@ -214,6 +224,29 @@ enum vm_status vm__pause_into(struct vm *vm, unsigned from, enum vm_status to,
 /* In one step: when the status is in `from`, sets it to `to` and resumes
  * one pause level; returns whether it did. */
 bool vm__resume_from(struct vm *vm, unsigned from, enum vm_status to);
+/* In inmigrate only: sets whether the guest runs once its incoming
+ * migration ends (QEMU's `stop` and `cont` there) and returns true; in any
+ * other status changes nothing and returns false. */
+bool vm__set_autostart(struct vm *vm, bool on);
+/* What vm__end_incoming may do with a guest that would run (its source
+ * ran it, run_after_migration, and autostart is set). */
+enum vm_run_permit {
+	VM_RUN_ALLOWED,          /* run it */
+	VM_RUN_ASK,              /* leave inmigrate as it is, return WANTS_RUN */
+	VM_RUN_REFUSED,          /* stop it all the same */
+};
+enum vm_incoming_end {
+	VM_INCOMING_RAN,         /* the guest runs here */
+	VM_INCOMING_STOPPED,     /* it stays stopped (status `stopped`) */
+	VM_INCOMING_WANTS_RUN,   /* VM_RUN_ASK and it would run: still inmigrate */
+	VM_INCOMING_LEFT,        /* no longer inmigrate: nothing changed */
+};
+/* Ends inmigrate in one step under the lock, so a `stop` or `cont` comes
+ * before or after, never between: a guest that would run runs (one pause
+ * level undone) as `permit` says; one that stays stopped gets status
+ * `stopped` (paused or io-error) and keeps its pause level. */
+enum vm_incoming_end vm__end_incoming(struct vm *vm, enum vm_run_permit permit,
+				      enum vm_status stopped);
 /* True when no vCPU has exited to kmig since the previous call and a probe
  * finds every vCPU halted with interrupts off (or never started): nothing
  * can wake the guest again.  Control loop, about once a second. */

@@ -123,6 +123,11 @@ int vm_blk__activate(struct vm *vm, char *err, size_t errlen)
 	return vm->blkfile ? blkfile__activate(vm->blkfile, err, errlen) : 0;
 }
 
+bool vm_blk__active(struct vm *vm)
+{
+	return !vm->blkfile || blkfile__active(vm->blkfile);
+}
+
 int vm_blk__inactivate(struct vm *vm)
 {
 	if (!vm->blkfile)

@@ -21,6 +21,7 @@
 #ifndef KMIG_KVM_VM_BLK_H
 #define KMIG_KVM_VM_BLK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,8 @@ int vm_blk__drain(struct vm *vm, uint64_t wait_ns) KMIG_MUST_CHECK;
 /* Hand-over of the image lock (dev/blkfile.h); 0 without a disk. */
 int vm_blk__activate(struct vm *vm, char *err, size_t errlen) KMIG_MUST_CHECK;
 int vm_blk__inactivate(struct vm *vm) KMIG_MUST_CHECK;
+/* Whether this VM holds its image (true without a disk). */
+bool vm_blk__active(struct vm *vm);
 /* The VM runs again (its last pause level went): the disk retries the
  * requests it kept after an I/O error with action stop, in order, on its
  * notification thread.  No-op without a disk or such requests. */

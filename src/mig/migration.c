@@ -13,6 +13,7 @@
 #include "base/timeutil.h"
 #include "ctl/control.h"
 #include "kvm/vm.h"
+#include "kvm/vm_blk.h"
 #include "mem/dirty.h"
 #include "mem/memfile.h"
 #include "mig/send/disk_out.h"
@@ -326,6 +327,11 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 			 "is handed over in its memory file, not sent", sh);
 		return -EINVAL;
 	}
+	/* a guest that arrived paused with late-block-activate has not taken
+	 * its disk: a migration from here must hold it, as a `cont` would
+	 * (refused while another VM, its last source, has it back) */
+	if (vm_blk__activate(m->vm, err, errlen))
+		return -EBUSY;
 	migration__join(m);
 	int rc = mig_uri__is_socket(&u) ? 0 : migration__take_local(m, &u, &p, err, errlen);
 	if (!rc)

@@ -72,6 +72,11 @@ struct mig_params {
 				       * migration began, the guest running on */
 	bool cap_ignore_shared;      /* x-ignore-shared: RAM in a shared memory file is
 				      * handed over, not sent (mem/memfile.h) */
+	bool cap_validate_uuid;      /* validate-uuid: START carries this VM's --uuid, a
+				      * destination with another refuses the stream */
+	bool cap_late_block_activate; /* late-block-activate (destination): a guest that
+				       * stays stopped once here (-S, stop) takes the disk at
+				       * `cont`, not at the end of the migration */
 	uint64_t xbzrle_cache_size;  /* xbzrle-cache-size: bytes, a power of two */
 	unsigned multifd_channels;   /* multifd-channels */
 	uint64_t dirty_limit_period_ms; /* x-vcpu-dirty-limit-period */

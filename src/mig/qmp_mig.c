@@ -412,6 +412,8 @@ static const struct cap_desc caps[] = {
 	{ "xbzrle", offsetof(struct mig_params, cap_xbzrle) },
 	{ "background-snapshot", offsetof(struct mig_params, cap_background_snapshot) },
 	{ "x-ignore-shared", offsetof(struct mig_params, cap_ignore_shared) },
+	{ "validate-uuid", offsetof(struct mig_params, cap_validate_uuid) },
+	{ "late-block-activate", offsetof(struct mig_params, cap_late_block_activate) },
 };
 #define NCAPS (sizeof(caps) / sizeof(caps[0]))
 

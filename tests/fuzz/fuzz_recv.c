@@ -62,7 +62,11 @@ static int on_preempt(void *c, const uint8_t session[PROTO_SESSION_LEN], uint32_
 	return session[0] == 0xfe ? -71 : 0;
 }
 static int on_postcopy_end(void *c) { (void)c; return 0; }
-static int on_start(void *c, bool shared) { (void)c; (void)shared; return 0; }
+static int on_start(void *c, const struct proto_start *st)
+{
+	(void)c;
+	return st->has_uuid && st->uuid[0] == 0xfe ? -22 : 0;
+}
 static int on_shared(void *c, uint64_t token)
 {
 	(void)c;

@@ -14,11 +14,13 @@ def rec(rtype, payload=b"", flags=0):
     return struct.pack("<IIQ", rtype, flags, len(payload)) + payload
 
 
-def start(blocks=((0, 16 * PG), (1 << 32, 8 * PG)), shared=False):
+def start(blocks=((0, 16 * PG), (1 << 32, 8 * PG)), shared=False, uuid=None):
     p = b"KMIGSTRM" + struct.pack("<III", 2, PG, len(blocks))
     for gpa, size in blocks:
         p += struct.pack("<QQ", gpa, size)
-    return rec(1, p, 32 if shared else 0)
+    if uuid is not None:
+        p += uuid
+    return rec(1, p, (32 if shared else 0) | (64 if uuid is not None else 0))
 
 
 def pages(block, offsets, fill):
@@ -90,6 +92,7 @@ def recv_seeds():
         "preempt_channel": b"\4" + pages(0, [PG, 9 * PG], 0x57) + zero(1, [2 * PG]) + end(),
         "main_shared": b"\x10" + start(shared=True) + state(7, 0, b"lapic" * 10)
                        + rec(15, struct.pack("<Q", 0x5eed)) + end(),
+        "main_uuid": b"\x10" + start(uuid=bytes(range(0xa0, 0xb0))) + body + end(),
         "main_xbzrle": b"\0" + start() + body + sync(1)
                        + xbzrle(0, [(0, bytes([0, 1, 0x99, 5, 2, 1, 2])), (PG, b""),
                                     (5 * PG, bytes([0x61]) * PG),

@@ -99,7 +99,7 @@ static int guest__boot(struct guest *g, const char *cmdline, unsigned cpus,
 	int rc = vm__create(&g->vm, &cfg, err, errlen);
 	g->created = true;
 	if (!rc)
-		rc = vm__start(&g->vm, false);
+		rc = vm__start(&g->vm, VM_STATUS_RUNNING);
 	if (rc && !err[0])
 		snprintf(err, errlen, "vm__start: %s", strerror(-rc));
 	if (!rc && (rc = guest__wait_ready(g, cpus > 1 ? 9000 : 4000)))

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "ctl/kvopts.h"
+#include "ctl/ident_opts.h"
 #include "ctl/mem_opts.h"
 #include "harness.h"
 
@@ -141,6 +142,50 @@ static void t_mem_opts(struct t *t)
 	T_CHECK(t, strstr(err, "one memory backend per VM") != NULL);
 }
 
+/* --uuid and --name */
+static void t_ident_opts(struct t *t)
+{
+	struct vm_config c;
+	char err[512], text[37];
+	memset(&c, 0, sizeof(c));
+	T_CHECK_EQ(t, ident_opts__uuid(&c, "5B3C2B5E-3f7a-4c1e-9d2a-0f6e8b1c4a7d", err,
+				       sizeof(err)), 0);
+	T_CHECK(t, c.has_uuid && c.uuid[0] == 0x5b && c.uuid[15] == 0x7d);
+	ident_opts__uuid_text(c.uuid, text);
+	T_CHECK(t, !strcmp(text, "5b3c2b5e-3f7a-4c1e-9d2a-0f6e8b1c4a7d"));
+	static const char *const bad_uuid[] = {
+		"", "5b3c2b5e-3f7a-4c1e-9d2a-0f6e8b1c4a7", "5b3c2b5e-3f7a-4c1e-9d2a-0f6e8b1c4a7d0",
+		"5b3c2b5e3f7a4c1e9d2a0f6e8b1c4a7d", "5b3c2b5e-3f7a-4c1e-9d2a-0f6e8b1c4a7g",
+		" 5b3c2b5e-3f7a-4c1e-9d2a-0f6e8b1c4a7", "5b3c2b5e_3f7a-4c1e-9d2a-0f6e8b1c4a7d",
+	};
+	for (size_t i = 0; i < sizeof(bad_uuid) / sizeof(bad_uuid[0]); i++) {
+		memset(&c, 0, sizeof(c));
+		T_CHECK_EQ(t, ident_opts__uuid(&c, bad_uuid[i], err, sizeof(err)), -EINVAL);
+		T_CHECK(t, !c.has_uuid && strstr(err, "not a UUID"));
+	}
+	memset(&c, 0, sizeof(c));
+	ident_opts__uuid_text(c.uuid, text);
+	T_CHECK(t, !strcmp(text, "00000000-0000-0000-0000-000000000000"));
+	T_CHECK_EQ(t, ident_opts__name(&c, "web-1", err, sizeof(err)), 0);
+	T_CHECK(t, !strcmp(c.name, "web-1"));
+	T_CHECK_EQ(t, ident_opts__name(&c, "guest=db \xc3\xa9t\xc3\xa9", err, sizeof(err)), 0);
+	T_CHECK(t, !strcmp(c.name, "db \xc3\xa9t\xc3\xa9"));
+	static const char *const bad_name[] = { "", "guest=", "a,b", "guest=a,debug-threads=on",
+						"a\nb", "\xff" };
+	for (size_t i = 0; i < sizeof(bad_name) / sizeof(bad_name[0]); i++) {
+		strcpy(c.name, "kept");
+		T_CHECK_EQ(t, ident_opts__name(&c, bad_name[i], err, sizeof(err)), -EINVAL);
+		T_CHECK(t, !strcmp(c.name, "kept") && strstr(err, "--name"));
+	}
+	char lng[VM_NAME_MAX + 1];
+	memset(lng, 'n', VM_NAME_MAX);
+	lng[VM_NAME_MAX] = 0;
+	T_CHECK_EQ(t, ident_opts__name(&c, lng, err, sizeof(err)), -EINVAL);
+	T_CHECK(t, strstr(err, "longer than 255 bytes") != NULL);
+	lng[VM_NAME_MAX - 1] = 0;
+	T_CHECK_EQ(t, ident_opts__name(&c, lng, err, sizeof(err)), 0);
+}
+
 int main(void)
 {
 	struct t t = { 0 };
@@ -148,5 +193,6 @@ int main(void)
 	T_RUN(&t, t_refused);
 	T_RUN(&t, t_helpers);
 	T_RUN(&t, t_mem_opts);
+	T_RUN(&t, t_ident_opts);
 	return T_DONE(&t);
 }

@@ -74,7 +74,7 @@ static void t_start(struct t *t)
 	const char *why = NULL;
 	T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
 	T_CHECK_EQ(t, h.type, PROTO_START);
-	T_CHECK_EQ(t, proto__decode_start(b + 16, h.length, &out, &why), 0);
+	T_CHECK_EQ(t, proto__decode_start(b + 16, h.length, 0, &out, &why), 0);
 	T_CHECK_EQ(t, out.version, 2);
 	T_CHECK_EQ(t, out.page_size, 4096);
 	T_CHECK_EQ(t, out.nr_blocks, 2);
@@ -91,25 +91,59 @@ static void t_start(struct t *t)
 	uint8_t c[256];
 	memcpy(c, b, n);
 	c[16] = 'X';
-	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, &out, &why), -EPROTO);
+	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, 0, &out, &why), -EPROTO);
 	T_CHECK(t, why && strstr(why, "magic"));
 	memcpy(c, b, n);
 	c[24] = 1;     /* version 1: before CHANNEL carried the session */
-	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, &out, &why), -EPROTO);
+	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, 0, &out, &why), -EPROTO);
 	T_CHECK(t, strstr(why, "version") != NULL);
 	memcpy(c, b, n);
 	c[29] = 0x20;   /* page size 8192 */
-	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, &out, &why), -EPROTO);
+	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, 0, &out, &why), -EPROTO);
 	T_CHECK(t, strstr(why, "page size") != NULL);
 	memcpy(c, b, n);
 	c[32] = 3;      /* nr_blocks 3 but only 2 present */
-	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, &out, &why), -EPROTO);
+	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, 0, &out, &why), -EPROTO);
 	c[32] = 0;
-	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, &out, &why), -EPROTO);
+	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, 0, &out, &why), -EPROTO);
 	c[32] = 0xff; c[33] = 0xff; c[34] = 0xff; c[35] = 0xff;
-	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, &out, &why), -EPROTO);
-	T_CHECK_EQ(t, proto__decode_start(b + 16, 10, &out, &why), -EPROTO);
-	T_CHECK_EQ(t, proto__decode_start(b + 16, h.length - 1, &out, &why), -EPROTO);
+	T_CHECK_EQ(t, proto__decode_start(c + 16, h.length, 0, &out, &why), -EPROTO);
+	T_CHECK_EQ(t, proto__decode_start(b + 16, 10, 0, &out, &why), -EPROTO);
+	T_CHECK_EQ(t, proto__decode_start(b + 16, h.length - 1, 0, &out, &why), -EPROTO);
+}
+
+/* validate-uuid: START's flag UUID and the 16 bytes after the blocks */
+static void t_start_uuid(struct t *t)
+{
+	struct proto_ram ram = { .nr_blocks = 1 };
+	ram.blocks[0] = (struct proto_ram_block){ 0, 1 << 20, NULL };
+	struct proto_start st, out;
+	proto_start__from_ram(&st, &ram);
+	st.has_uuid = true;
+	for (int i = 0; i < PROTO_UUID_LEN; i++)
+		st.uuid[i] = (uint8_t)(0xa0 + i);
+	uint8_t b[256];
+	ssize_t n = proto__encode_start(b, sizeof(b), &st);
+	T_CHECK_EQ(t, n, 16 + 8 + 12 + 16 + 16);
+	struct proto_hdr h;
+	const char *why = NULL;
+	T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
+	T_CHECK_EQ(t, h.flags, PROTO_F_UUID);
+	T_CHECK(t, proto__header_problem(&h) == NULL);
+	T_CHECK_EQ(t, proto__decode_start(b + 16, h.length, h.flags, &out, &why), 0);
+	T_CHECK(t, out.has_uuid && !out.ram_shared && !memcmp(out.uuid, st.uuid, PROTO_UUID_LEN));
+	/* the flag and the length must agree */
+	T_CHECK_EQ(t, proto__decode_start(b + 16, h.length, 0, &out, &why), -EPROTO);
+	T_CHECK_EQ(t, proto__decode_start(b + 16, h.length - PROTO_UUID_LEN, PROTO_F_UUID, &out,
+					  &why), -EPROTO);
+	T_CHECK(t, why && strstr(why, "UUID"));
+	/* RESUME never carries one */
+	h.type = PROTO_RESUME;
+	T_CHECK(t, proto__header_problem(&h) != NULL);
+	n = proto__encode_resume(b, sizeof(b), &st);
+	T_CHECK_EQ(t, n, 16 + 8 + 12 + 16);
+	T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
+	T_CHECK_EQ(t, h.flags, 0);
 }
 
 static void t_pages(struct t *t)
@@ -404,7 +438,7 @@ static void t_resume_records(struct t *t)
 	ssize_t n = proto__encode_resume(b, sizeof(b), &st);
 	T_CHECK_EQ(t, proto__decode_header(b, (size_t)n, &h), 0);
 	T_CHECK(t, h.type == PROTO_RESUME && !strcmp(proto__type_name(h.type), "RESUME"));
-	T_CHECK_EQ(t, proto__decode_start(b + 16, h.length, &got, &why), 0);
+	T_CHECK_EQ(t, proto__decode_start(b + 16, h.length, 0, &got, &why), 0);
 	T_CHECK(t, got.nr_blocks == 1 && got.blocks[0].size == 1 << 20);
 	/* a bitmap of 200 bits in two records; bits past the end never set */
 	struct bitmap src, dst;
@@ -600,6 +634,7 @@ int main(void)
 	struct t t = {0};
 	T_RUN(&t, t_header);
 	T_RUN(&t, t_start);
+	T_RUN(&t, t_start_uuid);
 	T_RUN(&t, t_pages);
 	T_RUN(&t, t_pages_comp);
 	T_RUN(&t, t_comp_levels);

@@ -1005,11 +1005,11 @@ static void t_preempt(struct t *t)
 
 /* the receiver's ctx: h_state takes it for its struct hooks */
 struct sh_hooks { struct hooks base; int starts; bool shared; uint64_t token; int start_ret; };
-static int sh_start(void *c, bool shared)
+static int sh_start(void *c, const struct proto_start *st)
 {
 	struct sh_hooks *h = c;
 	h->starts++;
-	h->shared = shared;
+	h->shared = st->ram_shared;
 	return h->start_ret;
 }
 static int sh_token(void *c, uint64_t tok) { ((struct sh_hooks *)c)->token = tok; return 0; }
@@ -1053,6 +1053,7 @@ static void t_shared(struct t *t)
 	T_CHECK_EQ(t, feed(&r, buf, proto__encode_state(buf, sizeof(buf), 1, 1, 0, "cpu", 3)), 0);
 	T_CHECK_EQ(t, feed(&r, buf, proto__encode_shared(buf, sizeof(buf), 0x1234)), 0);
 	T_CHECK_EQ(t, h.token, 0x1234);
+	T_CHECK_EQ(t, mig_recv__shared_token(&r), 0x1234);
 	T_CHECK_EQ(t, feed(&r, buf, proto__encode_end(buf, sizeof(buf), NULL)), 0);
 	T_CHECK_EQ(t, mig_recv__state(&r), MIG_RECV_DONE);
 	mig_recv__free(&r);

@@ -10,6 +10,7 @@
 #include "base/timeutil.h"
 #include "base/utf8.h"
 #include "ctl/control.h"
+#include "ctl/ident_opts.h"
 #include "kvm/vm.h"
 #include "kvm/vm_blk.h"
 #include "kvm/vm_net.h"
@@ -50,8 +51,6 @@ struct incoming {
 	atomic_bool preempt_on;      /* it connected */
 	uint32_t preempt_channels;   /* the multifd channels its PREEMPT announced */
 	uint8_t preempt_session[PROTO_SESSION_LEN]; /* its PREEMPT's: a reopening names it too */
-	bool ram_shared;             /* START's RAM_SHARED: the RAM's file is handed over */
-	uint64_t shared_token;       /* SHARED's token */
 };
 
 /* migration__cancel_incoming, under m->lock: unblock whatever the incoming
@@ -301,14 +300,40 @@ static int incoming__state_complete(struct incoming *in)
 	return 0;
 }
 
-/* START: a RAM handed over needs this VM's RAM in a memory file; a RAM
- * sent page by page into a memory file needs the file to itself, zeroed. */
-static int incoming__on_start(void *ctx, bool ram_shared)
+/* START's UUID (the source's validate-uuid): this VM's must be the same;
+ * a VM without --uuid takes any, as QEMU's does, and says so. */
+static int incoming__check_uuid(struct incoming *in, const struct proto_start *st)
+{
+	const struct vm_config *c = &in->m->vm->cfg;
+	char theirs[37], ours[37];
+	if (!st->has_uuid)
+		return 0;
+	ident_opts__uuid_text(st->uuid, theirs);
+	if (!c->has_uuid) {
+		log_warn("incoming migration: the source's UUID is %s, this VM has none "
+			 "(--uuid): not checked", theirs);
+		return 0;
+	}
+	if (!memcmp(st->uuid, c->uuid, sizeof(c->uuid)))
+		return 0;
+	ident_opts__uuid_text(c->uuid, ours);
+	return mig_recv__fail(&in->recv, -EINVAL, "validate-uuid: the source VM's UUID is %s, "
+			      "this VM's is %s: this is not the VM the migration is meant for",
+			      theirs, ours);
+}
+
+/* START: the UUID first (validate-uuid); a RAM handed over needs this VM's
+ * RAM in a memory file; a RAM sent page by page into a memory file needs
+ * the file to itself, zeroed. */
+static int incoming__on_start(void *ctx, const struct proto_start *st)
 {
 	struct incoming *in = ctx;
 	struct memfile *f = in->m->vm->memfile;
+	bool ram_shared = st->ram_shared;
 	char err[512];
-	in->ram_shared = ram_shared;
+	int rc = incoming__check_uuid(in, st);   /* before anything is changed here */
+	if (rc)
+		return rc;
 	if (ram_shared && !f)
 		return mig_recv__fail(&in->recv, -EINVAL, "the source hands its RAM over in a "
 				      "shared memory file (x-ignore-shared), but this VM's RAM is "
@@ -321,24 +346,51 @@ static int incoming__on_start(void *ctx, bool ram_shared)
 	return 0;
 }
 
-static int incoming__on_shared(void *ctx, uint64_t token)
+
+/* Ends inmigrate (vm__end_incoming).  With the disk not taken yet
+ * (late-block-activate), a guest that would run takes it first and asks
+ * again, so a `stop` in between still stops it; one that cannot take it
+ * stays paused.  Returns how it ended. */
+static enum vm_incoming_end incoming__end(struct incoming *in, bool disk_taken)
 {
-	struct incoming *in = ctx;
-	in->shared_token = token;
-	return 0;
+	struct vm *vm = in->m->vm;
+	char err[512];
+	/* as QEMU's: the run state of a source stopped by a disk error is
+	 * kept; a guest stopped here (-S, stop) after running there is paused */
+	enum vm_status stopped = !vm->run_after_migration && vm_blk__kept(vm) ?
+				 VM_STATUS_IO_ERROR : VM_STATUS_PAUSED;
+	enum vm_incoming_end end = vm__end_incoming(vm, disk_taken ? VM_RUN_ALLOWED : VM_RUN_ASK,
+						    stopped);
+	if (end != VM_INCOMING_WANTS_RUN)
+		return end;
+	if (!vm_blk__activate(vm, err, sizeof(err)))
+		return vm__end_incoming(vm, VM_RUN_ALLOWED, stopped);
+	log_warn("incoming migration: %s: the guest stays paused", err);
+	return vm__end_incoming(vm, VM_RUN_REFUSED, stopped);
 }
 
-/* Runs the guest here (the source stopped it running) or leaves it paused
- * for `cont`; fails the stream (its error returned) if this VM cannot take
- * the guest or left inmigrate meanwhile. */
+/* Runs the guest here (the source stopped it running and autostart: no
+ * -S, no `stop` meanwhile) or leaves it stopped for `cont`; fails the
+ * stream (its error returned) if this VM cannot take the guest or left
+ * inmigrate meanwhile. */
 static int incoming__resume(struct incoming *in)
 {
 	struct migration *m = in->m;
 	struct vm *vm = m->vm;
 	char err[512];
+	pthread_mutex_lock(&m->lock);
+	bool late = m->params.cap_late_block_activate;
+	pthread_mutex_unlock(&m->lock);
 	/* the guest is this VM's now: the source gave the disk's lock up
-	 * after its last state, so take it (and forget any cached view) */
-	if (vm_blk__activate(vm, err, sizeof(err)))
+	 * after its last state, so take it (and forget any cached view) --
+	 * with late-block-activate only if the guest runs now (incoming__end):
+	 * one that stays stopped takes it at `cont`, so its source can still
+	 * take it back until then.  Not so for a post-copy guest (its source
+	 * has no whole copy) nor for RAM handed over in a file, which is
+	 * taken here and after the disk, as the source takes them back. */
+	uint64_t token = mig_recv__shared_token(&in->recv);
+	bool take_disk = !late || in->postcopy || token;
+	if (take_disk && vm_blk__activate(vm, err, sizeof(err)))
 		return mig_recv__fail(&in->recv, -EBUSY, "%s: the guest does not run here", err);
 	if (disk_in__complete(&in->disk, err, sizeof(err)))
 		return mig_recv__fail(&in->recv, -EIO, "the disk: %s: the guest does not run here",
@@ -346,23 +398,26 @@ static int incoming__resume(struct incoming *in)
 	/* last, as it cannot be undone: the RAM handed over must be the one
 	 * the source stopped, the token its stream carries still in the
 	 * file's trailer (mem/memfile.h); if not, the disk goes back too */
-	if (in->ram_shared && memfile__take_over(vm->memfile, in->shared_token, err, sizeof(err))) {
+	if (token && memfile__take_over(vm->memfile, token, err, sizeof(err))) {
 		if (vm_blk__inactivate(vm))
 			log_warn("incoming migration: the disk could not be given back");
 		return mig_recv__fail(&in->recv, -ESTALE, "%s: the guest does not run here", err);
 	}
-	if (!vm->run_after_migration) {
-		/* as QEMU's: a source stopped by a disk error is so here too */
-		vm__set_status(vm, vm_blk__kept(vm) ? VM_STATUS_IO_ERROR : VM_STATUS_PAUSED);
-	} else {
-		if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_INMIGRATE), VM_STATUS_RUNNING)) {
-			/* the guest never ran here: the source may have its RAM back */
-			if (in->ram_shared && memfile__give_back(vm->memfile, in->shared_token))
-				log_warn("incoming migration: the RAM could not be given back");
-			return mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it "
-					      "could run");
-		}
+	switch (incoming__end(in, take_disk)) {
+	case VM_INCOMING_LEFT:
+		/* the guest never ran here: the source may have its RAM back */
+		if (token && memfile__give_back(vm->memfile, token))
+			log_warn("incoming migration: the RAM could not be given back");
+		return mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it "
+				      "could run");
+	case VM_INCOMING_RAN:
 		control__event(m->ctl, "RESUME", NULL);
+		break;
+	case VM_INCOMING_WANTS_RUN:   /* incoming__end asks no more */
+	case VM_INCOMING_STOPPED:
+		log_info("incoming migration: the guest is here, %s until `cont`",
+			 vm_status__name(vm__status(vm)));
+		break;
 	}
 	if (vm->net) {    /* the guest is this VM's now: tell the network */
 		pthread_mutex_lock(&m->lock);
@@ -473,7 +528,8 @@ static int incoming__on_postcopy(void *ctx)
 		mig_stream__shutdown(&in->stream);
 	}
 	migration__set_status(in->m, MIG_POSTCOPY_ACTIVE);
-	log_info("incoming migration: post-copy, the guest runs here");
+	log_info("incoming migration: post-copy, the guest is here (%s)",
+		 vm_status__name(vm__status(in->m->vm)));
 	return 0;
 }
 
@@ -711,7 +767,7 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 	}
 	if (rc) {
 		if (in->postcopy)
-			migration__set_error(m, "post-copy broke off with the guest running here "
+			migration__set_error(m, "post-copy broke off with the guest here "
 					     "(%s): it cannot go on without the pages it lacks",
 					     fault_rc ? strerror(-fault_rc) : mig_recv__error(&in->recv));
 		if (connected && mig_recv__error(&in->recv)[0])
@@ -767,7 +823,7 @@ static int incoming__check_resume(struct incoming *in, char *err, size_t errlen)
 	else if (h.type != PROTO_RESUME && (rc = -EPROTO))
 		snprintf(err, errlen, "the new connection began with %s, not RESUME",
 			 proto__type_name(h.type));
-	else if (proto__decode_start(buf, h.length, &st, &why) && (rc = -EPROTO))
+	else if (proto__decode_start(buf, h.length, h.flags, &st, &why) && (rc = -EPROTO))
 		snprintf(err, errlen, "RESUME: %s", why);
 	else if (proto__layout_mismatch(&st, &in->pr, msg, sizeof(msg)) && (rc = -EINVAL))
 		snprintf(err, errlen, "RESUME: the RAM layout differs: %s", msg);
@@ -910,7 +966,7 @@ void *migration__incoming_thread(void *arg)
 	struct mig_recv_ops ops = { .on_state = incoming__on_state, .on_zero = incoming__on_zero,
 				    .on_page_written = incoming__on_page, .on_sync = incoming__on_sync,
 				    .on_channels = incoming__on_channels, .on_disk = incoming__on_disk,
-				    .on_start = incoming__on_start, .on_shared = incoming__on_shared,
+				    .on_start = incoming__on_start,
 				    .ctx = in };
 	disk_in__init(&in->disk, m->vm->blkfile);
 	preempt_in__init(&in->preempt, &in->stream);

@@ -134,16 +134,16 @@ static int recv__start(struct mig_recv *r, const struct proto_hdr *h, const void
 	char msg[200];
 	if (r->state != MIG_RECV_WAIT_START)
 		return mig_recv__fail(r, -EPROTO, "second START record");
-	if (proto__decode_start(p, h->length, &st, &why))
+	if (proto__decode_start(p, h->length, h->flags, &st, &why))
 		return mig_recv__fail(r, -EPROTO, "START: %s (version %" PRIu32 ", page size %"
 				      PRIu32 ")", why, st.version, st.page_size);
 	if (proto__layout_mismatch(&st, r->ram, msg, sizeof(msg)))
 		return mig_recv__fail(r, -EINVAL, "START: RAM layout differs: %s", msg);
-	r->ram_shared = h->flags & PROTO_F_RAM_SHARED;
+	r->ram_shared = st.ram_shared;
 	if (r->ram_shared && !r->ops.on_start)
 		return mig_recv__fail(r, -EPROTO, "START: the RAM is handed over in a shared file, "
 				      "but this side takes none");
-	int rc = r->ops.on_start ? r->ops.on_start(r->ops.ctx, r->ram_shared) : 0;
+	int rc = r->ops.on_start ? r->ops.on_start(r->ops.ctx, &st) : 0;
 	if (rc)     /* a message the hook gave first stands */
 		return mig_recv__fail(r, recv__hook_ret(rc), "START: %s", strerror(-recv__hook_ret(rc)));
 	r->state = MIG_RECV_RAM;
@@ -161,7 +161,7 @@ static int recv__shared(struct mig_recv *r, const struct proto_hdr *h, const voi
 		return mig_recv__fail(r, -EPROTO, r->ram_shared ? "second SHARED record" :
 				      "SHARED record, but START did not say the RAM is shared");
 	r->shared_token = token;
-	int rc = r->ops.on_shared ? r->ops.on_shared(r->ops.ctx, token) : -EPROTO;
+	int rc = r->ops.on_shared ? r->ops.on_shared(r->ops.ctx, token) : 0;
 	if (rc)
 		return mig_recv__fail(r, recv__hook_ret(rc), "SHARED: %s",
 				      strerror(-recv__hook_ret(rc)));

@@ -93,11 +93,13 @@ struct mig_recv_ops {
 	 * by the time it returns 0.  A return other than -EPROTO counts as a
 	 * lost link (post-copy pauses, mig_recv__link_lost). */
 	int (*on_postcopy_end)(void *ctx);
-	/* Optional: START came; ram_shared: its flag RAM_SHARED (RAM is
-	 * handed over in a shared file, not sent).  Without the hook such a
-	 * START fails with -EPROTO.  Non-zero returns fail as for on_disk. */
-	int (*on_start)(void *ctx, bool ram_shared);
-	/* Optional (required with RAM_SHARED): the SHARED record's token.
+	/* Optional: START came, its layout checked; st->ram_shared: its flag
+	 * RAM_SHARED (RAM is handed over in a shared file, not sent; without
+	 * the hook such a START fails with -EPROTO), st->has_uuid/uuid: the
+	 * source VM's UUID (validate-uuid; ignored without the hook).
+	 * Non-zero returns fail as for on_disk. */
+	int (*on_start)(void *ctx, const struct proto_start *st);
+	/* Optional: the SHARED record's token (also kept: mig_recv__shared_token).
 	 * Non-zero returns fail as for on_disk. */
 	int (*on_shared)(void *ctx, uint64_t token);
 	void *ctx;
@@ -200,7 +202,15 @@ static inline enum mig_recv_state mig_recv__state(const struct mig_recv *r)
 	return r->state;
 }
 const char *mig_recv__state_name(enum mig_recv_state st);
+/* SHARED's token: non-zero once the RAM was handed over in a shared file
+ * (START's RAM_SHARED; END before SHARED is refused, so after END it is
+ * non-zero exactly when RAM_SHARED was set). */
+static inline uint64_t mig_recv__shared_token(const struct mig_recv *r)
+{
+	return r->shared_token;
+}
 /* "" when there is no error. */
+
 static inline const char *mig_recv__error(const struct mig_recv *r)
 {
 	return r->errmsg;

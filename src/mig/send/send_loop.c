@@ -149,6 +149,8 @@ static int sender__setup(struct sender *s, const char *uri)
 	migration__proto_ram(s->ram, pr);
 	proto_start__from_ram(&st, pr);
 	st.ram_shared = s->ram_shared;
+	st.has_uuid = m->params.cap_validate_uuid && m->vm->cfg.has_uuid;
+	memcpy(st.uuid, m->vm->cfg.uuid, sizeof(st.uuid));
 	ssize_t n = proto__encode_start(s->rec, s->rec_cap, &st);
 	rc = n < 0 ? (int)n : mig_stream__write(s->stream, s->rec, (size_t)n);
 	/* at once: until START arrives the destination takes this connection

@@ -56,7 +56,7 @@ static uint32_t proto__allowed_flags(uint32_t type)
 	case PROTO_END:   return PROTO_F_HAS_CHECKSUM | PROTO_F_PAGE_SUM;
 	case PROTO_POSTCOPY: return PROTO_F_HAS_CHECKSUM;
 	case PROTO_DISK:  return PROTO_F_HAS_CHECKSUM;
-	case PROTO_START: return PROTO_F_RAM_SHARED;
+	case PROTO_START: return PROTO_F_RAM_SHARED | PROTO_F_UUID;
 	default:          return 0;
 	}
 }
@@ -169,8 +169,10 @@ static ssize_t proto__encode_layout(void *buf, size_t cap, uint32_t type,
 {
 	if (st->nr_blocks > PROTO_MAX_BLOCKS)
 		return -EINVAL;
-	uint64_t len = PROTO_MAGIC_LEN + 12 + 16ull * st->nr_blocks;
-	uint32_t flags = type == PROTO_START && st->ram_shared ? PROTO_F_RAM_SHARED : 0;
+	bool start = type == PROTO_START, uuid = start && st->has_uuid;
+	uint64_t len = PROTO_MAGIC_LEN + 12 + 16ull * st->nr_blocks + (uuid ? PROTO_UUID_LEN : 0);
+	uint32_t flags = (start && st->ram_shared ? PROTO_F_RAM_SHARED : 0) |
+			 (uuid ? PROTO_F_UUID : 0);
 	uint8_t *p = proto__begin(buf, cap, type, flags, len);
 	if (!p)
 		return -ENOSPC;
@@ -184,6 +186,8 @@ static ssize_t proto__encode_layout(void *buf, size_t cap, uint32_t type,
 		le__put64(p, st->blocks[i].gpa);
 		le__put64(p + 8, st->blocks[i].size);
 	}
+	if (uuid)
+		memcpy(p, st->uuid, PROTO_UUID_LEN);
 	return proto__rec_size(len);
 }
 
@@ -437,8 +441,8 @@ static int proto__bad(const char **why, const char *msg)
 	return -EPROTO;
 }
 
-int proto__decode_start(const void *payload, size_t len, struct proto_start *st,
-			const char **why)
+int proto__decode_start(const void *payload, size_t len, uint32_t flags,
+			struct proto_start *st, const char **why)
 {
 	const uint8_t *p = payload;
 	memset(st, 0, sizeof(*st));
@@ -455,13 +459,19 @@ int proto__decode_start(const void *payload, size_t len, struct proto_start *st,
 		return proto__bad(why, "unsupported page size");
 	if (st->nr_blocks == 0 || st->nr_blocks > PROTO_MAX_BLOCKS)
 		return proto__bad(why, "START block count out of range");
-	if (len != PROTO_MAGIC_LEN + 12 + 16 * (size_t)st->nr_blocks)
-		return proto__bad(why, "START length does not match its block count");
+	st->has_uuid = flags & PROTO_F_UUID;
+	st->ram_shared = flags & PROTO_F_RAM_SHARED;
+	if (len != PROTO_MAGIC_LEN + 12 + 16 * (size_t)st->nr_blocks +
+		   (st->has_uuid ? PROTO_UUID_LEN : 0))
+		return proto__bad(why, st->has_uuid ? "START length does not match its block count "
+				  "and UUID" : "START length does not match its block count");
 	p += PROTO_MAGIC_LEN + 12;
 	for (uint32_t i = 0; i < st->nr_blocks; i++, p += 16) {
 		st->blocks[i].gpa = le__get64(p);
 		st->blocks[i].size = le__get64(p + 8);
 	}
+	if (st->has_uuid)
+		memcpy(st->uuid, p, PROTO_UUID_LEN);
 	return 0;
 }
 

@@ -81,6 +81,9 @@ enum proto_type {
 					      * the page sum (background-snapshot) */
 #define PROTO_F_RAM_SHARED       (1u << 5)   /* START: RAM is not sent, it is handed
 					      * over in a shared file (SHARED) */
+#define PROTO_F_UUID             (1u << 6)   /* START: the source VM's UUID (16 bytes)
+						* follows the blocks (validate-uuid) */
+#define PROTO_UUID_LEN           16
 #define PROTO_F_COMPRESSED_ANY   (PROTO_F_COMPRESSED_ZSTD | PROTO_F_COMPRESSED_LZ4 | \
 				  PROTO_F_COMPRESSED_ZLIB)
 
@@ -108,6 +111,8 @@ struct proto_start {
 	uint32_t nr_blocks;
 	struct { uint64_t gpa, size; } blocks[PROTO_MAX_BLOCKS];
 	bool ram_shared;        /* START's flag RAM_SHARED (not in RESUME) */
+	bool has_uuid;          /* START's flag UUID (not in RESUME): uuid is the source VM's */
+	uint8_t uuid[PROTO_UUID_LEN];
 };
 
 /* A decoded PAGES or ZERO payload.  offsets points at count little-endian
@@ -239,7 +244,8 @@ static inline size_t proto__pages_record_size(uint32_t count)
 }
 
 /* ---- payload decoders: 0 or -EPROTO with *why set ---- */
-int proto__decode_start(const void *p, size_t len, struct proto_start *st,
+/* START or RESUME; flags: the header's (RAM_SHARED, UUID: START only). */
+int proto__decode_start(const void *p, size_t len, uint32_t flags, struct proto_start *st,
 			const char **why) KMIG_MUST_CHECK;
 /* flags: the header flags (selects compression). */
 int proto__decode_pages(const void *p, size_t len, uint32_t flags,

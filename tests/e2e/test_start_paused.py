@@ -1,0 +1,315 @@
+"""A destination started paused, as libvirt starts one, and the VM's
+identity (QEMU's -S, -uuid, -name; capabilities late-block-activate and
+validate-uuid; docs/usage.md, "A destination started paused").
+
+- test_prelaunch: `kmig run -S` boots nothing until `cont`: status
+  prelaunch (a `stop` keeps it so, a `migrate` is refused), no round of
+  the guest's own check; `cont` sends RESUME and the guest runs.
+  query-uuid and query-name say what --uuid and --name set (the nil UUID
+  and {} without them); a bad --uuid or --name is refused at start.
+- test_autostart: a guest migrated into a -S destination arrives paused
+  (x-verify passes, the guest writes nothing there) and runs at `cont`;
+  into a destination that got `stop` while it waited, paused too; into a
+  -S destination that got `cont` while it waited, running at once.
+- test_postcopy_paused: a -S destination switched to post-copy receives
+  its pages with the guest paused (it never runs before `cont`); x-verify
+  passes and `cont` runs it.
+- test_late_block_activate: a disk guest on shared storage migrated into
+  a -S destination with late-block-activate: the destination leaves the
+  image alone (no write lock) until `cont`, so the source, its migration
+  completed, can still `cont` (libvirt's way back when the destination's
+  side fails after the migration): it takes its image back and the disk
+  rounds go on, while the destination's `cont` is refused (no two VMs
+  write the image).  Without the capability (the control) the destination
+  takes the image at the end of the migration, the source's `cont` is
+  refused, and the destination's guest runs at `cont` with no block wrong.
+- test_validate_uuid: with validate-uuid the source's --uuid goes in the
+  stream's START: a destination with another UUID refuses the stream
+  before it changes anything (the source runs on), one with the same
+  UUID takes the guest, one without --uuid takes it and says it did not
+  check.
+"""
+import subprocess
+import time
+
+import pytest
+
+import kmigtest as kt
+import blkguest
+from blkguest import CMDLINE as DISK_CMDLINE, bad_lines as disk_bad, blk_args, image
+from verifyguest import VERIFY, VERIFY_OK, bad_lines, goes_on
+
+pytestmark = pytest.mark.kvm
+
+MEM = "128M"
+UUID_A = "5b3c2b5e-3f7a-4c1e-9d2a-0f6e8b1c4a7d"
+UUID_B = "0d4f6a1e-8c2b-4f3a-b5d6-7e8f9a0b1c2d"
+NIL = "00000000-0000-0000-0000-000000000000"
+
+
+def status(vm):
+    return vm.qmp().cmd("query-status").get("status")
+
+
+def quiet(vm, secs):
+    """No round of the guest's check on vm's console for secs: it does not run."""
+    n = vm.console.count(VERIFY_OK)
+    time.sleep(secs)
+    return vm.console.count(VERIFY_OK) == n, "%d rounds before, %d after" % (
+        n, vm.console.count(VERIFY_OK))
+
+
+def dest(d, vms, name, uri, extra=(), cmdline=VERIFY, memory=MEM):
+    vm = kt.kmig_vm(d, name, cmdline, memory=memory, extra=list(extra) + ["--incoming", uri])
+    vms.append(vm)
+    return vm
+
+
+def unix_uri(d, name):
+    return "unix:%s/%s.sock" % (d, name)
+
+
+def error_of(reply):
+    return reply.get("error", {}).get("desc", "")
+
+
+def test_prelaunch(d, vms, check):
+    vm = kt.kmig_vm(d, "pre", VERIFY, memory=MEM,
+                    extra=["-S", "--uuid", UUID_A.upper(), "--name", "guest=web-1"])
+    vms.append(vm)
+    q = vm.qmp()
+    check("prelaunch", q.cmd("query-status") == {"running": False, "singlestep": False,
+                                                   "status": "prelaunch"}, dump(vm))
+    check("uuid", q.cmd("query-uuid") == {"UUID": UUID_A}, repr(q.cmd("query-uuid")))
+    check("name", q.cmd("query-name") == {"name": "web-1"}, repr(q.cmd("query-name")))
+    q.cmd("stop")
+    check("stop_keeps_prelaunch", status(vm) == "prelaunch", dump(vm))
+    err = error_of(q.cmd_full("migrate", uri=unix_uri(d, "nobody")))
+    check("migrate_refused", "prelaunch" in err, err)
+    check("not_booted", *quiet(vm, kt.slow(2)))
+    q.cmd("cont")
+    check("resume_event", q.wait_event("RESUME", kt.slow(5)) is not None, dump(vm))
+    check("running", status(vm) == "running", dump(vm))
+    check("boots", vm.console.wait(VERIFY_OK, kt.slow(40), proc=vm.proc) is not None, dump(vm))
+    # without --uuid and --name: QEMU's answers
+    plain = kt.kmig_vm(d, "plain", VERIFY, memory=MEM, extra=["-S"])
+    vms.append(plain)
+    check("nil_uuid", plain.qmp().cmd("query-uuid") == {"UUID": NIL}, "")
+    check("no_name", plain.qmp().cmd("query-name") == {}, "")
+    # refused at start, with the reason
+    for args, why in ((["--uuid", "5b3c2b5e"], "not a UUID"),
+                      (["--uuid", UUID_A + "0"], "not a UUID"),
+                      (["--name", "a,b"], "--name a,b"),
+                      (["--name", ""], "--name")):
+        p = subprocess.run([kt.KMIG, "run", "--kernel", kt.GUEST, "--console", "none"] + args,
+                           capture_output=True, text=True, timeout=60)
+        check("refused_" + args[0][2:], p.returncode != 0 and why in p.stderr,
+              "%r: rc %d %s" % (args, p.returncode, p.stderr[-300:]))
+
+
+def dump(vm, n=15):
+    return kt.dump(vm, n)
+
+
+def boot(d, vms, check, extra=()):
+    """The source, its guest's check running; None (the check failed) if not."""
+    src = kt.kmig_vm(d, "src", VERIFY, memory=MEM, extra=list(extra))
+    vms.append(src)
+    ok = src.console.wait(VERIFY_OK, kt.slow(40), proc=src.proc) is not None
+    return src if check("boots", ok, dump(src)) else None
+
+
+def running(check, vm, name):
+    """The guest runs: its check goes on (no page bad) and the status says so."""
+    goes_on(check, vm, name)
+    check(name + "_running", status(vm) == "running", dump(vm))
+
+
+def migrate_to(check, name, src, dst, uri, caps=None):
+    r = kt.migrate(src, dst, uri, caps=dict({"x-verify": True}, **(caps or {})),
+                   timeout=kt.slow(90))
+    ok = check(name + "_completed", r.get("status") == "completed",
+               "%r; src %s; dst %s" % (r, dump(src), dump(dst)))
+    rr = kt.wait_migration(dst.qmp(), kt.slow(30))
+    ok = check(name + "_dst_completed", rr.get("status") == "completed",
+               "%r; %s" % (rr, dump(dst))) and ok
+    return ok
+
+
+def test_autostart(d, vms, check):
+    src = boot(d, vms, check)
+    if not src:
+        return
+    # -S: arrives paused, runs at cont
+    uri = unix_uri(d, "a")
+    a = dest(d, vms, "a", uri, ["-S"])
+    kt.wait_incoming(a)
+    check("a_inmigrate", status(a) == "inmigrate", dump(a))
+    if not migrate_to(check, "a", src, a, uri):
+        return
+    qa = a.qmp()
+    check("a_paused", qa.cmd("query-status") == {"running": False, "singlestep": False,
+                                                  "status": "paused"}, dump(a))
+    check("a_quiet", *quiet(a, kt.slow(2)))
+    check("src_postmigrate", status(src) == "postmigrate", dump(src))
+    qa.cmd("cont")
+    check("a_resume_event", qa.wait_event("RESUME", kt.slow(5)) is not None, dump(a))
+    running(check, a, "a")
+    # stop while it waits: arrives paused
+    uri = unix_uri(d, "b")
+    b = dest(d, vms, "b", uri)
+    kt.wait_incoming(b)
+    b.qmp().cmd("stop")
+    check("b_still_inmigrate", status(b) == "inmigrate", dump(b))
+    if not migrate_to(check, "b", a, b, uri):
+        return
+    check("b_paused", status(b) == "paused", dump(b))
+    check("b_quiet", *quiet(b, kt.slow(2)))
+    b.qmp().cmd("cont")
+    running(check, b, "b")
+    # -S, then cont while it waits: runs at once
+    uri = unix_uri(d, "c")
+    c = dest(d, vms, "c", uri, ["-S"])
+    kt.wait_incoming(c)
+    c.qmp().cmd("cont")
+    check("c_still_inmigrate", status(c) == "inmigrate", dump(c))
+    if not migrate_to(check, "c", b, c, uri):
+        return
+    running(check, c, "c")
+    bad = bad_lines(src) + bad_lines(a) + bad_lines(b) + bad_lines(c)
+    check("no_page_wrong", not bad, " / ".join(bad[:4]))
+
+
+def test_postcopy_paused(d, vms, check):
+    """A -S destination switched to post-copy: its pages come while the
+    guest stays paused (the source gave up its copy: the destination
+    holds the guest), then `cont` runs it with every page right."""
+    src = boot(d, vms, check)
+    if not src:
+        return
+    uri = unix_uri(d, "pc")
+    dst = dest(d, vms, "pc", uri, ["-S"])
+    kt.wait_incoming(dst)
+    kt.set_caps(dst.qmp(), postcopy_ram=True)
+    q = src.qmp()
+    kt.set_caps(q, postcopy_ram=True, x_verify=True)
+    kt.set_params(q, max_bandwidth=16 << 20, max_postcopy_bandwidth=16 << 20)
+    q.cmd("migrate", uri=uri)
+    deadline = time.time() + kt.slow(60)
+    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
+            "dirty-sync-count", 0) < 1:
+        time.sleep(0.05)
+    q.cmd("migrate-start-postcopy")
+    seen = set()
+    dq = dst.qmp()
+    deadline = time.time() + kt.slow(90)
+    while time.time() < deadline:
+        r = q.cmd("query-migrate")
+        seen.add((r.get("status"), status(dst)))
+        if r.get("status") in ("completed", "failed", "cancelled"):
+            break
+        time.sleep(0.05)
+    check("completed", r.get("status") == "completed", "%r; src %s; dst %s"
+          % (r, dump(src), dump(dst)))
+    check("postcopy_while_paused", ("postcopy-active", "paused") in seen, repr(seen))
+    check("never_ran", not any(st == "running" for _, st in seen), repr(seen))
+    rr = kt.wait_migration(dq, kt.slow(30))
+    check("dst_completed", rr.get("status") == "completed", "%r; %s" % (rr, dump(dst)))
+    check("x_verify", kt.wait_output(dst, r"x-verify: every page as it came matches",
+                                     kt.slow(5)) is not None, dst.output()[-400:])
+    check("paused_after", status(dst) == "paused", dump(dst))
+    check("quiet", *quiet(dst, kt.slow(2)))
+    dq.cmd("cont")
+    running(check, dst, "dst")
+
+
+def block(vm):
+    b = vm.qmp().cmd("query-block")
+    return b[0] if b else {}
+
+
+def disk_dest(d, vms, name, img, uri, late):
+    vm = dest(d, vms, name, uri, blk_args(img) + ["-S"],
+              cmdline=DISK_CMDLINE, memory="256M")
+    if late:
+        kt.wait_incoming(vm)
+        kt.set_caps(vm.qmp(), late_block_activate=True)
+    return vm
+
+
+def test_late_block_activate(d, vms, check):
+    img = image(d)
+    src = blkguest.start(d, vms, check, "src", img)
+    if not src:
+        return
+    q = src.qmp()
+    # late-block-activate: the source can go back
+    uri = unix_uri(d, "late")
+    late = disk_dest(d, vms, "late", img, uri, True)
+    if not migrate_to(check, "late", src, late, uri):
+        return
+    b = block(late)
+    check("late_not_taken", b.get("x-active") is False and b.get("x-image-lock") != "write",
+          repr(b))
+    check("late_paused", status(late) == "paused", dump(late))
+    reply = q.cmd_full("cont")
+    check("src_cont", "return" in reply and status(src) == "running", repr(reply))
+    sb = block(src)
+    check("src_took_back", sb.get("x-active") is True and sb.get("x-image-lock") == "write",
+          repr(sb))
+    check("src_disk_goes_on", blkguest.goes_on(src, kt.slow(60)), dump(src))
+    err = error_of(late.qmp().cmd_full("cont"))
+    check("late_cont_refused", "in use by another process" in err and
+          status(late) == "paused", "%s; %s" % (err, dump(late)))
+    late.qmp().cmd("quit")
+    late.wait_exit(kt.slow(20))
+    # the control: without it the destination takes the image at once
+    uri = unix_uri(d, "early")
+    early = disk_dest(d, vms, "early", img, uri, False)
+    if not migrate_to(check, "early", src, early, uri):
+        return
+    b = block(early)
+    check("early_taken", b.get("x-active") is True and b.get("x-image-lock") == "write",
+          repr(b))
+    check("early_paused", status(early) == "paused", dump(early))
+    err = error_of(q.cmd_full("cont"))
+    check("src_cont_refused", "in use by another process" in err and
+          status(src) == "postmigrate", err)
+    early.qmp().cmd("cont")
+    check("early_disk_goes_on", blkguest.goes_on(early, kt.slow(60)), dump(early))
+    bad = disk_bad(src) + disk_bad(late) + disk_bad(early)
+    check("no_block_wrong", not bad, " / ".join(bad[:4]))
+
+
+def test_validate_uuid(d, vms, check):
+    src = boot(d, vms, check, ["--uuid", UUID_A])
+    if not src:
+        return
+    q = src.qmp()
+    kt.set_caps(q, validate_uuid=True)
+    # another UUID: refused at START, the source runs on
+    uri = unix_uri(d, "other")
+    other = dest(d, vms, "other", uri, ["--uuid", UUID_B])
+    r = kt.migrate(src, other, uri, timeout=kt.slow(60))
+    check("mismatch_failed", r.get("status") == "failed" and
+          "validate-uuid" in r.get("error-desc", ""), repr(r))
+    rc = other.wait_exit(kt.slow(20))
+    why = "the source VM's UUID is %s, this VM's is %s" % (UUID_A, UUID_B)
+    check("mismatch_said", rc == 1 and why in other.output(),
+          "rc %r: %s" % (rc, other.output()[-400:]))
+    running(check, src, "src")
+    # the same UUID
+    uri = unix_uri(d, "same")
+    same = dest(d, vms, "same", uri, ["--uuid", UUID_A])
+    if not migrate_to(check, "same", src, same, uri):
+        return
+    running(check, same, "same")
+    # none here: taken, not checked
+    kt.set_caps(same.qmp(), validate_uuid=True)
+    uri = unix_uri(d, "none")
+    none = dest(d, vms, "none", uri)
+    if not migrate_to(check, "none", same, none, uri):
+        return
+    check("none_warned", "this VM has none (--uuid): not checked" in none.output(),
+          none.output()[-400:])
+    running(check, none, "none")
