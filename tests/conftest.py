@@ -78,8 +78,10 @@ def vms():
     yield started
     for vm in started:
         vm.kill()
-    san = kt.sanitizer_reports(started)
+    reports = []
+    san = kt.sanitizer_reports(started, reports)
     if san:
+        print("\n".join("# " + line for r in reports for line in r.splitlines()))
         pytest.fail("sanitizer reports: %r" % san, pytrace=False)
 
 

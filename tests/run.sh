@@ -173,7 +173,10 @@ SAN_E2E_EMULATED="tests/e2e/test_migrate.py tests/e2e/test_migrate_fail.py
 # TSan slows kmig's page loops tenfold and more, so the cut leaves out the
 # tests that need many pages moved in time (under emulation a migration
 # that should reach its rounds did not within four minutes, and one that
-# should converge moved 33 MB in two minutes).
+# should converge moved 33 MB in two minutes).  Nor a migration of a
+# device's guest: the sender reads guest pages while the disk's or network's
+# threads write into them (used rings, data), which is by design (the
+# write marks the page dirty, it is sent again) but is a race to TSan.
 TSAN_E2E="tests/e2e/test_hostile.py tests/e2e/test_migrate_fail.py::test_cancel_stalled
 	tests/e2e/test_migrate_fail.py::test_layout_mismatch
 	tests/e2e/test_migrate_fail.py::test_nobody_listens_and_bad_uris
@@ -181,7 +184,7 @@ TSAN_E2E="tests/e2e/test_hostile.py tests/e2e/test_migrate_fail.py::test_cancel_
 	tests/e2e/test_converge.py::test_dirty_limit_refused
 	tests/e2e/test_save_restore.py::test_exec_failures
 	tests/e2e/test_ignore_shared.py::test_local_update tests/e2e/test_ignore_shared.py::test_late_failure
-	tests/e2e/test_start_paused.py::test_autostart tests/e2e/test_start_paused.py::test_late_block_activate"
+	tests/e2e/test_start_paused.py::test_autostart tests/e2e/test_start_paused.py::test_stop_cont_race"
 # Under emulation the hostile peers run plainly only (they were two thirds
 # of this cut's four minutes there).
 TSAN_E2E_EMULATED="tests/e2e/test_migrate_fail.py::test_cancel_stalled
@@ -191,7 +194,7 @@ TSAN_E2E_EMULATED="tests/e2e/test_migrate_fail.py::test_cancel_stalled
 	tests/e2e/test_converge.py::test_dirty_limit_refused
 	tests/e2e/test_save_restore.py::test_exec_failures
 	tests/e2e/test_ignore_shared.py::test_local_update tests/e2e/test_ignore_shared.py::test_late_failure
-	tests/e2e/test_start_paused.py::test_autostart tests/e2e/test_start_paused.py::test_late_block_activate"
+	tests/e2e/test_start_paused.py::test_autostart tests/e2e/test_start_paused.py::test_stop_cont_race"
 # $1: the whole list, $2: its cut under emulation (unless KMIG_TEST_ALL=1)
 cut_list() {
 	if [ "${KMIG_TEST_EMULATED:-}" = 1 ] && [ "${KMIG_TEST_ALL:-}" != 1 ]; then

@@ -332,18 +332,22 @@ SANITIZER_RX = re.compile(r"(?:ERROR|WARNING): (?:Address|Leak|Thread)Sanitizer.
                           r"runtime error: .*")
 
 
-def sanitizer_reports(vms):
+def sanitizer_reports(vms, full=None):
     """[(console name, first sanitizer line)] over the VMs' outputs (also
-    after kill())."""
+    after kill()); full, a list, gets the first report of each, up to 80
+    lines, so a failure shows where it was."""
     found = []
     for vm in vms:
         try:
             with open(vm.out.name, errors="replace") as f:
-                m = SANITIZER_RX.search(f.read())
+                text = f.read()
         except OSError:
             continue
+        m = SANITIZER_RX.search(text)
         if m:
             found.append((os.path.basename(vm.console.path), m.group(0)))
+            if full is not None:
+                full.append("\n".join(text[m.start():].splitlines()[:80]))
     return found
 
 
