@@ -233,7 +233,6 @@ bool vm__set_autostart(struct vm *vm, bool on);
 enum vm_run_permit {
 	VM_RUN_ALLOWED,          /* run it */
 	VM_RUN_ASK,              /* leave inmigrate as it is, return WANTS_RUN */
-	VM_RUN_REFUSED,          /* stop it all the same */
 };
 enum vm_incoming_end {
 	VM_INCOMING_RAN,         /* the guest runs here */

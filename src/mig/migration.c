@@ -327,11 +327,6 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 			 "is handed over in its memory file, not sent", sh);
 		return -EINVAL;
 	}
-	/* a guest that arrived paused with late-block-activate has not taken
-	 * its disk: a migration from here must hold it, as a `cont` would
-	 * (refused while another VM, its last source, has it back) */
-	if (vm_blk__activate(m->vm, err, errlen))
-		return -EBUSY;
 	migration__join(m);
 	int rc = mig_uri__is_socket(&u) ? 0 : migration__take_local(m, &u, &p, err, errlen);
 	if (!rc)
@@ -345,6 +340,14 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 		migration__drop_fd(&m->out_fd);
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
+	}
+	/* last of the refusals: a guest that arrived paused with
+	 * late-block-activate has not taken its disk, and a migration from
+	 * here must hold it, as a `cont` would (refused while another VM, its
+	 * last source, has it back); from here on it keeps it */
+	if (vm_blk__activate(m->vm, err, errlen)) {
+		migration__drop_fd(&m->out_fd);
+		return -EBUSY;
 	}
 	snprintf(m->out_uri, sizeof(m->out_uri), "%s", uri);
 	pthread_mutex_lock(&m->lock);

@@ -45,7 +45,9 @@ struct incoming {
 	struct blocktime bt;         /* capability postcopy-blocktime */
 	bool bt_ready;
 	bool pc_ready;               /* pc initialised */
-	bool postcopy;               /* POSTCOPY came: the guest runs here */
+	bool postcopy;               /* POSTCOPY came: RAM is under userfaultfd */
+	bool guest_here;             /* inmigrate ended: the guest is this VM's (running,
+				      * or stopped until `cont`) */
 	struct disk_in disk;         /* x-block-migration: the image in the stream */
 	struct preempt_in preempt;   /* postcopy-preempt's channel */
 	atomic_bool preempt_on;      /* it connected */
@@ -346,15 +348,15 @@ static int incoming__on_start(void *ctx, const struct proto_start *st)
 	return 0;
 }
 
-
 /* Ends inmigrate (vm__end_incoming).  With the disk not taken yet
  * (late-block-activate), a guest that would run takes it first and asks
- * again, so a `stop` in between still stops it; one that cannot take it
- * stays paused.  Returns how it ended. */
-static enum vm_incoming_end incoming__end(struct incoming *in, bool disk_taken)
+ * again, so a `stop` in between still stops it.  Returns how it ended;
+ * VM_INCOMING_WANTS_RUN, still inmigrate, when the guest would run and
+ * the disk cannot be taken (why in err). */
+static enum vm_incoming_end incoming__end(struct incoming *in, bool disk_taken, char *err,
+					  size_t errlen)
 {
 	struct vm *vm = in->m->vm;
-	char err[512];
 	/* as QEMU's: the run state of a source stopped by a disk error is
 	 * kept; a guest stopped here (-S, stop) after running there is paused */
 	enum vm_status stopped = !vm->run_after_migration && vm_blk__kept(vm) ?
@@ -363,10 +365,9 @@ static enum vm_incoming_end incoming__end(struct incoming *in, bool disk_taken)
 						    stopped);
 	if (end != VM_INCOMING_WANTS_RUN)
 		return end;
-	if (!vm_blk__activate(vm, err, sizeof(err)))
-		return vm__end_incoming(vm, VM_RUN_ALLOWED, stopped);
-	log_warn("incoming migration: %s: the guest stays paused", err);
-	return vm__end_incoming(vm, VM_RUN_REFUSED, stopped);
+	if (vm_blk__activate(vm, err, errlen))
+		return VM_INCOMING_WANTS_RUN;
+	return vm__end_incoming(vm, VM_RUN_ALLOWED, stopped);
 }
 
 /* Runs the guest here (the source stopped it running and autostart: no
@@ -403,7 +404,9 @@ static int incoming__resume(struct incoming *in)
 			log_warn("incoming migration: the disk could not be given back");
 		return mig_recv__fail(&in->recv, -ESTALE, "%s: the guest does not run here", err);
 	}
-	switch (incoming__end(in, take_disk)) {
+	switch (incoming__end(in, take_disk, err, sizeof(err))) {
+	case VM_INCOMING_WANTS_RUN:   /* as when the disk is taken above */
+		return mig_recv__fail(&in->recv, -EBUSY, "%s: the guest does not run here", err);
 	case VM_INCOMING_LEFT:
 		/* the guest never ran here: the source may have its RAM back */
 		if (token && memfile__give_back(vm->memfile, token))
@@ -411,10 +414,11 @@ static int incoming__resume(struct incoming *in)
 		return mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it "
 				      "could run");
 	case VM_INCOMING_RAN:
+		in->guest_here = true;
 		control__event(m->ctl, "RESUME", NULL);
 		break;
-	case VM_INCOMING_WANTS_RUN:   /* incoming__end asks no more */
 	case VM_INCOMING_STOPPED:
+		in->guest_here = true;
 		log_info("incoming migration: the guest is here, %s until `cont`",
 			 vm_status__name(vm__status(vm)));
 		break;
@@ -766,7 +770,7 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 			incoming__linger(in);
 	}
 	if (rc) {
-		if (in->postcopy)
+		if (in->guest_here)
 			migration__set_error(m, "post-copy broke off with the guest here "
 					     "(%s): it cannot go on without the pages it lacks",
 					     fault_rc ? strerror(-fault_rc) : mig_recv__error(&in->recv));
@@ -775,9 +779,10 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 		migration__set_error(m, "%s", strerror(-rc));
 		log_err("incoming migration failed: %s", m->error);
 		migration__set_status(m, MIG_FAILED);
-		/* a destination that never ran the guest exits; one that ran it
-		 * stays, with the guest and its state as they are */
-		if (!in->postcopy)
+		/* a destination that never took the guest exits (post-copy's
+		 * too, if it failed to take it); one that took it stays, with
+		 * the guest and its state as they are */
+		if (!in->guest_here)
 			atomic_store(&m->ctl->incoming_failed, true);
 		control__wake(m->ctl);
 		return;

@@ -210,7 +210,6 @@ static inline uint64_t mig_recv__shared_token(const struct mig_recv *r)
 	return r->shared_token;
 }
 /* "" when there is no error. */
-
 static inline const char *mig_recv__error(const struct mig_recv *r)
 {
 	return r->errmsg;
