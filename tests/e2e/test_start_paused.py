@@ -29,9 +29,11 @@ validate-uuid; docs/usage.md, "A destination started paused").
 - test_validate_uuid: with validate-uuid the source's --uuid goes in the
   stream's START: a destination with another UUID refuses the stream
   before it changes anything (the source runs on), one with the same
-  UUID takes the guest, one without --uuid takes it and says it did not
-  check.
+  UUID takes the guest; saved into a file it goes with the state: a
+  restore into another UUID is refused, one into a VM without --uuid takes
+  it and says it did not check.
 """
+import os
 import subprocess
 import threading
 import time
@@ -353,12 +355,21 @@ def test_validate_uuid(d, vms, check):
     if not migrate_to(check, "same", src, same, uri):
         return
     running(check, same, "same")
-    # none here: taken, not checked
+    # saved into a file, the UUID goes with it: restored into another
+    # UUID, refused; into a VM with none, taken and not checked
     kt.set_caps(same.qmp(), validate_uuid=True)
-    uri = unix_uri(d, "none")
-    none = dest(d, vms, "none", uri)
-    if not migrate_to(check, "none", same, none, uri):
+    path = os.path.join(d, "vm.state")
+    r = kt.migrate(same, None, "file:" + path, params={"downtime-limit": 600000},
+                   timeout=kt.slow(90))
+    if not check("saved", r.get("status") == "completed", "%r; %s" % (r, dump(same))):
         return
+    wrong = dest(d, vms, "wrong", "file:" + path, ["--uuid", UUID_B])
+    rc = wrong.wait_exit(kt.slow(30))
+    check("restore_refused", rc == 1 and why in wrong.output(),
+          "rc %r: %s" % (rc, wrong.output()[-400:]))
+    none = dest(d, vms, "none", "file:" + path)
+    rr = kt.wait_migration(none.qmp(), kt.slow(60))
+    check("none_restored", rr.get("status") == "completed", "%r; %s" % (rr, dump(none)))
     check("none_warned", "this VM has none (--uuid): not checked" in none.output(),
           none.output()[-400:])
     running(check, none, "none")
