@@ -41,10 +41,12 @@ static json_t *cmd_cont(void *ctx, json_t *args, struct qmp_error *err)
 		return NULL;
 	/* a source whose migration gave its image up (completed, or failed
 	 * after the last state went) takes it back first, as QEMU does: not
-	 * while another process (the destination) holds it */
+	 * while another process (the destination) holds it; so does a
+	 * destination that left it (late-block-activate), its guest paused or
+	 * never run (prelaunch) */
 	enum vm_status st = vm__status(c->vm);
 	bool after = st == VM_STATUS_PAUSED || st == VM_STATUS_POSTMIGRATE ||
-		     st == VM_STATUS_IO_ERROR;
+		     st == VM_STATUS_IO_ERROR || st == VM_STATUS_PRELAUNCH;
 	bool had_disk = vm_blk__active(c->vm);
 	if (after && vm_blk__activate(c->vm, why, sizeof(why))) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Guest can not be resumed: %s", why);

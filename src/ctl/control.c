@@ -58,10 +58,18 @@ static void control__on_vm_event(void *ctx, enum vm_event ev)
 		atomic_store(&c->shutdown_seen, true);
 	} else {
 		control__event(c, "GUEST_PANICKED", json_pack("{s:s}", "action", "pause"));
-		control__event(c, "STOP", NULL);
+		if (ev == VM_EVENT_FAILED)   /* it left running (vm.h) */
+			control__event(c, "STOP", NULL);
 		atomic_store(&c->failed_seen, true);
 	}
 	control__wake(c);
+}
+
+/* STOP and RESUME: queued under vm->lock as the status changes (vm.h),
+ * so they come in the order of the changes, whichever thread made them */
+static void control__on_run_change(void *ctx, bool running)
+{
+	control__event(ctx, running ? "RESUME" : "STOP", NULL);
 }
 
 static void control__drain(void *ctx, int fd, short revents)
@@ -97,6 +105,7 @@ int control__init(struct control *c, struct vm *vm, const char *qmp_path,
 	signal(SIGPIPE, SIG_IGN);
 	vm->on_event = control__on_vm_event;
 	vm->on_io_error = control__on_io_error;
+	vm->on_run_change = control__on_run_change;
 	vm->event_ctx = c;
 	c->exit_on_failure = !qmp_path;
 	if (!qmp_path)
@@ -208,8 +217,6 @@ static void control__stop_into(struct control *c, enum vm_status to)
 {
 	bool done;
 	vm__pause_into(c->vm, VM_STATUS_BIT(VM_STATUS_RUNNING), to, CONTROL_STOP_WAIT_NS, &done);
-	if (done)
-		control__event(c, "STOP", NULL);
 }
 
 void control__stop_vm(struct control *c)
@@ -233,8 +240,5 @@ bool control__cont_vm(struct control *c)
 {
 	unsigned from = VM_STATUS_BIT(VM_STATUS_PAUSED) | VM_STATUS_BIT(VM_STATUS_POSTMIGRATE) |
 			VM_STATUS_BIT(VM_STATUS_IO_ERROR) | VM_STATUS_BIT(VM_STATUS_PRELAUNCH);
-	if (!vm__resume_from(c->vm, from, VM_STATUS_RUNNING))
-		return false;
-	control__event(c, "RESUME", NULL);
-	return true;
+	return vm__resume_from(c->vm, from, VM_STATUS_RUNNING);
 }

@@ -479,6 +479,16 @@ static void vm__release_devices(struct vm *vm)
 		ioevent__release(io[i]);
 }
 
+/* Under vm->lock: the new status, told to on_run_change when it enters
+ * or leaves running. */
+static void vm__status_locked(struct vm *vm, enum vm_status s)
+{
+	bool was = vm->status == VM_STATUS_RUNNING, is = s == VM_STATUS_RUNNING;
+	vm->status = s;
+	if (was != is && vm->on_run_change)
+		vm->on_run_change(vm->event_ctx, is);
+}
+
 void vm__pause_vcpus(struct vm *vm)
 {
 	pthread_mutex_lock(&vm->lock);
@@ -495,7 +505,7 @@ enum vm_status vm__pause_into(struct vm *vm, unsigned from, enum vm_status to,
 	bool parked = true;
 	*done = (from & VM_STATUS_BIT(prev)) != 0;
 	if (*done) {
-		vm->status = to;
+		vm__status_locked(vm, to);
 		parked = vm__add_pause(vm, wait_ns);
 	}
 	pthread_mutex_unlock(&vm->lock);
@@ -532,7 +542,7 @@ bool vm__resume_from(struct vm *vm, unsigned from, enum vm_status to)
 	pthread_mutex_lock(&vm->lock);
 	bool ok = (from & VM_STATUS_BIT(vm->status)) != 0, resumed = false;
 	if (ok) {
-		vm->status = to;
+		vm__status_locked(vm, to);
 		resumed = vm__unpause_locked(vm);
 	}
 	vm__unlock_unpaused(vm, resumed);
@@ -563,11 +573,11 @@ enum vm_incoming_end vm__end_incoming(struct vm *vm, enum vm_run_permit permit,
 	} else if (run && permit == VM_RUN_ASK) {
 		end = VM_INCOMING_WANTS_RUN;
 	} else if (run && permit == VM_RUN_ALLOWED) {
-		vm->status = VM_STATUS_RUNNING;
+		vm__status_locked(vm, VM_STATUS_RUNNING);
 		end = VM_INCOMING_RAN;
 		resumed = vm__unpause_locked(vm);
 	} else {
-		vm->status = stopped;
+		vm__status_locked(vm, stopped);
 		end = VM_INCOMING_STOPPED;
 	}
 	vm__unlock_unpaused(vm, resumed);
@@ -673,7 +683,7 @@ enum vm_status vm__status(struct vm *vm)
 void vm__set_status(struct vm *vm, enum vm_status s)
 {
 	pthread_mutex_lock(&vm->lock);
-	vm->status = s;
+	vm__status_locked(vm, s);
 	pthread_mutex_unlock(&vm->lock);
 }
 
@@ -696,7 +706,7 @@ void vm__shutdown(struct vm *vm, int exit_code)
 void vm__fail(struct vm *vm, enum vm_status why)
 {
 	pthread_mutex_lock(&vm->lock);
-	bool first = !vm->failed;
+	bool first = !vm->failed, ran = vm->status == VM_STATUS_RUNNING;
 	vm->failed = true;
 	if (first)
 		vm->status = why;
@@ -706,5 +716,5 @@ void vm__fail(struct vm *vm, enum vm_status why)
 	pthread_mutex_unlock(&vm->lock);
 	serial__flush(&vm->serial);
 	if (first && vm->on_event)
-		vm->on_event(vm->event_ctx, VM_EVENT_FAILED);
+		vm->on_event(vm->event_ctx, ran ? VM_EVENT_FAILED : VM_EVENT_FAILED_STOPPED);
 }

@@ -113,7 +113,12 @@ struct blk_io_error;             /* dev/blk.h */
 struct vcpu;
 
 /* Events the VM reports to whoever drives it (the control loop). */
-enum vm_event { VM_EVENT_SHUTDOWN, VM_EVENT_FAILED };
+enum vm_event {
+	VM_EVENT_SHUTDOWN,
+	VM_EVENT_FAILED,            /* the guest failed while it ran: it stopped */
+	VM_EVENT_FAILED_STOPPED,    /* it failed while not running (a vCPU still in the
+				     * kernel as it was being stopped) */
+};
 typedef void (*vm_event_fn)(void *ctx, enum vm_event ev);
 
 struct vm {
@@ -152,6 +157,8 @@ struct vm {
 	atomic_int exit_code;        /* process exit status once shut down */
 	atomic_bool device_marks_off; /* test builds' KMIG_FAULT=no-device-marks (mig/send/fault.h) */
 	bool run_after_migration;    /* source: was running at switchover; destination: resume */
+	bool never_ran;              /* source: prelaunch (-S, no `cont` yet) at switchover;
+				      * destination: the guest arrives so, and stays so */
 	bool autostart;              /* under lock: an incoming guest whose source ran it runs
 				      * once the migration ends (QEMU's autostart: -S clears
 				      * it, stop and cont in inmigrate set it) */
@@ -173,6 +180,12 @@ struct vm {
 	/* The disk failed a request (dev/blk.h): on a disk worker, any
 	 * time; event_ctx is its ctx.  Set before vm__start; may be NULL. */
 	void (*on_io_error)(void *ctx, const struct blk_io_error *e);
+	/* The status entered (running) or left running: under vm->lock, in
+	 * the same step as the change, so what a client hears comes in the
+	 * order the changes were made; it must neither block nor take
+	 * vm->lock.  Not at vm__start, nor for a shutdown or a guest failure
+	 * (on_event reports those).  event_ctx is its ctx; may be NULL. */
+	void (*on_run_change)(void *ctx, bool running);
 };
 
 /* Opens /dev/kvm, creates the VM, RAM, irqchip, PIT, devices and vCPUs

@@ -296,7 +296,8 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 		snprintf(err, errlen, "There's a migration process in progress");
 		return -EBUSY;
 	}
-	if (vs != VM_STATUS_RUNNING && vs != VM_STATUS_PAUSED && vs != VM_STATUS_IO_ERROR) {
+	if (vs != VM_STATUS_RUNNING && vs != VM_STATUS_PAUSED && vs != VM_STATUS_IO_ERROR &&
+	    vs != VM_STATUS_PRELAUNCH) {
 		snprintf(err, errlen, "Cannot migrate a VM that is %s", vm_status__name(vs));
 		return -EINVAL;
 	}
@@ -328,6 +329,15 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 		return -EINVAL;
 	}
 	migration__join(m);
+	/* a destination migrated on as soon as it said completed: its
+	 * incoming thread may still be confirming to its source, and ends by
+	 * itself (its stream is not this migration's to yank) */
+	if (m->in_running) {
+		pthread_join(m->in_thread, NULL);
+		pthread_mutex_lock(&m->lock);
+		m->in_running = false;
+		pthread_mutex_unlock(&m->lock);
+	}
 	int rc = mig_uri__is_socket(&u) ? 0 : migration__take_local(m, &u, &p, err, errlen);
 	if (!rc)
 		rc = tls_config__resolve(&m->tls, false, p.tls_creds, p.tls_hostname, NULL, uri,
@@ -619,6 +629,15 @@ json_t *migration__query(struct migration *m)
 	json_object_set_new(r, "x-write-protect", json_boolean(atomic_load(&m->write_protect)));
 	json_object_set_new(r, "x-cpu-throttle-now",
 			    json_integer(atomic_load(&m->vm->throttle_pct)));
+	if (m->in_path[0])   /* the incoming side: where a source connects now */
+		json_object_set_new(r, "socket-address", json_pack("[{s:s, s:s}]", "type", "unix",
+								   "path", m->in_path));
+	else if (m->in_host[0]) {
+		char port[8];
+		snprintf(port, sizeof(port), "%u", m->in_port);
+		json_object_set_new(r, "socket-address", json_pack("[{s:s, s:s, s:s}]", "type", "inet",
+								   "host", m->in_host, "port", port));
+	}
 	if (m->strays)   /* the incoming side: who else knocked, and why it was dropped */
 		json_object_set_new(r, "x-stray-connections", json_pack("{s:I, s:s}",
 			"count", (json_int_t)m->strays, "last-reason", m->stray_why));

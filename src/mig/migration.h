@@ -208,6 +208,12 @@ struct migration {
 				       * until the process ends (-1: none) */
 	bool confirmed;              /* under lock: RP_OK arrived, a cancel is too late */
 	char in_uri[MIG_URI_MAX];
+	/* under lock: where the incoming side listens now (QMP's
+	 * socket-address): a TCP address (port bound, also after port 0) or
+	 * a unix path; none ("" both) when no listener is open */
+	char in_host[64];
+	uint16_t in_port;
+	char in_path[108];
 	char out_uri[MIG_URI_MAX];
 	int in_fd;                   /* --incoming/migrate-incoming fd:'s descriptor, -1 = none */
 	int inherited_fd;            /* --incoming fd:N's N, checked open at start-up, -1 = none */

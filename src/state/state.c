@@ -100,7 +100,8 @@ int state__save(struct vm *vm, state_put_fn put, void *ctx)
 		rc = state__save_vcpu(vm, &vm->vcpus[i], put, ctx);
 	if (!rc)
 		rc = state__save_clock(vm, put, ctx);
-	uint8_t running = vm->run_after_migration;
+	/* 1 running, 0 stopped, 2 prelaunch: never run (design.md) */
+	uint8_t running = vm->run_after_migration ? 1 : vm->never_ran ? 2 : 0;
 	if (!rc)
 		rc = put(ctx, STATE_VM_RUNSTATE, STATE_VERSION, 0, &running, 1);
 	return rc;

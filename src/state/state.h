@@ -33,7 +33,8 @@ enum state_section {
 	STATE_VM_IRQCHIP = 20,
 	STATE_VM_PIT = 21,
 	STATE_VM_CLOCK = 22,
-	STATE_VM_RUNSTATE = 23,     /* 1 byte: the guest was running at switchover */
+	STATE_VM_RUNSTATE = 23,     /* 1 byte: 1 the guest was running at switchover,
+				     * 0 stopped, 2 never ran (prelaunch) */
 	STATE_VM_TSC = 24,          /* the guest TSC and the wall clock at one instant */
 	STATE_DEV_SERIAL = 30,
 	STATE_DEV_VIRTIO = 31,

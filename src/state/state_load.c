@@ -118,11 +118,12 @@ int state__load(struct vm *vm, uint32_t id, uint32_t version, uint32_t instance,
 		return -EINVAL;
 	}
 	if (id == STATE_VM_RUNSTATE) {
-		if (instance || len != 1 || *(const uint8_t *)data > 1) {
+		if (instance || len != 1 || *(const uint8_t *)data > 2) {
 			snprintf(why, whylen, "malformed run-state section");
 			return -EINVAL;
 		}
-		vm->run_after_migration = *(const uint8_t *)data;
+		vm->run_after_migration = *(const uint8_t *)data == 1;
+		vm->never_ran = *(const uint8_t *)data == 2;
 		return 0;
 	}
 	if (id == STATE_VM_TSC) {

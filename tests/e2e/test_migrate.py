@@ -2,7 +2,8 @@
 
 Tests: a stress guest over TCP (statistics and run states), a verify guest
 with x-verify on both dirty-tracking backends (and ring to bitmap), an idle
-guest over a unix socket and through --incoming defer, MIGRATION/MIGRATION_PASS
+guest over a unix socket, through --incoming defer and to port 0 (found in
+the destination's socket-address, with multifd), MIGRATION/MIGRATION_PASS
 events, and max-bandwidth as an upper bound on the stream's rate.
 """
 import os
@@ -189,7 +190,9 @@ def test_verify(d, vms, check, backend):
 
 # ------------------------------------------------------------------ (3)
 
-def idle_migration(d, vms, check, uri, incoming=None, defer_uri=None):
+def idle_migration(d, vms, check, uri, incoming=None, defer_uri=None, caps=None):
+    """uri None: the destination listens on incoming (port 0), the
+    source learns where from its socket-address."""
     src, dst = pair(d, "workload=idle report_ms=200", "128M", uri, incoming=incoming)
     vms += [src, dst]
     if not check("boot", src.console.wait(r"^heartbeat", kt.slow(30), proc=src.proc) is not None,
@@ -202,7 +205,26 @@ def idle_migration(d, vms, check, uri, incoming=None, defer_uri=None):
               dst.qmp().cmd("query-status").get("status") == "inmigrate"
               and "listening" not in dst.output(), dump(dst))
         dst.qmp().cmd("migrate-incoming", uri=defer_uri)
-    r = kt.migrate(src, dst, uri, caps={"x-verify": True}, timeout=kt.slow(40))
+    check("listening", kt.wait_incoming(dst, kt.slow(10)), dump(dst))
+    # where the destination listens (QMP's socket-address): with port 0
+    # the only way to learn the port it bound
+    addr = dst.qmp().cmd("query-migrate").get("socket-address")
+    if uri is None:
+        ok = check("socket_address", isinstance(addr, list) and len(addr) == 1
+                   and addr[0].get("type") == "inet" and addr[0].get("host") == "127.0.0.1"
+                   and addr[0].get("port", "0").isdigit() and addr[0]["port"] != "0", repr(addr))
+        if not ok:
+            return
+        uri = "tcp:127.0.0.1:%s" % addr[0]["port"]
+    else:
+        kind, where = uri.split(":", 1)
+        want = ({"type": "unix", "path": where} if kind == "unix" else
+                {"type": "inet", "host": where.rsplit(":", 1)[0], "port": where.rsplit(":", 1)[1]})
+        check("socket_address", addr == [want], "%r, not [%r]" % (addr, want))
+    if caps:
+        kt.set_caps(dst.qmp(), **caps)
+    r = kt.migrate(src, dst, uri, caps=dict({"x-verify": True}, **{
+        k.replace("_", "-"): v for k, v in (caps or {}).items()}), timeout=kt.slow(40))
     if not check("completed", r.get("status") == "completed",
                  "query-migrate: %r; %s; %s" % (r, dump(src), dump(dst))):
         return
@@ -219,6 +241,7 @@ def idle_migration(d, vms, check, uri, incoming=None, defer_uri=None):
           "%r %r" % (src.qmp().cmd("query-status"), dst.qmp().cmd("query-status")))
     dq = dst.qmp().cmd("query-migrate")
     check("dst_query", dq.get("status") == "completed", repr(dq))
+    check("no_socket_address_after", "socket-address" not in dq, repr(dq))
 
 
 def test_idle_unix(d, vms, check):
@@ -228,6 +251,12 @@ def test_idle_unix(d, vms, check):
 def test_idle_defer(d, vms, check):
     uri = tcp_uri()
     idle_migration(d, vms, check, uri, incoming="defer", defer_uri=uri)
+
+
+def test_idle_port_zero(d, vms, check):
+    """--incoming tcp:127.0.0.1:0 and multifd: the channels connect to the
+    port the destination bound, read from its socket-address."""
+    idle_migration(d, vms, check, None, incoming="tcp:127.0.0.1:0", caps={"multifd": True})
 
 
 # ------------------------------------------------------------------ (4)

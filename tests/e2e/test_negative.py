@@ -21,7 +21,6 @@ A build without the hooks refuses KMIG_FAULT (the migration fails with a
 reason and the source runs on).
 """
 import re
-import time
 
 import pytest
 
@@ -194,10 +193,7 @@ def test_xverify_catches_postcopy(d, vms, check, share):
     kt.set_params(q, max_bandwidth=4 << 20, max_postcopy_bandwidth=4 << 20)
     kt.wait_incoming(dst)
     q.cmd("migrate", uri=uri)
-    deadline = time.time() + kt.slow(60)
-    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
-            "dirty-sync-count", 0) < 1:
-        time.sleep(0.05)
+    kt.after_bulk_pass(q, kt.slow(60))
     q.cmd("migrate-start-postcopy")
     r = kt.wait_migration(q, kt.slow(60))
     got = fault_line(src)

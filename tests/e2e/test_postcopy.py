@@ -126,14 +126,6 @@ def start(src, dst, uri, params=None, verify=False):
     return q
 
 
-def after_bulk_pass(q, timeout):
-    """Waits until the bulk pass is over (the first dirty sync)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
-            "dirty-sync-count", 0) < 1:
-        time.sleep(0.05)
-
-
 def verify_rounds(console):
     return [int(x) for x in re.findall(r"^verify ok round=(\d+) cpu=0", console.text(), re.M)]
 
@@ -191,7 +183,7 @@ def test_verify(d, vms, check, backend, cpus):
     # the destination's vCPUs first touch a page still missing
     q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}, verify=True)
     # after the bulk pass (about 3 s at the limit): the first dirty round
-    after_bulk_pass(q, kt.slow(60))
+    kt.after_bulk_pass(q, kt.slow(60))
     q.cmd("migrate-start-postcopy")
     r, seen = kt.follow(q, kt.slow(60))
     print("# postcopy_%s: statuses %r, total %s ms, downtime %s ms, requests %s, sent %s MiB"
@@ -333,7 +325,7 @@ def test_balloon(d, vms, check):
     if not check("inflated", got == 448 * MIB, "actual %r" % got):
         return
     q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}, verify=True)
-    after_bulk_pass(q, kt.slow(60))
+    kt.after_bulk_pass(q, kt.slow(60))
     q.cmd("migrate-start-postcopy")
     dq = dst.qmp()
     r = wait_status(dq, "postcopy-active", kt.slow(20))
@@ -381,7 +373,7 @@ def test_multifd(d, vms, check, when):
     kt.set_params(q, multifd_channels=3)
     q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}, verify=True)
     if when == "after_pass":
-        after_bulk_pass(q, kt.slow(60))
+        kt.after_bulk_pass(q, kt.slow(60))
     else:   # with batches still queued on the channels
         deadline = time.time() + kt.slow(30)
         while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
@@ -438,7 +430,7 @@ def test_source_lost(d, vms, check):
     # max-postcopy-bandwidth holds the push back (QEMU's parameter), so
     # the kill lands while most pages are still at the source
     q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT})
-    after_bulk_pass(q, kt.slow(30))
+    kt.after_bulk_pass(q, kt.slow(30))
     q.cmd("migrate-start-postcopy")
     dq = dst.qmp()
     deadline = time.time() + kt.slow(20)
@@ -511,7 +503,7 @@ def test_recover(d, vms, check, action, tls, balloon, multifd):
                        channels=multifd)
     # the push is held back, so the cut lands with most pages still here
     q = start(src, dst, "tcp:127.0.0.1:%d" % proxy.port, params, verify=True)
-    after_bulk_pass(q, kt.slow(30))
+    kt.after_bulk_pass(q, kt.slow(30))
     q.cmd("migrate-start-postcopy")
     r = wait_status(q, "postcopy-active", kt.slow(20))
     if not check("postcopy_active", r.get("status") == "postcopy-active", repr(r)):
@@ -611,7 +603,7 @@ def test_recover_same_uri(d, vms, check):
     if not check("boot", booted(src, 1), dump(src)):
         return
     q, dq = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}), dst.qmp()
-    after_bulk_pass(q, kt.slow(30))
+    kt.after_bulk_pass(q, kt.slow(30))
     q.cmd("migrate-start-postcopy")
     r = wait_status(q, "postcopy-active", kt.slow(20))
     rd = wait_status(dq, "postcopy-active", kt.slow(20))
@@ -742,7 +734,7 @@ def test_destination_lost(d, vms, check):
     if not check("boot", booted(src, 1), dump(src)):
         return
     q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT})
-    after_bulk_pass(q, kt.slow(30))
+    kt.after_bulk_pass(q, kt.slow(30))
     q.cmd("migrate-start-postcopy")
     r = wait_status(q, "postcopy-active", kt.slow(20))
     if not check("postcopy_active", r.get("status") == "postcopy-active", repr(r)):
@@ -773,7 +765,7 @@ def test_into_memory_file(d, vms, check):
     if not check("boot", booted(src, 1), dump(src)):
         return
     q = start(src, dst, uri, {"max_postcopy_bandwidth": LIMIT}, verify=True)
-    after_bulk_pass(q, kt.slow(60))
+    kt.after_bulk_pass(q, kt.slow(60))
     q.cmd("migrate-start-postcopy")
     r, seen = kt.follow(q, kt.slow(60))
     print("# into a memory file: statuses %r, total %s ms, requests %s"

@@ -34,7 +34,7 @@ import kmigtest as kt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # its sibling's helpers
 from test_postcopy import (  # noqa: E402
-    LIMIT, RING, VERIFY, after_bulk_pass, booted, check_dst_runs, check_verified, cli,
+    LIMIT, RING, VERIFY, booted, check_dst_runs, check_verified, cli,
     completed_postcopy, dump, psk_creds, tcp_uri, wait_status)
 
 pytestmark = pytest.mark.kvm
@@ -65,7 +65,7 @@ def start(src, dst, uri, params=None, dst_preempt=True):
 
 
 def to_postcopy(check, q):
-    after_bulk_pass(q, kt.slow(60))
+    kt.after_bulk_pass(q, kt.slow(60))
     q.cmd("migrate-start-postcopy")
     r = wait_status(q, "postcopy-active", kt.slow(20))
     return check("postcopy_active", r.get("status") == "postcopy-active", repr(r))

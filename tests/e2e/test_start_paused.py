@@ -2,9 +2,11 @@
 identity (QEMU's -S, -uuid, -name; capabilities late-block-activate and
 validate-uuid; docs/usage.md, "A destination started paused").
 
-- test_prelaunch: `kmig run -S` boots nothing until `cont`: status
-  prelaunch (a `stop` keeps it so, a `migrate` is refused), no round of
-  the guest's own check; `cont` sends RESUME and the guest runs.
+- test_prelaunch: `kmig run -S` boots nothing: status prelaunch (a
+  `stop` keeps it so), no round of the guest's own check.  Migrated so
+  (x-verify), the guest arrives in prelaunch on a destination without -S
+  and still makes no round; the source, which never ran, heard no STOP
+  or RESUME; `cont` there sends RESUME and the guest runs.
   query-uuid and query-name say what --uuid and --name set (the nil UUID
   and {} without them); a bad --uuid or --name is refused at start.
 - test_autostart: a guest migrated into a -S destination arrives paused
@@ -26,6 +28,8 @@ validate-uuid; docs/usage.md, "A destination started paused").
   write the image).  Without the capability (the control) the destination
   takes the image at the end of the migration, the source's `cont` is
   refused, and the destination's guest runs at `cont` with no block wrong.
+  A disk guest that never ran (-S) arrives in prelaunch with its image
+  left; `cont` there takes it and the guest's disk rounds begin.
 - test_validate_uuid: with validate-uuid the source's --uuid goes in the
   stream's START: a destination with another UUID refuses the stream
   before it changes anything (the source runs on), one with the same
@@ -35,6 +39,7 @@ validate-uuid; docs/usage.md, "A destination started paused").
 """
 import os
 import subprocess
+import socket
 import threading
 import time
 
@@ -90,13 +95,25 @@ def test_prelaunch(d, vms, check):
     check("name", q.cmd("query-name") == {"name": "web-1"}, repr(q.cmd("query-name")))
     q.cmd("stop")
     check("stop_keeps_prelaunch", status(vm) == "prelaunch", dump(vm))
-    err = error_of(q.cmd_full("migrate", uri=unix_uri(d, "nobody")))
-    check("migrate_refused", "prelaunch" in err, err)
     check("not_booted", *quiet(vm, kt.slow(2)))
-    q.cmd("cont")
-    check("resume_event", q.wait_event("RESUME", kt.slow(5)) is not None, dump(vm))
-    check("running", status(vm) == "running", dump(vm))
-    check("boots", vm.console.wait(VERIFY_OK, kt.slow(40), proc=vm.proc) is not None, dump(vm))
+    # a guest that never ran migrates as it is (QEMU's): it arrives in
+    # prelaunch, though the destination has no -S, and runs at `cont`
+    uri = unix_uri(d, "pre_dst")
+    dst = dest(d, vms, "pre_dst", uri)
+    kt.wait_incoming(dst)
+    if not migrate_to(check, "from_prelaunch", vm, dst, uri):
+        return
+    check("src_postmigrate", status(vm) == "postmigrate", dump(vm))
+    check("src_no_run_events", not [e for e in q.events if e["event"] in ("STOP", "RESUME")],
+          repr(q.events))
+    check("dst_prelaunch", status(dst) == "prelaunch", dump(dst))
+    check("dst_not_booted", *quiet(dst, kt.slow(2)))
+    qd = dst.qmp()
+    qd.cmd("cont")
+    check("resume_event", qd.wait_event("RESUME", kt.slow(5)) is not None, dump(dst))
+    check("running", status(dst) == "running", dump(dst))
+    check("boots", dst.console.wait(VERIFY_OK, kt.slow(40), proc=dst.proc) is not None,
+          dump(dst))
     # without --uuid and --name: QEMU's answers
     plain = kt.kmig_vm(d, "plain", VERIFY, memory=MEM, extra=["-S"])
     vms.append(plain)
@@ -140,6 +157,9 @@ def migrate_to(check, name, src, dst, uri, caps=None):
                    params={"downtime-limit": 600000}, timeout=kt.slow(90))
     ok = check(name + "_completed", r.get("status") == "completed",
                "%r; src %s; dst %s" % (r, dump(src), dump(dst)))
+    # the destination says completed before it confirms to the source
+    now = dst.qmp().cmd("query-migrate").get("status")
+    check(name + "_dst_completed_first", not ok or now == "completed", now)
     rr = kt.wait_migration(dst.qmp(), kt.slow(30))
     ok = check(name + "_dst_completed", rr.get("status") == "completed",
                "%r; %s" % (rr, dump(dst))) and ok
@@ -190,6 +210,20 @@ def test_autostart(d, vms, check):
     check("no_page_wrong", not bad, " / ".join(bad[:4]))
 
 
+def run_events(q):
+    """The STOP and RESUME events q received, in order, once nothing
+    changes the run state any more: a last command's reply comes after
+    every event queued before it."""
+    q.cmd("query-status")
+    q.sock.settimeout(0.2)
+    try:
+        while True:
+            q.events.append(q._read())
+    except (socket.timeout, EOFError):
+        pass
+    return [e["event"] for e in q.events if e["event"] in ("STOP", "RESUME")]
+
+
 def test_stop_cont_race(d, vms, check):
     """A second client sends stop and cont to the destination as fast as
     it can while it waits, while the stream loads and as inmigrate ends
@@ -220,10 +254,21 @@ def test_stop_cont_race(d, vms, check):
         time.sleep(kt.slow(0.5))
         done.set()
         t.join(10)
+        if not check(name + "_hammer_ended", not t.is_alive(), ""):
+            return
+        told = run_events(spam)
         spam.close()
-        print("# %s: %d stop/cont sent" % (name, sent[0]))
+        print("# %s: %d stop/cont sent, %d STOP/RESUME events" % (name, sent[0], len(told)))
         if not ok:
             return
+        # each change of the run state told once, in the order made: from
+        # inmigrate (not running) RESUME and STOP alternate, and the last
+        # says what the status says
+        check(name + "_events_in_order", all(e == ("RESUME", "STOP")[i % 2]
+                                             for i, e in enumerate(told)),
+              " ".join(told[:40]))
+        check(name + "_last_event_true", (len(told) % 2 == 1) == (status(dst) == "running"),
+              "%d events, last %s, status %s" % (len(told), told[-1:], status(dst)))
         if status(dst) == "paused":
             check(name + "_paused_quiet", *quiet(dst, kt.slow(2)))
             dst.qmp().cmd("cont")
@@ -246,10 +291,7 @@ def test_postcopy_paused(d, vms, check):
     kt.set_caps(q, postcopy_ram=True, x_verify=True)
     kt.set_params(q, max_bandwidth=16 << 20, max_postcopy_bandwidth=16 << 20)
     q.cmd("migrate", uri=uri)
-    deadline = time.time() + kt.slow(60)
-    while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
-            "dirty-sync-count", 0) < 1:
-        time.sleep(0.05)
+    kt.after_bulk_pass(q, kt.slow(60))
     q.cmd("migrate-start-postcopy")
     seen = set()
     dq = dst.qmp()
@@ -328,7 +370,25 @@ def test_late_block_activate(d, vms, check):
           status(src) == "postmigrate", err)
     early.qmp().cmd("cont")
     check("early_disk_goes_on", blkguest.goes_on(early, kt.slow(60)), dump(early))
-    bad = disk_bad(src) + disk_bad(late) + disk_bad(early)
+    # a guest that never ran arrives in prelaunch, the image left: `cont`
+    # there takes it, and the guest's first disk rounds come
+    img2 = image(d, "never.img")
+    pre = kt.kmig_vm(d, "never", DISK_CMDLINE, memory="256M", extra=blk_args(img2) + ["-S"])
+    vms.append(pre)
+    uri = unix_uri(d, "never_dst")
+    never = disk_dest(d, vms, "never_dst", img2, uri, True)
+    if not migrate_to(check, "never", pre, never, uri):
+        return
+    b = block(never)
+    check("never_not_taken", status(never) == "prelaunch" and b.get("x-active") is False,
+          "%r; %s" % (b, dump(never)))
+    never.qmp().cmd("cont")
+    b = block(never)
+    check("never_cont_takes", b.get("x-active") is True and b.get("x-image-lock") == "write",
+          repr(b))
+    check("never_disk_runs", never.console.wait(r"^disk ok round=", kt.slow(90),
+                                                proc=never.proc) is not None, dump(never))
+    bad = disk_bad(src) + disk_bad(late) + disk_bad(early) + disk_bad(never)
     check("no_block_wrong", not bad, " / ".join(bad[:4]))
 
 

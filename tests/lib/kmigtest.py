@@ -455,6 +455,15 @@ def wait_migration(qmp, timeout=60.0, statuses=MIG_FINAL, interval=0.1):
         time.sleep(interval)
 
 
+def after_bulk_pass(qmp, timeout):
+    """Polls query-migrate until the bulk pass is over (the first dirty
+    sync), or the timeout passed."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and qmp.cmd("query-migrate").get("ram", {}).get(
+            "dirty-sync-count", 0) < 1:
+        time.sleep(0.05)
+
+
 def wait_transferred(qmp, nbytes, timeout):
     """Polls query-migrate until the RAM bytes sent reach nbytes (or the
     timeout passed)."""

@@ -93,6 +93,8 @@ static void incoming__close_listener(struct incoming *in)
 	if (in->listening)
 		mig_listener__close(&in->listener);
 	in->listening = false;
+	in->m->in_host[0] = in->m->in_path[0] = 0;
+	in->m->in_port = 0;
 	pthread_mutex_unlock(&in->m->lock);
 }
 
@@ -358,8 +360,10 @@ static enum vm_incoming_end incoming__end(struct incoming *in, bool disk_taken, 
 {
 	struct vm *vm = in->m->vm;
 	/* as QEMU's: the run state of a source stopped by a disk error is
-	 * kept; a guest stopped here (-S, stop) after running there is paused */
-	enum vm_status stopped = !vm->run_after_migration && vm_blk__kept(vm) ?
+	 * kept, so is a guest that never ran (prelaunch); a guest stopped
+	 * here (-S, stop) after running there is paused */
+	enum vm_status stopped = vm->never_ran ? VM_STATUS_PRELAUNCH :
+				 !vm->run_after_migration && vm_blk__kept(vm) ?
 				 VM_STATUS_IO_ERROR : VM_STATUS_PAUSED;
 	enum vm_incoming_end end = vm__end_incoming(vm, disk_taken ? VM_RUN_ALLOWED : VM_RUN_ASK,
 						    stopped);
@@ -414,8 +418,7 @@ static int incoming__resume(struct incoming *in)
 		return mig_recv__fail(&in->recv, -EINVAL, "the VM left inmigrate before it "
 				      "could run");
 	case VM_INCOMING_RAN:
-		in->guest_here = true;
-		control__event(m->ctl, "RESUME", NULL);
+		in->guest_here = true;   /* RESUME: told as it ran (vm.h) */
 		break;
 	case VM_INCOMING_STOPPED:
 		in->guest_here = true;
@@ -688,6 +691,28 @@ static int incoming__open_local(struct incoming *in, const struct mig_uri *u, ch
 	return rc;
 }
 
+/* Under m->lock, the listener just open: where it listens, for QMP's
+ * socket-address, and as a URI for the log (the port bound, also after
+ * port 0). */
+static void incoming__show_address(struct incoming *in, char *where, size_t len)
+{
+	struct migration *m = in->m;
+	const struct mig_listener *l = &in->listener;
+	if (l->path[0]) {
+		snprintf(m->in_path, sizeof(m->in_path), "%s", l->path);
+		snprintf(where, len, "unix:%s", m->in_path);
+		return;
+	}
+	if (!l->host[0]) {     /* not known: no socket-address */
+		snprintf(where, len, "port %u", l->port);
+		return;
+	}
+	snprintf(m->in_host, sizeof(m->in_host), "%s", l->host);
+	m->in_port = l->port;
+	bool v6 = strchr(m->in_host, ':') != NULL;
+	snprintf(where, len, "tcp:%s%s%s:%u", v6 ? "[" : "", m->in_host, v6 ? "]" : "", m->in_port);
+}
+
 /* Listens on uri and takes the source's connection, which begins with a
  * `want` record; `ready`, unless MIG_NONE, is the status once the
  * listener is open (the peer may connect). */
@@ -708,12 +733,14 @@ static int incoming__accept(struct incoming *in, const char *uri, uint32_t want,
 	if (!rc) {
 		in->listener.on_drop = incoming__silent;
 		in->listener.drop_ctx = m;
+		char where[200];
 		pthread_mutex_lock(&m->lock);
 		in->listening = true;
+		incoming__show_address(in, where, sizeof(where));
 		if (in->cancelled)
 			mig_listener__shutdown(&in->listener);
 		pthread_mutex_unlock(&m->lock);
-		log_info("incoming migration: listening on %s", uri);
+		log_info("incoming migration: listening on %s", where);
 		if (ready != MIG_NONE)
 			migration__set_status(m, ready);
 		rc = incoming__take(in, want, err, sizeof(err));
@@ -739,6 +766,33 @@ static void incoming__linger(struct incoming *in)
 	}
 }
 
+/* The totals, and the status a client reads: set before the source is
+ * told, so a client that saw the source complete finds this side complete
+ * too. */
+static void incoming__complete(struct incoming *in)
+{
+	struct migration *m = in->m;
+	const struct mig_recv_stats *st = mig_recv__stats(&in->recv);
+	/* pages with contents: whole, and changed by an XBZRLE delta */
+	uint64_t pages = st->pages + st->xbzrle_pages, zero = st->zero_pages, bytes = st->bytes;
+	uint64_t cp, cz, cb, pp, pz, pb;
+	multifd_recv__stats(&in->mf, &cp, &cz, &cb);
+	preempt_in__totals(&in->preempt, &pp, &pz, &pb);     /* closed: joined */
+	pages += cp + pp;
+	zero += cz + pz;
+	bytes += cb + pb;
+	pthread_mutex_lock(&m->lock);
+	m->stats.transferred = bytes;
+	m->stats.normal = pages;
+	m->stats.duplicate = zero;
+	m->stats.total_ms = time__now_ms() - m->stats.start_ms;
+	pthread_mutex_unlock(&m->lock);
+	log_info("incoming migration completed: %llu pages, %llu zero pages, %llu bytes",
+		 (unsigned long long)pages, (unsigned long long)zero,
+		 (unsigned long long)bytes);
+	migration__set_status(m, MIG_COMPLETED);
+}
+
 static void incoming__finish(struct incoming *in, int rc, bool connected)
 {
 	struct migration *m = in->m;
@@ -761,6 +815,8 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 	} else if (!rc) {   /* RP_OK only once the guest runs here */
 		rc = incoming__resume(in);
 	}
+	if (!rc)
+		incoming__complete(in);
 	if (connected && mig_stream__two_way(&in->stream)) {
 		int r2 = mig_recv__reply(&in->recv, &in->stream);
 		if (r2 && !rc)
@@ -785,27 +841,7 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 		if (!in->guest_here)
 			atomic_store(&m->ctl->incoming_failed, true);
 		control__wake(m->ctl);
-		return;
 	}
-	const struct mig_recv_stats *st = mig_recv__stats(&in->recv);
-	/* pages with contents: whole, and changed by an XBZRLE delta */
-	uint64_t pages = st->pages + st->xbzrle_pages, zero = st->zero_pages, bytes = st->bytes;
-	uint64_t cp, cz, cb, pp, pz, pb;
-	multifd_recv__stats(&in->mf, &cp, &cz, &cb);
-	preempt_in__totals(&in->preempt, &pp, &pz, &pb);     /* closed: joined */
-	pages += cp + pp;
-	zero += cz + pz;
-	bytes += cb + pb;
-	pthread_mutex_lock(&m->lock);
-	m->stats.transferred = bytes;
-	m->stats.normal = pages;
-	m->stats.duplicate = zero;
-	m->stats.total_ms = time__now_ms() - m->stats.start_ms;
-	pthread_mutex_unlock(&m->lock);
-	log_info("incoming migration completed: %llu pages, %llu zero pages, %llu bytes",
-		 (unsigned long long)pages, (unsigned long long)zero,
-		 (unsigned long long)bytes);
-	migration__set_status(m, MIG_COMPLETED);
 }
 
 /* ---- post-copy recovery (docs/protocol.md "Post-copy recovery") ---- */

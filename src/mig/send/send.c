@@ -297,8 +297,6 @@ void sender__resume_guest(struct sender *s)
 	struct vm *vm = s->m->vm;
 	if (!vm__resume_from(vm, VM_STATUS_BIT(VM_STATUS_FINISH_MIGRATE), s->prev_status))
 		vm__resume_vcpus(vm);   /* the status moved on (a guest failure) */
-	else if (s->prev_status == VM_STATUS_RUNNING)
-		control__event(s->m->ctl, "RESUME", NULL);
 	s->paused = false;
 }
 
@@ -427,8 +425,8 @@ int sender__stop_guest(struct sender *s, bool pre, uint64_t *t0)
 	bool done;
 	s->prev_status = vm__pause_into(vm, ~0u, VM_STATUS_FINISH_MIGRATE, 0, &done);
 	vm->run_after_migration = s->prev_status == VM_STATUS_RUNNING;
-	s->paused = true;
-	control__event(s->m->ctl, "STOP", NULL);
+	vm->never_ran = s->prev_status == VM_STATUS_PRELAUNCH;
+	s->paused = true;     /* STOP, if it ran: told as it stopped (vm.h) */
 	throttle__set(&vm->throttle, 0);
 	/* pause-before-switchover: wait, stopped, for migrate-continue */
 	int rc = pause ? migration__pre_switchover(s->m) : 0;

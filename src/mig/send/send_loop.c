@@ -502,8 +502,12 @@ static void sender__cleanup(struct sender *s, int rc)
 		migration__set_error(m, "the destination did not confirm after the last state was sent; "
 				     "the guest stays paused here");
 	} else if (s->paused && sender__take_back_image(s, why, sizeof(why))) {
-		/* the disk is another's now: this copy must not write it */
+		/* the disk is another's now: this copy must not write it.  One
+		 * pause level is enough for `cont` to undo: a VM the user had
+		 * stopped (or never started) keeps its own, ours goes */
 		vm__set_status(vm, VM_STATUS_PAUSED);
+		if (s->prev_status != VM_STATUS_RUNNING)
+			vm__resume_vcpus(vm);
 		migration__set_error(m, "%s; the guest stays paused here", why);
 	} else if (s->paused) {
 		/* a VM the user had stopped stays stopped (its own pause remains) */

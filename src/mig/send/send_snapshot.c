@@ -67,8 +67,8 @@ static int snap__begin(struct sender *s, struct snap *sn)
 	bool done;
 	s->prev_status = vm__pause_into(vm, ~0u, VM_STATUS_FINISH_MIGRATE, 0, &done);
 	vm->run_after_migration = s->prev_status == VM_STATUS_RUNNING;
-	s->paused = true;
-	control__event(m->ctl, "STOP", NULL);
+	vm->never_ran = s->prev_status == VM_STATUS_PRELAUNCH;
+	s->paused = true;     /* STOP, if it ran: told as it stopped (vm.h) */
 	int rc = state__save(vm, snap__put_state, sn);
 	if (rc)
 		migration__set_error(m, "device state not saved: %s", strerror(-rc));

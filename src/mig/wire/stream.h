@@ -227,6 +227,7 @@ struct mig_listener {
 	atomic_bool shut;
 	char path[108];                 /* unix socket to unlink on close, or "" */
 	uint16_t port;                  /* bound TCP port (after port 0) */
+	char host[64];                  /* bound TCP address, numeric (with an IPv6 scope), or "" */
 	int pending[MIG_LISTENER_PENDING];      /* accepted, silent so far; oldest first */
 	uint64_t pending_ms[MIG_LISTENER_PENDING]; /* time__now_ms() of each accept */
 	unsigned npending;

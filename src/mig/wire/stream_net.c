@@ -345,9 +345,13 @@ static int net__listen_tcp(struct mig_listener *l, const struct mig_uri *u, char
 				strerror(-e));
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
-	if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
 		l->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 							 : ((struct sockaddr_in *)&ss)->sin_port);
+		if (getnameinfo((struct sockaddr *)&ss, sl, l->host, sizeof(l->host), NULL, 0,
+				NI_NUMERICHOST))
+			l->host[0] = 0;
+	}
 	l->fd = fd;
 	return 0;
 }
