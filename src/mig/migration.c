@@ -37,6 +37,7 @@ void migration__init(struct migration *m, struct vm *vm, struct control *ctl)
 	m->ctl = ctl;
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_cond_init(&m->cont_cond, NULL);
+	mig_threads__init(&m->threads);
 	m->params.max_bandwidth = MIG_DEFAULT_BANDWIDTH;
 	policy__params_default(&m->params.policy);
 	m->params.throttle_policy = POLICY_COMPUTED;
@@ -94,6 +95,7 @@ void migration__destroy(struct migration *m)
 	calcrate__destroy(&m->calc);
 	tls_objects__destroy(&m->tls);
 	pthread_cond_destroy(&m->cont_cond);
+	mig_threads__destroy(&m->threads);
 	pthread_mutex_destroy(&m->lock);
 }
 

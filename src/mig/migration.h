@@ -207,6 +207,7 @@ struct migration {
 	int pc_uffd;                  /* under lock: a failed post-copy's userfaultfd, kept
 				       * until the process ends (-1: none) */
 	bool confirmed;              /* under lock: RP_OK arrived, a cancel is too late */
+	struct mig_threads threads;  /* the threads query-migrationthreads lists */
 	char in_uri[MIG_URI_MAX];
 	/* under lock: where the incoming side listens now (QMP's
 	 * socket-address): a TCP address (port bound, also after port 0) or

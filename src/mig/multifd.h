@@ -24,6 +24,7 @@
 #include "mig/comp.h"
 #include "mig/wire/proto.h"
 #include "mig/recv/recv.h"
+#include "mig/threads.h"
 #include "mig/wire/stream.h"
 #include "mig/wire/tls.h"
 
@@ -63,6 +64,8 @@ struct multifd_send {
 	atomic_bool stop;            /* shutdown: connects in progress give up */
 	const struct tls_config *tls; /* each channel's TLS, NULL = plain */
 	uint8_t session[PROTO_SESSION_LEN]; /* in every channel's CHANNEL record */
+	struct mig_threads *threads; /* optional, set before open (close clears it): each
+				      * worker lists itself there while it runs */
 	struct multifd_send_chan chan[PROTO_MAX_CHANNELS];
 };
 

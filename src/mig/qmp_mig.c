@@ -83,6 +83,16 @@ static json_t *cmd_query_yank(void *ctx, json_t *args, struct qmp_error *err)
 	return r;
 }
 
+/* QEMU 7.2's: the outgoing migration's threads that run now, with their
+ * thread ids (mig/threads.h) */
+static json_t *cmd_query_threads(void *ctx, json_t *args, struct qmp_error *err)
+{
+	struct migration *m = ctx;
+	if (qmp_arg__check_known(args, NULL, err))
+		return NULL;
+	return mig_threads__json(&m->threads);
+}
+
 static json_t *cmd_migrate_incoming(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct migration *m = ctx;
@@ -522,6 +532,7 @@ int migration__register_qmp(struct migration *m)
 		{ "migrate-pause", cmd_migrate_pause },
 		{ "yank", cmd_yank },
 		{ "query-yank", cmd_query_yank },
+		{ "query-migrationthreads", cmd_query_threads },
 		{ "query-migrate", cmd_query_migrate },
 		{ "migrate-set-parameters", cmd_set_params },
 		{ "query-migrate-parameters", cmd_query_params },

@@ -135,8 +135,30 @@ def test_kill_destination_then_retry(d, vms, check):
     check("retry_completed", res.get("status") == "completed", "%r" % res)
 
 
+def check_threads(check, src, dst):
+    """query-migrationthreads (QEMU 7.2's) mid-migration with 2 channels:
+    the source lists its migration thread and both channels' workers, by
+    QEMU's names, each a thread of the kmig process with kmig's own name
+    for it; the destination lists none (QEMU lists the sending side's)."""
+    got = src.qmp().cmd("query-migrationthreads")
+    comm = {"live_migration": "migration", "multifdsend_0": "multifd1",
+            "multifdsend_1": "multifd2"}
+    check("threads_listed", sorted(t.get("name") for t in got) == sorted(comm), repr(got))
+    for t in got:
+        path = "/proc/%d/task/%s/comm" % (src.proc.pid, t.get("thread-id"))
+        try:
+            with open(path) as f:
+                name = f.read().strip()
+        except OSError as e:
+            name = str(e)
+        check("thread_" + str(t.get("name")), name == comm.get(t.get("name")),
+              "%s: %r" % (path, name))
+    check("dst_no_threads", dst.qmp().cmd("query-migrationthreads") == [], "")
+
+
 def test_cancel(d, vms, check):
-    """Cancel while pages flow on the channels."""
+    """Cancel while pages flow on the channels (query-migrationthreads
+    lists them then, and nothing after)."""
     src, dst, uri = pair(d, "cancel", STRESS192)
     vms += [src, dst]
     check("boot", src.console.wait(r"kmig-guest ready", timeout=kt.slow(20)) is not None,
@@ -149,9 +171,15 @@ def test_cancel(d, vms, check):
     q.cmd("migrate", uri=uri)
     r = midstream(q)
     check("midstream", r.get("status") == "active", repr(r))
+    check_threads(check, src, dst)
     q.cmd("migrate_cancel")
     res = kt.wait_migration(q, timeout=kt.slow(30))
     check("cancelled", res.get("status") == "cancelled", "%r" % res)
+    deadline = time.time() + kt.slow(10)
+    while q.cmd("query-migrationthreads") and time.time() < deadline:
+        time.sleep(0.05)
+    check("threads_gone", q.cmd("query-migrationthreads") == [],
+          repr(q.cmd("query-migrationthreads")))
     check("source_running", q.cmd("query-status")["status"] == "running")
     check("destination_exits_nonzero", dst.wait_exit(kt.slow(15)) not in (None, 0),
           "exit %r" % dst.proc.poll())

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MULTIFD_REC_CAP (PROTO_HDR_SIZE + 16 + MULTIFD_BATCH * 8 + 256 * (8 + PROTO_PAGE_SIZE))
 #define MULTIFD_MAX_PAGES 256        /* pages per PAGES record */
@@ -69,6 +70,8 @@ static void *chan__thread(void *arg)
 	char name[16];
 	snprintf(name, sizeof(name), "multifd%u", c->index);
 	pthread_setname_np(pthread_self(), name);
+	pid_t tid = gettid();
+	(void)mig_threads__add(c->mf->threads, tid, "multifdsend_%u", c->index - 1);
 	pthread_mutex_lock(&c->lock);
 	for (;;) {
 		while (c->head == c->tail && !c->stop)
@@ -85,6 +88,7 @@ static void *chan__thread(void *arg)
 		pthread_cond_broadcast(&c->cond);
 	}
 	pthread_mutex_unlock(&c->lock);
+	mig_threads__remove(c->mf->threads, tid);
 	return NULL;
 }
 

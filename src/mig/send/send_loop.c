@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/random.h>
 
 #include "base/timeutil.h"
@@ -70,6 +71,7 @@ static int sender__open_channels(struct sender *s, const char *uri, const struct
 	m->mf_open = true; /* migrate_cancel may shut the channels down from now on */
 	pthread_mutex_unlock(&m->lock);
 	s->mf = &m->mf;
+	m->mf.threads = &m->threads;
 	rc = multifd_send__open(&m->mf, n, uri, pr, s->chan_comp, m->params.max_bandwidth,
 				m->tls_out.creds ? &m->tls_out : NULL, s->session, err, sizeof(err));
 	if (rc)
@@ -560,6 +562,9 @@ void *migration__send_thread(void *arg)
 	struct sender *s = calloc(1, sizeof(*s));
 	int rc = -ENOMEM;
 	pthread_setname_np(pthread_self(), "migration");
+	pid_t tid = gettid();
+	if (mig_threads__add(&m->threads, tid, "live_migration"))
+		log_debug("migration: thread not listed in query-migrationthreads");
 	if (!s)
 		goto out;
 	s->m = m;
@@ -620,5 +625,6 @@ void *migration__send_thread(void *arg)
 	sender__xbzrle_free(s);
 out:
 	free(s);
+	mig_threads__remove(&m->threads, tid);
 	return NULL;
 }
