@@ -1,7 +1,7 @@
 /* `kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS] [--tls-creds ID]
  *  [--auto-converge step|computed|off] [--dirty-limit MB/s] [--postcopy auto|after-pass|off]
  *  [--preempt] [--dest-qmp unix:PATH] [--disk] [--xbzrle MIB] [--background-snapshot]
- *  [--ignore-shared]
+ *  [--ignore-shared] [--zero-copy]
  *  [--verify] [--json]`: drives a
  * migration through the source's QMP socket (and, for post-copy, sets the destination's
  * capability through its own) and shows its progress.  With --resume a
@@ -47,6 +47,7 @@ struct migrate_opts {
 	uint64_t xbzrle_mib;         /* --xbzrle: the cache in MiB; 0 = off */
 	bool snapshot;               /* --background-snapshot */
 	bool ignore_shared;          /* --ignore-shared: x-ignore-shared */
+	bool zero_copy;              /* --zero-copy: zero-copy-send (with --multifd) */
 };
 
 static void migrate__usage(FILE *f)
@@ -65,6 +66,8 @@ static void migrate__usage(FILE *f)
 		"                                (neither given, pre-copy: dirty-limit 20 on the\n"
 		"                                dirty ring, else auto-converge computed)\n"
 		"  --multifd N                   N parallel channels (1 to 16)\n"
+		"  --zero-copy                   with --multifd, tcp: and no compression: the\n"
+		"                                channels send pages with MSG_ZEROCOPY (zero-copy-send)\n"
 		"  --compression C               compress page records: none, zstd, lz4, zlib\n"
 		"  --xbzrle MIB                  after the bulk pass, send the pages the destination\n"
 		"                                holds as what changed, against a cache of MIB MiB\n"
@@ -101,6 +104,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		{ "xbzrle", required_argument, 0, 'x' },
 		{ "background-snapshot", no_argument, 0, 'S' },
 		{ "ignore-shared", no_argument, 0, 'G' },
+		{ "zero-copy", no_argument, 0, 'Z' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -161,6 +165,7 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		case 'P': o->preempt = true; break;
 		case 'S': o->snapshot = true; break;
 		case 'G': o->ignore_shared = true; break;
+		case 'Z': o->zero_copy = true; break;
 		case 'x':
 			if (units__parse_u64(optarg, 1, 1ull << 20, &o->xbzrle_mib) ||
 			    (o->xbzrle_mib & (o->xbzrle_mib - 1)))
@@ -188,6 +193,8 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		die("--preempt needs --postcopy auto or after-pass (postcopy-preempt needs postcopy-ram)");
 	if (o->disk && o->postcopy != PC_OFF)
 		die("--disk with --postcopy: post-copy cannot carry the disk (leave one out)");
+	if (o->zero_copy && !o->multifd)
+		die("--zero-copy needs --multifd N (zero-copy-send: the channels' pages)");
 	if (o->xbzrle_mib && o->multifd)
 		die("--xbzrle with --multifd: multifd is not compatible with xbzrle (leave one out)");
 	if (o->dirty_limit && (o->policy || o->policy_off))
@@ -236,7 +243,7 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 	/* pause-before-switchover off: this client never sends migrate-continue */
 	json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},"
 				 "{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},{s:s,s:b},"
-				 "{s:s,s:b}]}",
+				 "{s:s,s:b},{s:s,s:b}]}",
 				 "capabilities",
 				 "capability", "auto-converge", "state", o->policy != NULL,
 				 "capability", "x-verify", "state", o->verify,
@@ -249,7 +256,8 @@ static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, ch
 				 "capability", "x-block-migration", "state", o->disk,
 				 "capability", "xbzrle", "state", o->xbzrle_mib != 0,
 				 "capability", "background-snapshot", "state", o->snapshot,
-				 "capability", "x-ignore-shared", "state", o->ignore_shared);
+				 "capability", "x-ignore-shared", "state", o->ignore_shared,
+				 "capability", "zero-copy-send", "state", o->zero_copy);
 	r = qmp_client__call(c, "migrate-set-capabilities", caps, err, n);
 	if (!r)
 		return -1;
@@ -446,6 +454,9 @@ static void migrate__summary(json_t *q)
 		printf("RAM: %s in %s, not sent (x-ignore-shared)\n",
 		       json_is_true(json_object_get(sh, "handed-over")) ? "handed over" : "left",
 		       json_string_value(json_object_get(sh, "mem-path")));
+	if (jint(ram, "dirty-sync-missed-zero-copy"))
+		printf("zero-copy: the kernel copied after all in %lld channel passes (for "
+		       "example, a receiver on this host)\n", jint(ram, "dirty-sync-missed-zero-copy"));
 	json_t *sw = json_object_get(q, "x-postcopy-switch");
 	if (jint(ram, "postcopy-bytes"))
 		printf("post-copy: %lld MiB after the switch, %lld pages asked for by the destination\n",

@@ -206,6 +206,13 @@ bool migration__fd_is_socket(int fd)
 	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
+bool migration__zero_copy_conflict(const struct mig_params *p)
+{
+	return p->cap_zero_copy_send &&
+	       (!p->cap_multifd || mig_comp__channel(&p->comp).kind != PROTO_COMP_NONE ||
+		p->tls_creds[0]);
+}
+
 const char *migration__snapshot_conflict(const struct mig_params *p)
 {
 	const struct { bool on; const char *name; } with[] = {
@@ -328,6 +335,15 @@ int migration__start(struct migration *m, const char *uri, char *err, size_t err
 	if (sh) {
 		snprintf(err, errlen, "x-ignore-shared is not compatible with %s: this VM's RAM "
 			 "is handed over in its memory file, not sent", sh);
+		return -EINVAL;
+	}
+	/* the parameters may have changed since the capability was set */
+	if (migration__zero_copy_conflict(&p)) {
+		snprintf(err, errlen, "%s", MIG_ZERO_COPY_ONLY);
+		return -EINVAL;
+	}
+	if (p.cap_zero_copy_send && u.kind != MIG_URI_TCP) {
+		snprintf(err, errlen, "zero-copy-send needs a tcp: URI: MSG_ZEROCOPY is TCP's");
 		return -EINVAL;
 	}
 	migration__join(m);
@@ -522,7 +538,8 @@ static json_t *migration__xbzrle_json(const struct mig_stats *st)
 
 static json_t *migration__ram_json(const struct mig_stats *st)
 {
-	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+			 " s:I}",
 			 "transferred", (json_int_t)st->transferred,
 			 "remaining", (json_int_t)st->remaining,
 			 "total", (json_int_t)st->total,
@@ -537,7 +554,8 @@ static json_t *migration__ram_json(const struct mig_stats *st)
 			 "multifd-bytes", (json_int_t)st->multifd_bytes,
 			 "precopy-bytes", (json_int_t)st->precopy_bytes,
 			 "downtime-bytes", (json_int_t)st->downtime_bytes,
-			 "skipped", (json_int_t)0);
+			 "skipped", (json_int_t)0,
+			 "dirty-sync-missed-zero-copy", (json_int_t)st->zc_missed);
 }
 
 json_t *migration__query(struct migration *m)

@@ -74,6 +74,8 @@ struct mig_params {
 				      * handed over, not sent (mem/memfile.h) */
 	bool cap_validate_uuid;      /* validate-uuid: START carries this VM's --uuid, a
 				      * destination with another refuses the stream */
+	bool cap_zero_copy_send;     /* zero-copy-send: multifd pages with MSG_ZEROCOPY
+				      * (plain TCP, no compression, no TLS) */
 	bool cap_late_block_activate; /* late-block-activate (destination): a guest that
 				       * stays stopped once here (-S, stop) takes the disk at
 				       * `cont`, not at the end of the migration */
@@ -115,6 +117,7 @@ struct mig_stats {
 	uint64_t start_ms, setup_ms, total_ms, downtime_ms, expected_downtime_ms;
 	uint64_t transferred, remaining, total;
 	uint64_t multifd_bytes;      /* of transferred, what the multifd channels carried */
+	uint64_t zc_missed;          /* dirty-sync-missed-zero-copy (multifd.h) */
 	uint64_t duplicate, normal, normal_bytes;
 	uint64_t dirty_pages_rate, dirty_rate_peak;
 	uint64_t policy_bw_bps;      /* the bandwidth of the last round decision (sender__moved) */
@@ -240,6 +243,10 @@ bool migration__fd_is_socket(int fd);
 /* Closes *fd if open; *fd = -1. */
 void migration__drop_fd(int *fd);
 
+/* With zero-copy-send on: true unless multifd is on, its channels
+ * uncompressed and TLS off (QEMU's refusal, MIG_ZERO_COPY_ONLY). */
+#define MIG_ZERO_COPY_ONLY "Zero copy only available for non-compressed non-TLS multifd migration"
+bool migration__zero_copy_conflict(const struct mig_params *p);
 /* With background-snapshot on: the first capability on that it does not
  * go with (QEMU's name where QEMU has it), or NULL. */
 const char *migration__snapshot_conflict(const struct mig_params *p);

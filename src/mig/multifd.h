@@ -61,11 +61,18 @@ struct multifd_send {
 	struct mig_comp comp;
 	const struct proto_ram *ram;
 	atomic_int err;              /* first worker error */
+	char why[256];               /* its channel's message, once why_set */
+	atomic_bool why_set;
 	atomic_bool stop;            /* shutdown: connects in progress give up */
 	const struct tls_config *tls; /* each channel's TLS, NULL = plain */
 	uint8_t session[PROTO_SESSION_LEN]; /* in every channel's CHANNEL record */
 	struct mig_threads *threads; /* optional, set before open (close clears it): each
 				      * worker lists itself there while it runs */
+	bool zero_copy;              /* set before open (close clears it): the pages of
+				      * uncompressed PAGES records go with MSG_ZEROCOPY
+				      * (capability zero-copy-send; plain TCP only) */
+	_Atomic uint64_t zc_missed;  /* SYNCs after which a channel's kernel had copied
+				      * some of its zero-copy sends after all */
 	struct multifd_send_chan chan[PROTO_MAX_CHANNELS];
 };
 
@@ -87,6 +94,11 @@ int multifd_send__sync(struct multifd_send *mf, uint64_t round) KMIG_MUST_CHECK;
 int multifd_send__drain(struct multifd_send *mf) KMIG_MUST_CHECK;
 void multifd_send__set_rate(struct multifd_send *mf, uint64_t rate);
 uint64_t multifd_send__bytes(struct multifd_send *mf);
+/* QEMU's dirty-sync-missed-zero-copy: per channel and SYNC, how often the
+ * kernel copied zero-copy sends after all (0 without zero_copy). */
+uint64_t multifd_send__zc_missed(struct multifd_send *mf);
+/* The first worker error's message ("multifd channel N: ..."), or "". */
+const char *multifd_send__why(struct multifd_send *mf);
 /* What compression saved on the channels: for each PAGES record written,
  * its pages' 4096 bytes each less the record's size when that is less. */
 uint64_t multifd_send__comp_saved(struct multifd_send *mf);

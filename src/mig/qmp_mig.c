@@ -424,6 +424,7 @@ static const struct cap_desc caps[] = {
 	{ "x-ignore-shared", offsetof(struct mig_params, cap_ignore_shared) },
 	{ "validate-uuid", offsetof(struct mig_params, cap_validate_uuid) },
 	{ "late-block-activate", offsetof(struct mig_params, cap_late_block_activate) },
+	{ "zero-copy-send", offsetof(struct mig_params, cap_zero_copy_send) },
 };
 #define NCAPS (sizeof(caps) / sizeof(caps[0]))
 
@@ -486,6 +487,10 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 	}
 	if (p.cap_multifd && p.cap_xbzrle) {
 		qmp_error__set(err, QMP_ERROR_GENERIC, "Multifd is not compatible with xbzrle");
+		return NULL;
+	}
+	if (migration__zero_copy_conflict(&p)) {
+		qmp_error__set(err, QMP_ERROR_GENERIC, "%s", MIG_ZERO_COPY_ONLY);
 		return NULL;
 	}
 	const char *bg = migration__snapshot_conflict(&p);

@@ -4,6 +4,7 @@ compression, and failure-safe."""
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
@@ -81,6 +82,97 @@ def test_verify(d, vms, check, channels, compression, extra):
     check("no_verify_bad", dst.console.count("verify BAD") == 0)
     check("destination_reports_channels", "%d multifd channels" % channels in dst.output(),
           dst.output())
+
+
+def test_zero_copy(d, vms, check):
+    """zero-copy-send (QEMU's): the channels send the verify guest's pages
+    with MSG_ZEROCOPY under a rate limit while it rewrites them; x-verify
+    and the guest's own check on the destination pass.  Over loopback the
+    kernel copies after all, which every SYNC counts
+    (dirty-sync-missed-zero-copy, at most one per channel and pass), and
+    kmig migrate --zero-copy, which drives it, says.  Refused as QEMU
+    refuses it: without multifd, with compressed channels; and to a unix:
+    URI (MSG_ZEROCOPY is TCP's); --zero-copy without --multifd."""
+    src, dst, uri = pair(d, "zc", VERIFY)
+    vms += [src, dst]
+    check("boot", src.console.wait(r"kmig-guest ready cpus=2", timeout=kt.slow(20)) is not None)
+    q = src.qmp()
+    only = "Zero copy only available for non-compressed non-TLS multifd migration"
+    r = q.cmd_full("migrate-set-capabilities",
+                   capabilities=[{"capability": "zero-copy-send", "state": True}])
+    check("refused_without_multifd", only in r.get("error", {}).get("desc", ""), repr(r))
+    q.cmd("migrate-set-parameters", **{"x-compression": "zstd"})
+    r = q.cmd_full("migrate-set-capabilities",
+                   capabilities=[{"capability": "multifd", "state": True},
+                                 {"capability": "zero-copy-send", "state": True}])
+    check("refused_compressed", only in r.get("error", {}).get("desc", ""), repr(r))
+    q.cmd("migrate-set-parameters", **{"x-compression": "none"})
+    kt.set_caps(q, multifd=True, zero_copy_send=True)
+    r = q.cmd_full("migrate", uri="unix:" + os.path.join(d, "zc.sock"))
+    check("refused_unix", "tcp:" in r.get("error", {}).get("desc", ""), repr(r))
+    cli = [kt.KMIG, "migrate", "--qmp", "unix:" + src.qmp_path, "--zero-copy"]
+    p = subprocess.run(cli + [uri], capture_output=True, text=True, timeout=60)
+    check("cli_needs_multifd", p.returncode != 0 and "--zero-copy needs --multifd" in p.stderr,
+          "%d %s" % (p.returncode, p.stderr))
+    # through kmig migrate, under a rate limit
+    kt.wait_incoming(dst, kt.slow(30))
+    p = subprocess.run(cli + ["--multifd", "2", "--verify", "--bandwidth", "50", "--downtime",
+                              "2000", uri], capture_output=True, text=True, timeout=kt.slow(120))
+    res = q.cmd("query-migrate")
+    check("cli_says", p.returncode == 0 and "zero-copy: the kernel copied after all in" in
+          p.stdout, "%d %s %s" % (p.returncode, p.stdout[-600:], p.stderr[-300:]))
+    ram = res.get("ram", {})
+    print("# zero_copy: %s, %s MiB, dirty-sync-count %s, dirty-sync-missed-zero-copy %s"
+          % (res.get("status"), ram.get("transferred", 0) >> 20, ram.get("dirty-sync-count"),
+             ram.get("dirty-sync-missed-zero-copy")))
+    if not check("completed", res.get("status") == "completed", "query-migrate %r" % res):
+        return
+    missed = ram.get("dirty-sync-missed-zero-copy", -1)
+    # one SYNC per channel a pass: the bulk pass, each round, the last
+    check("missed_counted", 1 <= missed <= 2 * (ram.get("dirty-sync-count", 0) + 1), repr(ram))
+    dst.console.poll()
+    n = len(dst.console.lines)
+    ok = [dst.console.wait(r"verify ok round=\d+ cpu=%d" % c, timeout=kt.slow(20), start=n)
+          for c in (0, 1)]
+    check("both_vcpus_verify_on_destination", all(ok), dst.console.text()[-500:])
+    check("no_verify_bad", dst.console.count("verify BAD") == 0)
+
+
+def test_zero_copy_unpinnable(d, vms, check):
+    """A source that may not pin the pages zero-copy sends (no
+    CAP_IPC_LOCK, RLIMIT_MEMLOCK 64 KiB): the kernel refuses every send
+    with ENOBUFS and no completion will ever come, so the migration fails
+    within seconds, saying why, and the source runs on (before: the
+    channel retried for ever and the migration never ended)."""
+    wrap = os.path.join(d, "kmig-nolock")
+    with open(wrap, "w") as f:
+        f.write("#!/bin/sh\nulimit -l 64 || exit 1\n"
+                "exec setpriv --bounding-set -ipc_lock --inh-caps -ipc_lock %s \"$@\"\n"
+                % kt.KMIG)
+    os.chmod(wrap, 0o755)
+    port = kt.free_port()
+    uri = "tcp:127.0.0.1:%d" % port
+    src = kt.kmig_vm(d, "nolock-src", VERIFY, memory="512M", cpus=2, kmig=wrap)
+    dst = kt.kmig_vm(d, "nolock-dst", VERIFY, memory="512M", cpus=2, extra=["--incoming", uri])
+    vms += [src, dst]
+    if not check("boot", src.console.wait(r"kmig-guest ready cpus=2", timeout=kt.slow(20))
+                 is not None, kt.dump(src)):
+        return
+    res = kt.migrate(src, dst, uri, caps={"multifd": True, "zero-copy-send": True},
+                     params={"multifd-channels": 2, "max-bandwidth": 0}, timeout=kt.slow(60))
+    check("failed_saying_why", res.get("status") == "failed" and
+          "RLIMIT_MEMLOCK" in res.get("error-desc", ""), repr(res))
+    q = src.qmp()
+    check("source_runs", q.cmd("query-status").get("status") == "running", kt.dump(src))
+    src.console.poll()
+    n = len(src.console.lines)
+    check("guest_goes_on", src.console.wait(r"verify ok round=\d+ cpu=0", timeout=kt.slow(20),
+                                            start=n) is not None, kt.dump(src))
+    deadline = time.time() + kt.slow(10)
+    while q.cmd("query-migrationthreads") and time.time() < deadline:
+        time.sleep(0.05)
+    check("no_threads_left", q.cmd("query-migrationthreads") == [],
+          repr(q.cmd("query-migrationthreads")))
 
 
 def test_stress_zstd(d, vms, check):

@@ -22,7 +22,38 @@ static uint64_t multifd__share(uint64_t rate, unsigned n)
 static void chan__fail(struct multifd_send_chan *c, int rc)
 {
 	int zero = 0;
-	atomic_compare_exchange_strong(&c->mf->err, &zero, rc ? rc : -EIO);
+	if (!atomic_compare_exchange_strong(&c->mf->err, &zero, rc ? rc : -EIO))
+		return;
+	const char *msg = mig_stream__strerror(&c->stream);
+	snprintf(c->mf->why, sizeof(c->mf->why), "multifd channel %u: %s", c->index,
+		 msg[0] ? msg : strerror(rc ? -rc : EIO));
+	atomic_store(&c->mf->why_set, true);
+}
+
+const char *multifd_send__why(struct multifd_send *mf)
+{
+	return atomic_load(&mf->why_set) ? mf->why : "";
+}
+
+/* A PAGES record whose pages go by reference: the header and offsets
+ * copied (the record buffer is reused at once), then the pages, runs of
+ * neighbours as one iovec. */
+static int chan__pages_zc(struct multifd_send_chan *c, uint32_t count, const uint64_t *offs,
+			  uint32_t block, const uint8_t *host)
+{
+	struct iovec iov[MULTIFD_MAX_PAGES];
+	int n = 0;
+	ssize_t head = proto__encode_pages_head(c->rec, MULTIFD_REC_CAP, 0, block, count, offs,
+						(uint64_t)count * PROTO_PAGE_SIZE);
+	int rc = head < 0 ? (int)head : mig_stream__write(&c->stream, c->rec, (size_t)head);
+	for (uint32_t i = 0; !rc && i < count; i++) {
+		uint8_t *p = (uint8_t *)host + offs[i];
+		if (n && (uint8_t *)iov[n - 1].iov_base + iov[n - 1].iov_len == p)
+			iov[n - 1].iov_len += PROTO_PAGE_SIZE;
+		else
+			iov[n++] = (struct iovec){ p, PROTO_PAGE_SIZE };
+	}
+	return rc ? rc : mig_stream__zc_write(&c->stream, iov, n);
 }
 
 /* Writes one PAGES record for up to MULTIFD_MAX_PAGES offsets. */
@@ -31,6 +62,8 @@ static int chan__pages(struct multifd_send_chan *c, uint32_t block, uint32_t cou
 {
 	const struct proto_ram_block *b = &c->mf->ram->blocks[block];
 	ssize_t n;
+	if (c->mf->zero_copy && c->mf->comp.kind == PROTO_COMP_NONE)
+		return chan__pages_zc(c, count, offs, block, b->host);
 	if (c->mf->comp.kind != PROTO_COMP_NONE)
 		n = proto__encode_pages_comp(&c->codec, c->mf->comp.kind, c->mf->comp.level,
 					     c->rec, MULTIFD_REC_CAP,
@@ -60,7 +93,14 @@ static int chan__job(struct multifd_send_chan *c, const struct multifd_job *j)
 	default: /* PROTO_SYNC: the end of a pass, flushed at once */
 		n = proto__encode_sync(c->rec, MULTIFD_REC_CAP, j->round);
 		rc = n < 0 ? (int)n : mig_stream__write(&c->stream, c->rec, (size_t)n);
-		return rc ? rc : mig_stream__flush(&c->stream);
+		rc = rc ? rc : mig_stream__flush(&c->stream);
+		if (!rc && c->mf->zero_copy) {   /* the pass's sends all done */
+			bool copied;
+			rc = mig_stream__zc_flush(&c->stream, &copied);
+			if (!rc && copied)
+				atomic_fetch_add(&c->mf->zc_missed, 1);
+		}
+		return rc;
 	}
 }
 
@@ -115,6 +155,11 @@ static int chan__open(struct multifd_send *mf, unsigned i, unsigned n, const cha
 			snprintf(err, errlen, "channel %u: %s", c->index, why);
 			return rc;
 		}
+	}
+	if (mf->zero_copy && (rc = mig_stream__zc_enable(&c->stream))) {
+		snprintf(err, errlen, "channel %u: zero-copy-send: MSG_ZEROCOPY refused: %s",
+			 c->index, strerror(-rc));
+		return rc;
 	}
 	mig_stream__set_rate(&c->stream, rate);
 	ssize_t len = proto__encode_channel(c->rec, MULTIFD_REC_CAP, c->index, n, mf->session);
@@ -244,6 +289,11 @@ static uint64_t multifd__sum(struct multifd_send *mf, bool saved)
 			b += saved ? atomic_load(&c->comp_saved) : mig_stream__bytes_out(&c->stream);
 	}
 	return b;
+}
+
+uint64_t multifd_send__zc_missed(struct multifd_send *mf)
+{
+	return atomic_load(&mf->zc_missed);
 }
 
 uint64_t multifd_send__bytes(struct multifd_send *mf)

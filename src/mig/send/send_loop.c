@@ -26,8 +26,10 @@ void sender__update_stats(struct sender *s)
 	pthread_mutex_lock(&m->lock);
 	struct mig_stats *st = &m->stats;
 	st->transferred = sender__bytes(s);
-	if (s->mf)
+	if (s->mf) {
 		st->multifd_bytes = multifd_send__bytes(s->mf);
+		st->zc_missed = multifd_send__zc_missed(s->mf);
+	}
 	st->duplicate = s->zero_pages;
 	st->normal = s->normal_pages;
 	st->normal_bytes = s->normal_pages * RAM_PAGE_SIZE;
@@ -72,6 +74,9 @@ static int sender__open_channels(struct sender *s, const char *uri, const struct
 	pthread_mutex_unlock(&m->lock);
 	s->mf = &m->mf;
 	m->mf.threads = &m->threads;
+	pthread_mutex_lock(&m->lock);
+	m->mf.zero_copy = m->params.cap_zero_copy_send;
+	pthread_mutex_unlock(&m->lock);
 	rc = multifd_send__open(&m->mf, n, uri, pr, s->chan_comp, m->params.max_bandwidth,
 				m->tls_out.creds ? &m->tls_out : NULL, s->session, err, sizeof(err));
 	if (rc)
@@ -521,6 +526,8 @@ static void sender__cleanup(struct sender *s, int rc)
 	}
 	if (m->stream_open && mig_stream__error(s->stream))
 		migration__set_error(m, "%s", mig_stream__strerror(s->stream));
+	if (s->mf && multifd_send__why(s->mf)[0])
+		migration__set_error(m, "%s", multifd_send__why(s->mf));
 	migration__set_error(m, "%s", strerror(-rc));
 	/* logged first: whoever sees the status failed finds the reason logged */
 	log_err("migration failed: %s", m->error);

@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "base/log.h"
 #include "mig/wire/proto.h"
@@ -64,6 +65,10 @@ struct mig_stream {
 	const atomic_bool *cancel;      /* from connect: ends reads under a deadline */
 	void *tls;                      /* GnuTLS session (mig/wire/tls.h), NULL = plain */
 	int tls_push_errno, tls_pull_errno; /* the socket's errno of a failed TLS write / read */
+	/* zero-copy sends (stream_zc.c), writer's thread only */
+	bool zc;                        /* SO_ZEROCOPY set */
+	uint32_t zc_sent, zc_done;      /* MSG_ZEROCOPY sends made, and completed */
+	bool zc_copied;                 /* a completion since the last flush said: copied */
 };
 
 /* Takes ownership of fd (closed by mig_stream__close, also when init
@@ -112,6 +117,24 @@ int mig_stream__put_record(struct mig_stream *s, uint32_t type, uint32_t flags,
  * on can still tell its peer why.  Any other sticky error is returned as
  * is. */
 int mig_stream__reply(struct mig_stream *s, const void *buf, size_t len) KMIG_MUST_CHECK;
+
+/* ---- Zero-copy sends (stream_zc.c; capability zero-copy-send) ----
+ * A plain TCP stream (no TLS) whose page data goes with MSG_ZEROCOPY:
+ * the kernel pins the caller's pages until the send completes and reads
+ * them when it transmits, so a page written in between goes out newer,
+ * never older.  The pins count against RLIMIT_MEMLOCK (not for root);
+ * pages that cannot be pinned fail the stream (-ENOBUFS).
+ * Turns it on: 0, -EOPNOTSUPP (TLS, not a socket), or the kernel's
+ * refusal (a unix socket: MSG_ZEROCOPY is TCP's). */
+int mig_stream__zc_enable(struct mig_stream *s) KMIG_MUST_CHECK;
+/* Sends the iovecs by reference after the buffered bytes, under the rate
+ * limit; the completions are read as they come.  0 or the sticky error. */
+int mig_stream__zc_write(struct mig_stream *s, const struct iovec *iov, int iovcnt)
+	KMIG_MUST_CHECK;
+/* Waits until every zero-copy send so far has completed; *copied says
+ * whether the kernel copied any of them after all (loopback and veth
+ * always do).  0 or the sticky error. */
+int mig_stream__zc_flush(struct mig_stream *s, bool *copied) KMIG_MUST_CHECK;
 
 /* Reads one record: the header into *hdr (checked with
  * proto__header_problem: -EPROTO) and its payload into buf, which must
