@@ -61,6 +61,17 @@ def pair(d, name, cmdline, extra=()):
     return src, dst, "tcp:127.0.0.1:%d" % port
 
 
+def dst_verifies(check, dst):
+    """The migrated verify guest goes on checking its pages on both vCPUs
+    of the destination, none bad."""
+    dst.console.poll()
+    n = len(dst.console.lines)
+    ok = [dst.console.wait(r"verify ok round=\d+ cpu=%d" % c, timeout=kt.slow(20), start=n)
+          for c in (0, 1)]
+    check("both_vcpus_verify_on_destination", all(ok), dst.console.text()[-500:])
+    check("no_verify_bad", dst.console.count("verify BAD") == 0)
+
+
 @pytest.mark.parametrize("channels,compression,extra", [
     pytest.param(2, "none", ["--dirty-ring", "0"], id="2_plain"),
     pytest.param(4, "lz4", ["--dirty-ring", "4096"], id="4_lz4_ring"),
@@ -74,12 +85,7 @@ def test_verify(d, vms, check, channels, compression, extra):
                      params={"multifd-channels": channels, "x-compression": compression,
                              "max-bandwidth": 0, "downtime-limit": 500}, timeout=kt.slow(60))
     check("completed", res.get("status") == "completed", "query-migrate %r" % res)
-    dst.console.poll()
-    n = len(dst.console.lines)
-    ok = [dst.console.wait(r"verify ok round=\d+ cpu=%d" % c, timeout=kt.slow(20), start=n)
-          for c in (0, 1)]
-    check("both_vcpus_verify_on_destination", all(ok), dst.console.text()[-500:])
-    check("no_verify_bad", dst.console.count("verify BAD") == 0)
+    dst_verifies(check, dst)
     check("destination_reports_channels", "%d multifd channels" % channels in dst.output(),
           dst.output())
 
@@ -130,12 +136,7 @@ def test_zero_copy(d, vms, check):
     missed = ram.get("dirty-sync-missed-zero-copy", -1)
     # one SYNC per channel a pass: the bulk pass, each round, the last
     check("missed_counted", 1 <= missed <= 2 * (ram.get("dirty-sync-count", 0) + 1), repr(ram))
-    dst.console.poll()
-    n = len(dst.console.lines)
-    ok = [dst.console.wait(r"verify ok round=\d+ cpu=%d" % c, timeout=kt.slow(20), start=n)
-          for c in (0, 1)]
-    check("both_vcpus_verify_on_destination", all(ok), dst.console.text()[-500:])
-    check("no_verify_bad", dst.console.count("verify BAD") == 0)
+    dst_verifies(check, dst)
 
 
 def test_zero_copy_unpinnable(d, vms, check):
