@@ -292,6 +292,17 @@ int sender__put_state(void *ctx, uint32_t id, uint32_t ver, uint32_t inst,
 	return mig_stream__write(s->stream, s->rec, (size_t)n);
 }
 
+void sender__pause_guest(struct sender *s)
+{
+	struct vm *vm = s->m->vm;
+	bool done;
+	s->prev_status = vm__pause_into(vm, ~0u, VM_STATUS_FINISH_MIGRATE, 0, &done);
+	/* what the run-state section says (state.c) */
+	vm->run_after_migration = s->prev_status == VM_STATUS_RUNNING;
+	vm->never_ran = s->prev_status == VM_STATUS_PRELAUNCH;
+	s->paused = true;     /* STOP, if it ran: told as it stopped (vm.h) */
+}
+
 void sender__resume_guest(struct sender *s)
 {
 	struct vm *vm = s->m->vm;
@@ -422,11 +433,7 @@ int sender__stop_guest(struct sender *s, bool pre, uint64_t *t0)
 	if (mig_stream__set_nodelay(s->stream, true))
 		log_debug("switchover: TCP_NODELAY not set");
 	/* the status read and the pause in one step: a `stop` cannot slip in */
-	bool done;
-	s->prev_status = vm__pause_into(vm, ~0u, VM_STATUS_FINISH_MIGRATE, 0, &done);
-	vm->run_after_migration = s->prev_status == VM_STATUS_RUNNING;
-	vm->never_ran = s->prev_status == VM_STATUS_PRELAUNCH;
-	s->paused = true;     /* STOP, if it ran: told as it stopped (vm.h) */
+	sender__pause_guest(s);
 	throttle__set(&vm->throttle, 0);
 	/* pause-before-switchover: wait, stopped, for migrate-continue */
 	int rc = pause ? migration__pre_switchover(s->m) : 0;

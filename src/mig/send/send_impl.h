@@ -150,6 +150,11 @@ int sender__stop_guest(struct sender *s, bool pre, uint64_t *t0);
  * bitmap); its length or -errno. */
 ssize_t sender__encode_state(struct sender *s, uint32_t id, uint32_t ver, uint32_t inst,
 			     const void *data, size_t len);
+/* Stops the vCPUs for the device state, whatever the VM's status
+ * (finish-migrate; the one before in s->prev_status, and in the VM what
+ * the run-state section carries), in one step with reading that status,
+ * so a `stop` cannot slip in between.  sender__resume_guest undoes it. */
+void sender__pause_guest(struct sender *s);
 /* Undoes the pause sender__stop_guest (or a snapshot's stop) took: a VM
  * the user had stopped stays stopped; RESUME when it runs again. */
 void sender__resume_guest(struct sender *s);

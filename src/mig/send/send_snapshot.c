@@ -64,11 +64,7 @@ static int snap__begin(struct sender *s, struct snap *sn)
 	if (atomic_load(&m->cancel))
 		return -ECANCELED;
 	uint64_t t0 = time__now_ms();
-	bool done;
-	s->prev_status = vm__pause_into(vm, ~0u, VM_STATUS_FINISH_MIGRATE, 0, &done);
-	vm->run_after_migration = s->prev_status == VM_STATUS_RUNNING;
-	vm->never_ran = s->prev_status == VM_STATUS_PRELAUNCH;
-	s->paused = true;     /* STOP, if it ran: told as it stopped (vm.h) */
+	sender__pause_guest(s);
 	int rc = state__save(vm, snap__put_state, sn);
 	if (rc)
 		migration__set_error(m, "device state not saved: %s", strerror(-rc));

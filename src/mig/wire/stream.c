@@ -223,6 +223,11 @@ static size_t stream__throttle(struct mig_stream *s, size_t want)
 	return want;
 }
 
+size_t mig_stream__throttle(struct mig_stream *s, size_t want)
+{
+	return stream__throttle(s, want);
+}
+
 void mig_stream__set_urgent(struct mig_stream *s, bool on)
 {
 	s->urgent = on;

@@ -127,6 +127,11 @@ int mig_stream__reply(struct mig_stream *s, const void *buf, size_t len) KMIG_MU
  * Turns it on: 0, -EOPNOTSUPP (TLS, not a socket), or the kernel's
  * refusal (a unix socket: MSG_ZEROCOPY is TCP's). */
 int mig_stream__zc_enable(struct mig_stream *s) KMIG_MUST_CHECK;
+/* The rate limit of a send that bypasses the buffer (zero-copy): waits
+ * as the limit wants (not when urgent), charges the clock for the bytes
+ * it allows and returns how many of `want` to send now (all of them when
+ * unlimited or urgent). */
+size_t mig_stream__throttle(struct mig_stream *s, size_t want);
 /* Sends the iovecs by reference after the buffered bytes, under the rate
  * limit; the completions are read as they come.  0 or the sticky error. */
 int mig_stream__zc_write(struct mig_stream *s, const struct iovec *iov, int iovcnt)

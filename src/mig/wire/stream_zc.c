@@ -9,11 +9,9 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #define ZC_IOV_MAX    64                 /* iovecs per sendmsg */
 #define ZC_WAIT_MS    50                 /* re-check shutdown this often */
-#define ZC_MAX_SLEEP  50000000ull        /* rate limit: sleep at most 50 ms at once */
 #define ZC_NOBUFS_TRIES 20               /* ENOBUFS with nothing in flight: 1 s, then fail */
 
 int mig_stream__zc_enable(struct mig_stream *s)
@@ -42,7 +40,7 @@ static int zc__reap_one(struct mig_stream *s, bool wait)
 						strerror(errno));
 		/* a socket hung up wakes poll at once, with no notice yet */
 		if (wait && (p.revents & (POLLHUP | POLLNVAL)))
-			nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
+			time__sleep_ns(10000000);
 		return 0;
 	}
 	if (msg.msg_flags & MSG_CTRUNC)
@@ -87,20 +85,6 @@ static int zc__reap(struct mig_stream *s)
 	return r;
 }
 
-/* The rate limit: waits until the bytes sent so far are due, in slices
- * that notice a shutdown.  0 or the sticky error. */
-static int zc__wait_due(struct mig_stream *s)
-{
-	for (uint64_t due = mig_stream__due_ns(s); due; due = mig_stream__due_ns(s)) {
-		if (atomic_load(&s->shut))
-			return mig_stream__fail(s, -ECANCELED, "stream shut down (cancelled)");
-		uint64_t ns = due < ZC_MAX_SLEEP ? due : ZC_MAX_SLEEP;
-		struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
-		nanosleep(&ts, NULL);
-	}
-	return 0;
-}
-
 /* At most `limit` bytes of iov[0..n) as the sendmsg vector v; their count. */
 static int zc__slice(const struct iovec *iov, int n, size_t limit, struct iovec *v,
 		     size_t *bytes)
@@ -125,18 +109,24 @@ int mig_stream__zc_write(struct mig_stream *s, const struct iovec *iov, int iovc
 	if (!s->zc)
 		return mig_stream__fail(s, -EINVAL, "zero-copy: not enabled on this stream");
 	unsigned nobufs = 0;
+	size_t allow = 0;                  /* bytes the rate limit let go, not sent yet */
 	while (iovcnt > 0) {
 		int n = iovcnt < ZC_IOV_MAX ? iovcnt : ZC_IOV_MAX;
 		memcpy(cur, iov, (size_t)n * sizeof(*iov));
 		iov += n;
 		iovcnt -= n;
 		for (int i = 0; i < n;) {
-			if ((e = zc__wait_due(s)))
-				return e;
+			if (!allow) {
+				size_t left = 0;
+				for (int k = i; k < n; k++)
+					left += cur[k].iov_len;
+				if ((e = zc__stopped(s)))
+					return e;
+				allow = mig_stream__throttle(s, left);
+			}
 			size_t bytes;
 			struct msghdr msg = { .msg_iov = v };
-			msg.msg_iovlen = (size_t)zc__slice(cur + i, n - i,
-							   mig_stream__slice_bytes(s), v, &bytes);
+			msg.msg_iovlen = (size_t)zc__slice(cur + i, n - i, allow, v, &bytes);
 			ssize_t r = sendmsg(s->fd, &msg, MSG_ZEROCOPY | MSG_NOSIGNAL);
 			if (r < 0 && errno == EINTR)
 				continue;
@@ -160,7 +150,7 @@ int mig_stream__zc_write(struct mig_stream *s, const struct iovec *iov, int iovc
 				return mig_stream__fail(s, r ? -errno : -EPIPE, "write: %s",
 							r ? strerror(errno) : "connection closed");
 			s->zc_sent++;
-			mig_stream__charge(s, (size_t)r);
+			allow -= (size_t)r;
 			atomic_fetch_add_explicit(&s->bytes_out, (uint64_t)r, memory_order_relaxed);
 			for (size_t left = (size_t)r; left;) {   /* past what went */
 				size_t take = left < cur[i].iov_len ? left : cur[i].iov_len;
