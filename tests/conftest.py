@@ -105,6 +105,27 @@ def ext4(d, vms):
         subprocess.run(["umount", path], check=False)
 
 
+@pytest.fixture
+def tmpfs(d, vms):
+    """make(mib): a tmpfs of that size mounted in d (shared memory for a
+    memory file, whatever file system d is on), unmounted at the end."""
+    mounted = []
+
+    def make(mib, name="shm"):
+        assert os.geteuid() == 0, "needs root: it mounts a tmpfs"
+        path = os.path.join(d, name)
+        os.mkdir(path)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dm" % mib, "kmig-" + name, path],
+                       check=True)
+        mounted.append(path)
+        return path
+    yield make
+    for vm in vms:
+        vm.kill()
+    for path in mounted:
+        subprocess.run(["umount", path], check=False)
+
+
 @pytest.fixture(autouse=True)
 def check():
     kt.R.begin()

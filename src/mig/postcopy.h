@@ -70,6 +70,10 @@ int postcopy_dst__discard(struct postcopy_dst *d, uint64_t page) KMIG_MUST_CHECK
  * verify, first sums every page held: the guest has not run here yet).
  * err gets a reason on failure (-ENOSYS: no userfaultfd here). */
 int postcopy_dst__start(struct postcopy_dst *d, char *err, size_t errlen) KMIG_MUST_CHECK;
+/* Whether ram can take post-copy here: registers it with a userfaultfd of
+ * its own and lets it go again (a memory file on a disk file system
+ * cannot be registered).  0, or -errno with err saying why. */
+int postcopy_dst__probe(const struct ram *ram, char *err, size_t errlen) KMIG_MUST_CHECK;
 /* Writes one return-path record (RP_RUNNING, RP_OK, RP_FAIL) in turn with
  * the fault thread's requests, and flushes; -ENOTCONN while paused. */
 int postcopy_dst__reply(struct postcopy_dst *d, const void *rec, size_t len) KMIG_MUST_CHECK;

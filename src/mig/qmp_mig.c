@@ -6,6 +6,7 @@
 #include "kvm/vm.h"
 #include "mem/dirty.h"
 #include "mig/migration.h"
+#include "mig/postcopy.h"
 #include "mig/send/xbzrle_cache.h"
 
 static json_t *cmd_migrate(void *ctx, json_t *args, struct qmp_error *err)
@@ -444,6 +445,17 @@ static json_t *cmd_query_caps(void *ctx, json_t *args, struct qmp_error *err)
 	return list;
 }
 
+/* A destination that will wait for post-copy's pages must be able to
+ * register its RAM with userfaultfd: asked once, as the capability is set. */
+static bool set_caps__postcopy_refused(struct migration *m, struct qmp_error *err)
+{
+	char why[160];
+	if (!postcopy_dst__probe(&m->vm->ram, why, sizeof(why)))
+		return false;
+	qmp_error__set(err, QMP_ERROR_GENERIC, "Postcopy is not supported: %s", why);
+	return true;
+}
+
 static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 {
 	struct migration *m = ctx;
@@ -463,6 +475,7 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 		qmp_error__set(err, QMP_ERROR_GENERIC, "There's a migration process in progress");
 		return NULL;
 	}
+	bool had_postcopy = p.cap_postcopy_ram;
 	json_array_foreach(list, i, item) {
 		const char *name = NULL;
 		bool state = false;
@@ -519,6 +532,9 @@ static json_t *cmd_set_caps(void *ctx, json_t *args, struct qmp_error *err)
 			       "(kmig run --dirty-ring ENTRIES)");
 		return NULL;
 	}
+	if (p.cap_postcopy_ram && !had_postcopy && vm__status(m->vm) == VM_STATUS_INMIGRATE &&
+	    set_caps__postcopy_refused(m, err))
+		return NULL;
 	pthread_mutex_lock(&m->lock);
 	m->params = p;
 	pthread_mutex_unlock(&m->lock);

@@ -751,14 +751,14 @@ def test_destination_lost(d, vms, check):
     check("quits", src.wait_exit(kt.slow(10)) is not None, dump(src))
 
 
-def test_into_memory_file(d, vms, check):
+def test_into_memory_file(d, vms, check, tmpfs):
     """Post-copy into a destination whose RAM is a memory file (shared
     memory on tmpfs, --object memory-backend-file,share=on): the stale
     pages are punched out of the file and the missing ones placed into
     it through userfaultfd, x-verify's post-copy checksum passes and the
     guest's own check goes on."""
     uri = tcp_uri()
-    mf = os.path.join(d, "dst-ram")
+    mf = os.path.join(tmpfs(600), "dst-ram")
     mem = ["--object", "memory-backend-file,id=m,size=512M,mem-path=%s,share=on" % mf,
            "--machine", "memory-backend=m"]
     src, dst = pair(d, vms, VERIFY % (64, 1), uri, RING, dst_extra=mem)
@@ -777,3 +777,32 @@ def test_into_memory_file(d, vms, check):
     check_verified(check, dst)
     check_dst_runs(check, src, dst)
     check("file_sized", os.path.getsize(mf) == (512 << 20) + 4096, os.path.getsize(mf))
+
+
+def test_memory_file_on_disk_refused(d, vms, check, ext4):
+    """A destination whose RAM is a memory file on a disk file system
+    (ext4) cannot take post-copy (userfaultfd registers anonymous memory
+    and tmpfs only): postcopy-ram is refused as it is set, with the
+    reason, not found out at the switch when the source has stopped the
+    guest; the destination still takes a pre-copy migration."""
+    uri = tcp_uri()
+    mf = os.path.join(ext4(32), "dst-ram")
+    mem = ["--object", "memory-backend-file,id=m,size=128M,mem-path=%s,share=on" % mf,
+           "--machine", "memory-backend=m"]
+    src, dst = pair(d, vms, VERIFY % (16, 1), uri, RING, memory="128M", dst_extra=mem)
+    if not check("boot", booted(src, 1), dump(src)):
+        return
+    r = dst.qmp().cmd_full("migrate-set-capabilities",
+                           capabilities=[{"capability": "postcopy-ram", "state": True}])
+    desc = r.get("error", {}).get("desc", "")
+    check("refused", "Postcopy is not supported" in desc and "memory file" in desc, repr(r))
+    caps = {c["capability"]: c["state"] for c in dst.qmp().cmd("query-migrate-capabilities")}
+    check("cap_off", caps.get("postcopy-ram") is False, repr(caps))
+    q = src.qmp()
+    kt.set_caps(q, x_verify=True)
+    kt.set_params(q, max_bandwidth=LIMIT * 10)
+    kt.wait_incoming(dst)
+    q.cmd("migrate", uri=uri)
+    r, seen = kt.follow(q, kt.slow(60))
+    check("precopy_completed", r.get("status") == "completed",
+          repr(r) + dump(src) + dump(dst))

@@ -990,8 +990,17 @@ static int incoming__postcopy_ops(struct incoming *in, struct mig_recv_ops *ops)
 	ops->postcopy_check = incoming__postcopy_check;
 	int rc = postcopy_dst__init(&in->pc, &m->vm->ram, &in->stream, &in->written);
 	in->pc_ready = rc == 0;
-	if (rc)
+	if (rc) {
 		migration__set_error(m, "out of memory for post-copy");
+		return rc;
+	}
+	/* refused now, while the source still has the whole guest, rather
+	 * than at the switch (set-capabilities asked already; the RAM is
+	 * asked again as the source comes) */
+	char why[160];
+	rc = postcopy_dst__probe(&m->vm->ram, why, sizeof(why));
+	if (rc)
+		migration__set_error(m, "post-copy is not possible here: %s", why);
 	return rc;
 }
 

@@ -245,30 +245,36 @@ static void *pc__fault_thread(void *arg)
 	return NULL;
 }
 
-static int pc__register(struct postcopy_dst *d, char *err, size_t errlen)
+/* A userfaultfd over every block of ram for missing pages; *uffd gets it
+ * (-1 when it could not be made). */
+static int pc__register_ram(const struct ram *ram, bool thread_ids, int *uffd, char *err,
+			    size_t errlen)
 {
-	d->uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-	if (d->uffd < 0) {
+	*uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	if (*uffd < 0) {
 		int e = errno;
 		snprintf(err, errlen, "post-copy needs userfaultfd: %s", strerror(e));
 		return -e;
 	}
 	/* the faulting thread's id tells blocktime which vCPU waits */
-	struct uffdio_api api = { .api = UFFD_API, .features = d->bt ? UFFD_FEATURE_THREAD_ID : 0 };
-	if (ioctl(d->uffd, UFFDIO_API, &api) < 0) {
+	struct uffdio_api api = { .api = UFFD_API,
+				  .features = thread_ids ? UFFD_FEATURE_THREAD_ID : 0 };
+	if (ioctl(*uffd, UFFDIO_API, &api) < 0) {
 		int e = errno;
 		snprintf(err, errlen, "userfaultfd API%s: %s",
-			 d->bt ? " with thread ids (postcopy-blocktime)" : "", strerror(e));
+			 thread_ids ? " with thread ids (postcopy-blocktime)" : "", strerror(e));
 		return -e;
 	}
-	for (unsigned i = 0; i < d->ram->nr_blocks; i++) {
-		const struct ram_block *b = &d->ram->blocks[i];
+	for (unsigned i = 0; i < ram->nr_blocks; i++) {
+		const struct ram_block *b = &ram->blocks[i];
 		struct uffdio_register reg = {
 			.range = { (uint64_t)(uintptr_t)b->host, b->size },
 			.mode = UFFDIO_REGISTER_MODE_MISSING };
-		if (ioctl(d->uffd, UFFDIO_REGISTER, &reg) < 0) {
+		if (ioctl(*uffd, UFFDIO_REGISTER, &reg) < 0) {
 			int e = errno;
-			snprintf(err, errlen, "userfaultfd cannot register guest RAM: %s", strerror(e));
+			snprintf(err, errlen, "userfaultfd cannot register guest RAM%s: %s",
+				 ram->shared ? " (a memory file: post-copy needs it on tmpfs)" : "",
+				 strerror(e));
 			return -e;
 		}
 		uint64_t need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_ZEROPAGE | 1ull << _UFFDIO_WAKE;
@@ -278,6 +284,20 @@ static int pc__register(struct postcopy_dst *d, char *err, size_t errlen)
 		}
 	}
 	return 0;
+}
+
+static int pc__register(struct postcopy_dst *d, char *err, size_t errlen)
+{
+	return pc__register_ram(d->ram, d->bt != NULL, &d->uffd, err, errlen);
+}
+
+int postcopy_dst__probe(const struct ram *ram, char *err, size_t errlen)
+{
+	int uffd;
+	int rc = pc__register_ram(ram, false, &uffd, err, errlen);
+	if (uffd >= 0)
+		close(uffd);            /* closing it unregisters the RAM */
+	return rc;
 }
 
 /* verify: the pages held at the switch, as the source sent them (the
