@@ -48,6 +48,9 @@ CHUNK = 64 << 10
 # the negative control's guest: 2 MiB of disk, so it comes back to every
 # block soon
 SMALL = CMDLINE.replace("disk_mb=16", "disk_mb=2")
+# the disk in the stream; auto-converge, as natively the guest rewrites
+# its RAM faster than the downtime limit lets the last pass go at 64 MiB/s
+STREAM = {"x-block-migration": True, "auto-converge": True}
 
 
 def image(d, name, size=SIZE, garbage=False):
@@ -100,7 +103,7 @@ def test_stream_migration(d, vms, check):
     check("same_untouched", not os.path.exists(a + MARK), "marker on the source's image")
     b = image(d, "b.img", garbage=True)
     dst, uri = incoming(d, vms, "dst", b)
-    r = kt.migrate(src, dst, uri, caps={"x-block-migration": True, "x-verify": True},
+    r = kt.migrate(src, dst, uri, caps={**STREAM, "x-verify": True},
                    params={"max-bandwidth": 64 << 20}, timeout=kt.slow(180))
     if not check("completed", r.get("status") == "completed",
                  "%r; src %s; dst %s" % (r, kt.dump(src), kt.dump(dst))):
@@ -179,7 +182,7 @@ def test_full_destination(d, vms, check, ext4):
         return
     full = image(ext4(8, "small"), "b.img")
     dst, uri = incoming(d, vms, "dst", full, direct=True)
-    r = kt.migrate(src, dst, uri, caps={"x-block-migration": True, "x-verify": True},
+    r = kt.migrate(src, dst, uri, caps={**STREAM, "x-verify": True},
                    params={"max-bandwidth": 64 << 20}, timeout=kt.slow(180))
     rc = dst.wait_exit(kt.slow(20))
     check("failed", r.get("status") == "failed" and
@@ -193,7 +196,7 @@ def test_full_destination(d, vms, check, ext4):
     # the retry, with room: the disk whole again, through O_DIRECT
     b = image(ext4(96, "big"), "b.img")
     dst, uri = incoming(d, vms, "dst2", b, direct=True)
-    r = kt.migrate(src, dst, uri, caps={"x-block-migration": True, "x-verify": True},
+    r = kt.migrate(src, dst, uri, caps={**STREAM, "x-verify": True},
                    params={"max-bandwidth": 64 << 20}, timeout=kt.slow(180))
     if not check("retry_completed", r.get("status") == "completed",
                  "%r; src %s; dst %s" % (r, kt.dump(src), kt.dump(dst))):
@@ -218,7 +221,7 @@ def test_stream_negative_control(d, vms, check):
     q.cmd("stop")
     # x-verify: the sums differ, the migration fails, the source is as it was
     dst, uri = incoming(d, vms, "dst", image(d, "b.img"), kmig=kt.KMIG_FAULTS, cmdline=SMALL)
-    r = kt.migrate(src, dst, uri, caps={"x-block-migration": True, "x-verify": True},
+    r = kt.migrate(src, dst, uri, caps={**STREAM, "x-verify": True},
                    params={"max-bandwidth": 64 << 20}, timeout=kt.slow(180))
     check("verify_failed", r.get("status") == "failed" and
           "checksum differs" in r.get("error-desc", ""), repr(r))
@@ -229,7 +232,7 @@ def test_stream_negative_control(d, vms, check):
     dst.wait_exit(kt.slow(20))
     # without it: the migration completes; cont, and the guest finds the block
     dst, uri = incoming(d, vms, "dst2", image(d, "c.img"), kmig=kt.KMIG_FAULTS, cmdline=SMALL)
-    r = kt.migrate(src, dst, uri, caps={"x-block-migration": True, "x-verify": False},
+    r = kt.migrate(src, dst, uri, caps={**STREAM, "x-verify": False},
                    params={"max-bandwidth": 64 << 20}, timeout=kt.slow(180))
     check("completed", r.get("status") == "completed", repr(r))
     check("fault_injected_again", src.output().count("fault injected: skip-disk-chunk") == 2,

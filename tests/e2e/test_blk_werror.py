@@ -90,9 +90,13 @@ def kept(q):
 def run(d, small, vms, check):
     img = os.path.join(small, "disk.img")
     subprocess.run(["truncate", "-s", "1M", img], check=True)
-    src = kt.kmig_vm(d, "src", CMDLINE, memory="128M", extra=blk_args(img))
+    # started paused: QMP is connected before the first write fails
+    # (natively that is milliseconds after boot, and an event emitted
+    # before a client connects reaches none)
+    src = kt.kmig_vm(d, "src", CMDLINE, memory="128M", extra=blk_args(img) + ["-S"])
     vms.append(src)
     q = src.qmp()
+    q.cmd("cont")
     if not stopped(q, src, check, "first"):
         return
     ios, n = kept(q)
