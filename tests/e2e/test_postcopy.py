@@ -503,7 +503,11 @@ def test_recover(d, vms, check, action, tls, balloon, multifd):
                        channels=multifd)
     # the push is held back, so the cut lands with most pages still here
     q = start(src, dst, "tcp:127.0.0.1:%d" % proxy.port, params, verify=True)
-    kt.after_bulk_pass(q, kt.slow(30))
+    r = kt.after_bulk_pass(q, kt.slow(30))
+    if not check("bulk_pass_over", r.get("status") == "active" and
+                 r.get("ram", {}).get("dirty-sync-count", 0) >= 1,
+                 "%r; src %s; dst %s; proxy %s" % (r, dump(src), dump(dst), proxy.state())):
+        return
     q.cmd("migrate-start-postcopy")
     r = wait_status(q, "postcopy-active", kt.slow(20))
     if not check("postcopy_active", r.get("status") == "postcopy-active", repr(r)):

@@ -61,6 +61,7 @@ class FaultProxy:
         self.dst_port, self.at, self.action, self.raw = dst_port, at, action, raw
         self.on_trigger, self.drop_early = on_trigger, drop_early
         self.more, self.channels = channels, 0
+        self._more_started = False
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
         self.lsock.listen(8 if channels else 1)
@@ -251,11 +252,18 @@ class FaultProxy:
             dst.settimeout(None)
             with self._lock:
                 self.socks += [src, dst]
-            if self.more:
-                threading.Thread(target=self._accept_more, daemon=True).start()
             threading.Thread(target=self._back, args=(src, dst), daemon=True).start()
             fired = False
             while not self._stall.is_set():
+                if self.more and self.forwarded and not self._more_started:
+                    # the channels only once the main stream's first
+                    # record is through: relayed raw, their first bytes
+                    # would otherwise overtake it (this relay reads the
+                    # main stream record by record), and the destination
+                    # takes whichever connection speaks first for its
+                    # main stream
+                    self._more_started = True
+                    threading.Thread(target=self._accept_more, daemon=True).start()
                 self._step("reading from the source")
                 rtype, rec = self._next(src)
                 self._step("relaying a record of type %s, %d bytes" % (rtype, len(rec)))

@@ -457,10 +457,13 @@ def wait_migration(qmp, timeout=60.0, statuses=MIG_FINAL, interval=0.1):
 
 def after_bulk_pass(qmp, timeout):
     """Polls query-migrate until the bulk pass is over (the first dirty
-    sync), or the timeout passed."""
+    sync), a final status, or the timeout; returns the last reply."""
     deadline = time.time() + timeout
-    while time.time() < deadline and qmp.cmd("query-migrate").get("ram", {}).get(
-            "dirty-sync-count", 0) < 1:
+    while True:
+        r = qmp.cmd("query-migrate")
+        if r.get("ram", {}).get("dirty-sync-count", 0) >= 1 or r.get("status") in MIG_FINAL \
+                or time.time() >= deadline:
+            return r
         time.sleep(0.05)
 
 
