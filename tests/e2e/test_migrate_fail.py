@@ -303,7 +303,10 @@ def test_cancel_stalled(d, vms, check):
     uri = tcp_uri()
     dst = dest(d, vms, cmd, uri)
     q = src.qmp()
-    kt.set_params(q, max_bandwidth=0, downtime_limit=1)
+    # 1 ms of downtime at 256 MiB/s lets no more than 256 KiB remain: the
+    # stress guest never converges (unlimited, natively a 12 GB/s loopback
+    # let 1.5 MB go in 1 ms and the migration was at its switchover already)
+    kt.set_params(q, max_bandwidth=256 << 20, downtime_limit=1)
     kt.wait_incoming(dst, kt.slow(30))
     q.cmd("migrate", uri=uri)
     wait_until(q, lambda r: r.get("status") == "active"
