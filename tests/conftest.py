@@ -85,45 +85,55 @@ def vms():
         pytest.fail("sanitizer reports: %r" % san, pytrace=False)
 
 
+class _Mounts:
+    """The mount points a fixture makes in d, undone at its end (after
+    the VMs that may hold files there are killed)."""
+
+    def __init__(self, d):
+        self.d, self.paths = d, []
+
+    def point(self, name):
+        assert os.geteuid() == 0, "needs root: it mounts a file system"
+        path = os.path.join(self.d, name)
+        os.mkdir(path)
+        self.paths.append(path)
+        return path
+
+    def undo(self, vms):
+        for vm in vms:
+            vm.kill()
+        for path in self.paths:
+            subprocess.run(["umount", path], check=False)
+
+
 @pytest.fixture
 def ext4(d, vms):
-    mounted = []
+    """make(mib): an ext4 file system of that size on a loop device in d."""
+    m = _Mounts(d)
 
     def make(mib, name="fs"):
-        assert os.geteuid() == 0, "needs root: it mounts a file system on a loop device"
-        img, path = os.path.join(d, name + ".ext4"), os.path.join(d, name)
-        os.mkdir(path)
+        img, path = os.path.join(d, name + ".ext4"), m.point(name)
         subprocess.run(["truncate", "-s", "%dM" % mib, img], check=True)
         subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True)
         subprocess.run(["mount", "-o", "loop", img, path], check=True)
-        mounted.append(path)
         return path
     yield make
-    for vm in vms:
-        vm.kill()
-    for path in mounted:
-        subprocess.run(["umount", path], check=False)
+    m.undo(vms)
 
 
 @pytest.fixture
 def tmpfs(d, vms):
     """make(mib): a tmpfs of that size mounted in d (shared memory for a
-    memory file, whatever file system d is on), unmounted at the end."""
-    mounted = []
+    memory file, whatever file system d is on)."""
+    m = _Mounts(d)
 
     def make(mib, name="shm"):
-        assert os.geteuid() == 0, "needs root: it mounts a tmpfs"
-        path = os.path.join(d, name)
-        os.mkdir(path)
+        path = m.point(name)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dm" % mib, "kmig-" + name, path],
                        check=True)
-        mounted.append(path)
         return path
     yield make
-    for vm in vms:
-        vm.kill()
-    for path in mounted:
-        subprocess.run(["umount", path], check=False)
+    m.undo(vms)
 
 
 @pytest.fixture(autouse=True)

@@ -476,6 +476,14 @@ def wait_transferred(qmp, nbytes, timeout):
         time.sleep(0.1)
 
 
+def cancel_in_bulk(qmp, timeout):
+    """migrate_cancel once bytes have gone (past the connect, whatever it
+    took; in the bulk pass on a slow link); returns the final reply."""
+    wait_transferred(qmp, 256 << 10, timeout)
+    qmp.cmd("migrate_cancel")
+    return wait_migration(qmp, timeout)
+
+
 def follow(qmp, timeout, interval=0.05):
     """Polls query-migrate until a final status or the timeout; returns
     (the last reply, the statuses seen in order)."""
