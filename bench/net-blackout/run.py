@@ -14,8 +14,16 @@ from A to B, and from the prober's record:
   first_ms      from the instant the source's query-migrate said completed
                 to the first reply after it (negative: replies came before
                 the host saw completion, e.g. post-copy)
+  gap_during_ms the longest gap that ended more than SWITCH_WINDOW (1 s)
+                before the host saw completion: silences during the
+                migration (a throttle's sleep, the dirty log's costs)
+  gap_switch_ms the longest that ended within 1 s of completion (the
+                switchover, the network learning where the guest went,
+                post-copy's first faults)
+  gaps_over_10ms_during, gap_at_ms (when the longest began, after `migrate`)
 and from the source's query-migrate: status, total-time, downtime (QEMU's
-definition: source vCPUs stopped to destination resumed), bytes sent.
+definition: source vCPUs stopped to destination resumed), bytes sent, and
+the highest cpu-throttle-percentage seen (throttle_max).
 
 Configurations (like for like first, then each VMM's best):
   kmig-precopy / qemu-precopy       no convergence help
@@ -107,9 +115,10 @@ def one_run(env, d, h, wl, cfg, a):
         time.sleep(1)
         t0 = time.monotonic()
         q.cmd("migrate", uri=uri)
-        r, done, switched = {}, None, False
+        r, done, switched, thr = {}, None, False, 0
         while time.monotonic() - t0 < a.cap:
             r = q.cmd("query-migrate")
+            thr = max(thr, r.get("cpu-throttle-percentage", 0))
             if postcopy and not switched and r.get("status") == "active" and \
                     r.get("ram", {}).get("transferred", 0) >= 2048 * MIB:
                 q.cmd("migrate-start-postcopy")
@@ -127,11 +136,34 @@ def one_run(env, d, h, wl, cfg, a):
                    downtime_ms=r.get("downtime"), bytes=r.get("ram", {}).get("transferred"),
                    gap_ms=round(pr.max_gap()[0] * 1000, 1), lost=pr.lost, sent=len(pr.sent),
                    first_ms=round((first - done) * 1000, 1) if first else None,
-                   mismatched=pr.mismatched)
+                   mismatched=pr.mismatched, throttle_max=thr)
+        run.update(where_gaps(pr, t0, done))
         return run
     finally:
         src.kill()
         dst.kill()
+
+
+SWITCH_WINDOW = 1.0   # s either side of the host's `completed`
+
+
+def where_gaps(pr, t0, done):
+    """Where the silences were: the longest gap between replies that ended
+    before the switchover window (during the migration: a throttle's sleep,
+    post-copy's faults), the longest that ended in the window (the
+    switchover: downtime, the network learning where the guest went), the
+    number of gaps over 10 ms during the migration, and when the longest
+    gap of all began (ms after `migrate`)."""
+    ts = pr.reply_times()
+    gaps = [(b - a, a, b) for a, b in zip(ts, ts[1:]) if b >= t0]
+    lim = (done - SWITCH_WINDOW) if done else float("inf")
+    during = [g for g in gaps if g[2] < lim]
+    switch = [g for g in gaps if g[2] >= lim and (done is None or g[2] <= done + SWITCH_WINDOW)]
+    top = max(gaps) if gaps else None
+    return {"gap_during_ms": round(max(during)[0] * 1000, 1) if during else None,
+            "gap_switch_ms": round(max(switch)[0] * 1000, 1) if switch else None,
+            "gaps_over_10ms_during": len([g for g in during if g[0] > 0.010]),
+            "gap_at_ms": round((top[1] - t0) * 1000) if top else None}
 
 
 def summarize(runs):
@@ -148,7 +180,9 @@ def summarize(runs):
         out.append({"workload": wl, "config": cfg, "runs": len(rs), "completed": len(ok),
                     "gap_ms": stat("gap_ms"), "downtime_ms": stat("downtime_ms"),
                     "lost": stat("lost"), "first_ms": stat("first_ms"),
-                    "total_ms": stat("total_ms")})
+                    "total_ms": stat("total_ms"), "gap_during_ms": stat("gap_during_ms"),
+                    "gap_switch_ms": stat("gap_switch_ms"),
+                    "throttle_max": stat("throttle_max")})
     return out
 
 
@@ -161,12 +195,18 @@ def table(summary, info, a):
              "commit %s, %s, probes every %g ms, %d MB/s for both, %d runs a cell; "
              "median (min–max)" % (info["git_head"], info["kernel"], a.interval_ms,
                                    a.bandwidth // 1000000, a.reps), "",
-             "| workload | config | completed | longest gap ms | downtime ms | probes lost | "
-             "first reply after completion ms | total ms |", "|---|---|---|---|---|---|---|---|"]
+             "| workload | config | completed | longest gap ms | during migration | "
+             "at switchover | downtime ms | probes lost | first reply after completion ms | "
+             "total ms | max throttle % |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
-        lines.append("| %s | %s | %d/%d | %s | %s | %s | %s | %s |" % (
+        lines.append("| %s | %s | %d/%d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             s["workload"], s["config"], s["completed"], s["runs"], fmt(s["gap_ms"]),
-            fmt(s["downtime_ms"]), fmt(s["lost"]), fmt(s["first_ms"]), fmt(s["total_ms"])))
+            fmt(s.get("gap_during_ms")), fmt(s.get("gap_switch_ms")),
+            fmt(s["downtime_ms"]), fmt(s["lost"]), fmt(s["first_ms"]), fmt(s["total_ms"]),
+            fmt(s.get("throttle_max"))))
+    lines += ["", "\"during migration\": the longest gap that ended more than %g s before "
+              "the source's `completed`; \"at switchover\": the longest that ended within "
+              "%g s of it." % (SWITCH_WINDOW, SWITCH_WINDOW)]
     return "\n".join(lines)
 
 

@@ -16,7 +16,9 @@ int announce__check(const struct announce_params *p)
 
 uint64_t announce__gap_ms(const struct announce_params *p, uint64_t k)
 {
-	uint64_t gap = p->initial_ms + k * p->step_ms;
+	if (!k)
+		return 0;
+	uint64_t gap = p->initial_ms + (k - 1) * p->step_ms;
 	return gap < p->max_ms ? gap : p->max_ms;
 }
 

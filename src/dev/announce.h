@@ -1,7 +1,9 @@
 /* Self-announcement after a migration (QEMU's announce-self): `rounds`
- * calls of fn, the first `initial` ms after the start, each next one
- * `step` ms later than the gap before it, no gap longer than `max` ms
- * (QEMU's defaults 50, 550, 5, 100: at 50, 200, 450, 800, 1250 ms).
+ * calls of fn, the first at once (the network must learn where the guest
+ * is before anyone can reach it), the second `initial` ms later, each
+ * next gap `step` ms longer than the one before it, no gap longer than
+ * `max` ms (QEMU's defaults 50, 550, 5, 100: at 0, 50, 200, 450, 800 ms,
+ * as QEMU sends them).
  * fn runs on a thread of the announcer's own, never with a caller's
  * lock held.  Starting again restarts the schedule. */
 #ifndef KMIG_DEV_ANNOUNCE_H
@@ -23,7 +25,7 @@ struct announce_params {
 /* 0 if every value is within range (initial, max, step 1..ANNOUNCE_MAX_MS,
  * initial <= max, rounds 1..ANNOUNCE_MAX_ROUNDS), else -EINVAL. */
 int announce__check(const struct announce_params *p);
-/* The gap before round k (0-based). */
+/* The gap before round k (0-based): 0 for the first. */
 uint64_t announce__gap_ms(const struct announce_params *p, uint64_t k);
 
 struct announcer {

@@ -1,6 +1,6 @@
 /* vCPU throttling (QEMU's cpu-throttle): at p percent every vCPU, after
- * running for a 10 ms slice, sleeps slice * p / (100 - p); above 90% the
- * slice shrinks so that no sleep exceeds 100 ms (kvm/throttle_math.h).  A
+ * running for a 10 ms slice, sleeps slice * p / (100 - p); above 66% the
+ * slice shrinks so that no sleep exceeds 20 ms (kvm/throttle_math.h).  A
  * timer thread kicks the vCPUs out of KVM_RUN once per slice while p > 0 or a dirty
  * limit is set (it also runs the dirty-limit control step), and the vCPU
  * threads sleep in their run loop (kvm/vcpu.c).  Any thread may set p;

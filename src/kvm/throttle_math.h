@@ -24,8 +24,8 @@
 
 #define THROTTLE_TIMESLICE_NS   10000000ull /* QEMU CPU_THROTTLE_TIMESLICE_NS */
 #define THROTTLE_PCT_MAX        99u
-#define THROTTLE_MAX_STALL_NS   100000000ull /* longest single throttle sleep */
-#define THROTTLE_MIN_SLICE_NS   1000000ull   /* shortest run slice */
+#define THROTTLE_MAX_STALL_NS   20000000ull  /* longest single throttle sleep */
+#define THROTTLE_MIN_SLICE_NS   200000ull    /* shortest run slice */
 
 /* Sleep after each run timeslice at throttle pct; pct above 99 counts as 99,
  * pct 0 gives 0.  Exact integer math (floor), no overflow for any timeslice
@@ -38,11 +38,12 @@ uint64_t throttle__cycle_ns(unsigned pct, uint64_t timeslice_ns);
 /* Bounded stalls.  A vCPU that should sleep sleep10_ns after every
  * THROTTLE_TIMESLICE_NS of running (the larger of the cpu-throttle and
  * dirty-limit sleeps) keeps that ratio of sleep to run but, where the sleep
- * would be longer than THROTTLE_MAX_STALL_NS (a throttle above 90%), runs
- * for a shorter slice and sleeps proportionally less: at 99% it runs 1.01 ms
- * and sleeps 100 ms instead of running 10 ms and sleeping 990 ms, so the
- * guest never stops for more than 100 ms at a time, with the same share of
- * time asleep.  Returns the run slice, at least THROTTLE_MIN_SLICE_NS. */
+ * would be longer than THROTTLE_MAX_STALL_NS (a throttle above 66%), runs
+ * for a shorter slice and sleeps proportionally less: at 99% it runs 0.2 ms
+ * and sleeps 20 ms instead of running 10 ms and sleeping 990 ms, so the
+ * guest never stops for more than 20 ms at a time (its clients see no
+ * longer silence), with the same share of time asleep.  Returns the run
+ * slice, at least THROTTLE_MIN_SLICE_NS. */
 uint64_t throttle__slice_ns(uint64_t sleep10_ns);
 /* The sleep after a run slice of slice_ns: sleep10_ns scaled by
  * slice_ns / THROTTLE_TIMESLICE_NS (floor, saturating). */

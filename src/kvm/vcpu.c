@@ -229,7 +229,7 @@ static void vcpu__sleep(struct vcpu *v, uint64_t ns)
 }
 
 /* cpu-throttle and dirty-limit: after each run slice (10 ms, shorter above
- * a 100 ms sleep: throttle_math.h) sleep the larger of the two sleeps,
+ * a 20 ms sleep: throttle_math.h) sleep the larger of the two sleeps,
  * scaled to the run measured, so that the share of time asleep is the
  * throttle's whatever the kick's latency.  The throttle thread kicks each
  * vCPU when its slice is due (throttle_due_ns). */

@@ -41,18 +41,20 @@ static void t_throttle_sleep_table(struct t *t)
 	}
 }
 
-/* Above 90% the run slice shrinks: no sleep is longer than 100 ms and the
+/* Above 66% the run slice shrinks: no sleep is longer than 20 ms and the
  * share of time asleep stays what the percentage says. */
 static void t_throttle_bounded_stall(struct t *t)
 {
 	T_CHECK_EQ(t, throttle__slice_ns(0), THROTTLE_TIMESLICE_NS);
-	T_CHECK_EQ(t, throttle__slice_ns(90000000), THROTTLE_TIMESLICE_NS);  /* 90%: as QEMU */
+	T_CHECK_EQ(t, throttle__slice_ns(19400000), THROTTLE_TIMESLICE_NS);  /* 66%: as QEMU */
 	T_CHECK_EQ(t, throttle__slice_ns(THROTTLE_MAX_STALL_NS), THROTTLE_TIMESLICE_NS);
-	/* 99%: 1.0101 ms run, 100 ms sleep (QEMU: 10 ms run, 990 ms sleep) */
+	/* 90%: 2.22 ms run, 20 ms sleep (QEMU: 10 ms run, 90 ms sleep) */
+	T_CHECK_EQ(t, throttle__slice_ns(90000000), 2222222);
+	/* 99%: 0.202 ms run, 20 ms sleep (QEMU: 10 ms run, 990 ms sleep) */
 	uint64_t s99 = throttle__sleep_ns(99, THROTTLE_TIMESLICE_NS);
-	T_CHECK_EQ(t, throttle__slice_ns(s99), 1010101);
-	T_CHECK(t, throttle__scaled_sleep_ns(s99, 1010101) <= THROTTLE_MAX_STALL_NS);
-	T_CHECK(t, throttle__scaled_sleep_ns(s99, 1010101) >= THROTTLE_MAX_STALL_NS - 1000);
+	T_CHECK_EQ(t, throttle__slice_ns(s99), 202020);
+	T_CHECK(t, throttle__scaled_sleep_ns(s99, 202020) <= THROTTLE_MAX_STALL_NS);
+	T_CHECK(t, throttle__scaled_sleep_ns(s99, 202020) >= THROTTLE_MAX_STALL_NS - 1000);
 	/* a huge dirty-limit sleep: the slice floor */
 	T_CHECK_EQ(t, throttle__slice_ns(UINT64_MAX), THROTTLE_MIN_SLICE_NS);
 	T_CHECK_EQ(t, throttle__scaled_sleep_ns(UINT64_MAX, THROTTLE_TIMESLICE_NS), UINT64_MAX);
@@ -77,10 +79,10 @@ static void t_throttle_run_sleep(struct t *t)
 	T_CHECK_EQ(t, throttle__run_sleep_ns(s50, THROTTLE_TIMESLICE_NS, 15000000), 15000000);
 	T_CHECK_EQ(t, throttle__run_sleep_ns(s50, THROTTLE_TIMESLICE_NS, 50000000), 20000000);
 	T_CHECK_EQ(t, throttle__run_sleep_ns(s50, THROTTLE_TIMESLICE_NS, 0), 0);
-	/* 99%: a 1.01 ms slice that ran 1.1 ms sleeps in proportion */
+	/* 99%: a 0.202 ms slice that ran 0.22 ms sleeps in proportion */
 	uint64_t s99 = throttle__sleep_ns(99, THROTTLE_TIMESLICE_NS);
 	uint64_t sl = throttle__slice_ns(s99);
-	uint64_t z = throttle__run_sleep_ns(s99, sl, 1100000);
+	uint64_t z = throttle__run_sleep_ns(s99, sl, 220000);
 	T_CHECK(t, z > THROTTLE_MAX_STALL_NS && z < THROTTLE_MAX_STALL_NS * 11 / 10);
 	T_CHECK_EQ(t, throttle__run_sleep_ns(UINT64_MAX, UINT64_MAX, UINT64_MAX), UINT64_MAX);
 }

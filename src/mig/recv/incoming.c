@@ -797,6 +797,7 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 {
 	struct migration *m = in->m;
 	int fault_rc = in->postcopy ? atomic_load(&in->pc.error) : 0;
+	uint64_t t_end = time__now_ms();
 	preempt_in__close(&in->preempt);   /* it places pages: it stops first */
 	if (in->postcopy) {
 		/* every page is in: RAM is plain memory again.  After a failure
@@ -814,10 +815,14 @@ static void incoming__finish(struct incoming *in, int rc, bool connected)
 		in->pc_ready = false;
 	} else if (!rc) {   /* RP_OK only once the guest runs here */
 		rc = incoming__resume(in);
+		log_debug("switchover: the guest resumed %llu ms after END",
+			  (unsigned long long)(time__now_ms() - t_end));
 	}
 	if (!rc)
 		incoming__complete(in);
 	if (connected && mig_stream__two_way(&in->stream)) {
+		log_debug("switchover: answering the source %llu ms after END",
+			  (unsigned long long)(time__now_ms() - t_end));
 		int r2 = mig_recv__reply(&in->recv, &in->stream);
 		if (r2 && !rc)
 			log_warn("incoming migration: could not confirm to the source: %s",

@@ -20,9 +20,10 @@
 #include "state/state.h"
 
 /* Longest wait at the switchover for throttled vCPUs to begin a sleep:
- * twice the longest throttle cycle (a sleep scaled to a late kick's run,
- * at most 2 x THROTTLE_MAX_STALL_NS, and its run slice) */
-#define SWITCHOVER_SLEEP_WAIT_NS (4 * THROTTLE_MAX_STALL_NS + 5 * THROTTLE_TIMESLICE_NS)
+ * many throttle cycles (a cycle is at most a run slice and a sleep scaled
+ * to a late kick's run, at most 2 x THROTTLE_MAX_STALL_NS), so that slow
+ * kicks (an emulated KVM) still end it before it times out */
+#define SWITCHOVER_SLEEP_WAIT_NS 450000000ull
 
 bool sender__page_is_zero(const uint8_t *p)
 {
@@ -108,8 +109,15 @@ int sender__send_page(struct sender *s, uint64_t page)
 	if (sender__xbzrle_active(s))
 		return sender__xbzrle_page(s, b, off, page, host);
 	if (s->zero_detect && sender__page_is_zero(host)) {
-		if (s->zn && (s->zblock != b || s->zn == SENDER_BATCH_ZERO))
+		/* a full batch of zeros takes the pages batched meanwhile with
+		 * it: the stream keeps to the pass's order, so the destination
+		 * maps a sparse guest's few pages (a huge page's first touch
+		 * can take milliseconds) as the pass goes, not in the downtime */
+		if (s->zn && (s->zblock != b || s->zn == SENDER_BATCH_ZERO)) {
 			rc = sender__flush_zero(s);
+			if (!rc && s->pn)
+				rc = sender__flush_pages(s);
+		}
 		s->zblock = b;
 		s->zoffs[s->zn++] = off;
 		s->zero_pages++;
