@@ -134,11 +134,12 @@ void blkfile__set_write_hook(struct blkfile *f, blkfile_write_fn fn, void *ctx);
 int blkfile__read_at(struct blkfile *f, void *buf, size_t len, uint64_t off) KMIG_MUST_CHECK;
 int blkfile__write_at(struct blkfile *f, const void *buf, size_t len,
 		      uint64_t off) KMIG_MUST_CHECK;
-/* Starts the kernel writing the range's dirty cached pages to the disk
- * and returns without waiting for them (sync_file_range WRITE), so that a
- * later blkfile__flush has little left to do.  Advice only: 0, or -errno
- * where the kernel refused (nothing to undo). */
-int blkfile__writeback(struct blkfile *f, uint64_t off, uint64_t len);
+/* Starts the kernel writing the image's dirty cached pages to the disk
+ * and returns without waiting for them (sync_file_range WRITE over the
+ * whole file: pages already clean cost nothing), so that a later
+ * blkfile__flush has little left to do.  Advice only: 0, or -errno where
+ * the kernel refused (nothing to undo). */
+int blkfile__writeback(struct blkfile *f);
 /* The range reads as zero afterwards (a hole where the file system can
  * punch one, else zeros written). */
 int blkfile__zero_at(struct blkfile *f, uint64_t off, uint64_t len) KMIG_MUST_CHECK;

@@ -46,11 +46,9 @@ int blkfile__write_at(struct blkfile *f, const void *buf, size_t len, uint64_t o
 	return blkfile__rw_loop(f, true, &one, 1, off);
 }
 
-int blkfile__writeback(struct blkfile *f, uint64_t off, uint64_t len)
+int blkfile__writeback(struct blkfile *f)
 {
-	if (!len || off > f->size || len > f->size - off)
-		return -EINVAL;
-	return sync_file_range(f->fd, (off_t)off, (off_t)len, SYNC_FILE_RANGE_WRITE) ? -errno : 0;
+	return sync_file_range(f->fd, 0, 0, SYNC_FILE_RANGE_WRITE) ? -errno : 0;
 }
 
 int blkfile__zero_at(struct blkfile *f, uint64_t off, uint64_t len)

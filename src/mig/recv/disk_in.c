@@ -111,16 +111,12 @@ void disk_in__stats(const struct disk_in *d, uint64_t *total, uint64_t *transfer
  * last of it. */
 #define DISK_IN_WRITEBACK (8ull << 20)
 
-static void disk_in__writeback(struct disk_in *d, uint64_t off, uint64_t len)
+static void disk_in__writeback(struct disk_in *d, uint64_t len)
 {
-	if (!d->wb_bytes || off < d->wb_lo)
-		d->wb_lo = off;
-	if (!d->wb_bytes || off + len > d->wb_hi)
-		d->wb_hi = off + len;
 	d->wb_bytes += len;
 	if (d->wb_bytes < DISK_IN_WRITEBACK)
 		return;
-	int rc = blkfile__writeback(d->file, d->wb_lo, d->wb_hi - d->wb_lo);
+	int rc = blkfile__writeback(d->file);
 	if (rc)
 		log_debug("incoming migration: image write-back not started: %s", strerror(-rc));
 	d->wb_bytes = 0;
@@ -158,7 +154,7 @@ int disk_in__record(struct disk_in *d, const struct proto_disk *r, char *why, si
 		d->data_bytes += rc ? 0 : r->length;
 		d->data_chunks += rc ? 0 : 1;
 		if (!rc)
-			disk_in__writeback(d, r->offset, r->length);
+			disk_in__writeback(d, r->length);
 		struct iovec one = { d->buf, (size_t)r->length };
 		if (!rc && d->want_sum)
 			disksum__set(&d->sum, first, nsec, &one, 1);

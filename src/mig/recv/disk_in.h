@@ -37,8 +37,7 @@ struct disk_in {
 	uint64_t data_chunks, zero_chunks;  /* DATA and ZERO records written */
 	uint64_t wire_bytes;        /* every DISK record's size, header included */
 	bool want_sum, sum_ok;      /* INFO announced SUM; it came and matched */
-	/* data written since the last writeback kick, and its span */
-	uint64_t wb_bytes, wb_lo, wb_hi;
+	uint64_t wb_bytes;          /* data written since the last write-back kick */
 	struct disksum sum;
 };
 
