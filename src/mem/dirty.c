@@ -366,6 +366,15 @@ uint64_t dirty__take_peak(struct dirty *d)
 	return peak;
 }
 
+void dirty__rate_restart(struct dirty *d)
+{
+	pthread_mutex_lock(&d->lock);
+	dirtyrate__reset(&d->est, time__now_ms());
+	bitmap__clear_all(&d->period);
+	d->stats.rate_pages = d->stats.peak_rate_pages = 0;
+	pthread_mutex_unlock(&d->lock);
+}
+
 uint64_t dirty__vcpu_rate(struct dirty *d, unsigned vcpu)
 {
 	pthread_mutex_lock(&d->lock);

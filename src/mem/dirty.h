@@ -124,6 +124,11 @@ void dirty__on_ring_full(struct dirty *d, unsigned vcpu);
 void dirty__get_stats(struct dirty *d, struct dirty_stats *out);
 /* Returns the peak dirty rate (pages/s) and starts a new peak window. */
 uint64_t dirty__take_peak(struct dirty *d);
+/* The guest's speed changed (a new throttle or dirty limit): forgets the
+ * rates measured so far, so the next dirty__take_peak reports only periods
+ * that began afterwards (0 until one has closed: not known yet).  Without
+ * it a peak measured before a throttle would be read as a rate under it. */
+void dirty__rate_restart(struct dirty *d);
 /* Ring backend: one vCPU's rate of the last closed period (pages newly
  * dirtied per second, a page counted once per period), and the ring
  * entries harvested from it since the VM started.  0 on the bitmap. */

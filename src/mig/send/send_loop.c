@@ -333,6 +333,16 @@ static int64_t sender__round_sync(struct sender *s)
 	return got;
 }
 
+/* A new throttle or dirty limit: the ring's rates so far were measured at
+ * the old speed, and the computed policy scales the rate it reads by the
+ * throttle now in effect, so a peak from before would count the throttle
+ * twice (a rate measured unthrottled, read as one under 72%, asked for 93%). */
+static void sender__speed_changed(struct sender *s)
+{
+	if (dirty__backend(s->m->vm->dirty) == DIRTY_RING)
+		dirty__rate_restart(s->m->vm->dirty);
+}
+
 /* Measures the round, asks the policy; returns 1 to switch over. */
 static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64_t ms_round,
 				  uint64_t dirty_pages)
@@ -346,7 +356,9 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 	uint64_t rate = dirty__backend(vm->dirty) == DIRTY_RING ?
 			dirty__take_peak(vm->dirty) : ds.rate_pages;
 	pthread_mutex_lock(&m->lock);
-	if (m->params.sync_dirty_rate)     /* seed 000's patch 4 off */
+	/* seed 000's patch 4 off; or no ring period has closed since the
+	 * throttle last changed (sender__speed_changed): the round's own rate */
+	if (m->params.sync_dirty_rate || !rate)
 		rate = ms_round ? dirty_pages * 1000 / ms_round : 0;
 	pthread_mutex_unlock(&m->lock);
 	/* the disk's chunks count as RAM's pages do: what the guest wrote in
@@ -395,9 +407,11 @@ static int sender__round_decision(struct sender *s, uint64_t bytes_round, uint64
 			dirtylimit__save(&vm->dirtylimit, m->user_limits);
 			dirtylimit__set_period(&vm->dirtylimit, m->params.dirty_limit_period_ms);
 			m->limit_set = dirtylimit__set(&vm->dirtylimit, -1, quota) == 0;
+			sender__speed_changed(s);
 		}
 	} else if (d.action == POLICY_SET_THROTTLE) {
 		throttle__set(&vm->throttle, d.throttle_pct);
+		sender__speed_changed(s);
 	}
 	return 0;
 }
