@@ -608,6 +608,36 @@ static void t_connect_cancel(struct t *t)
 	unlink(sa.sun_path);
 }
 
+/* What the switchover waits on before it stops the guest: the stream's
+ * buffer plus the socket's send queue, down to 0 once the peer has read
+ * it all; not a socket: -ENOTSOCK. */
+static void t_unsent(struct t *t)
+{
+	struct mig_stream a, b, p;
+	uint8_t buf[4096] = { 0 };
+	size_t left = 1;
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	T_CHECK_EQ(t, mig_stream__unsent(&a, &left), 0);
+	T_CHECK_EQ(t, left, 0);
+	T_CHECK_EQ(t, mig_stream__write(&a, buf, 100), 0);   /* buffered */
+	T_CHECK_EQ(t, mig_stream__unsent(&a, &left), 0);
+	T_CHECK_EQ(t, left, 100);
+	T_CHECK_EQ(t, mig_stream__flush(&a), 0);             /* in the socket, unread */
+	T_CHECK_EQ(t, mig_stream__unsent(&a, &left), 0);
+	T_CHECK(t, left >= 100);
+	T_CHECK_EQ(t, mig_stream__read_full(&b, buf, 100), 0);
+	T_CHECK_EQ(t, mig_stream__unsent(&a, &left), 0);
+	T_CHECK_EQ(t, left, 0);
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+	int fds[2];
+	T_CHECK_EQ(t, pipe(fds), 0);
+	T_CHECK_EQ(t, mig_stream__init(&p, fds[1]), 0);
+	T_CHECK_EQ(t, mig_stream__unsent(&p, &left), -ENOTSOCK);
+	mig_stream__close(&p);
+	close(fds[0]);
+}
+
 int main(void)
 {
 	struct t t = {0};
@@ -623,6 +653,7 @@ int main(void)
 	T_RUN(&t, t_listen_connect);
 	T_RUN(&t, t_listen_silent);
 	T_RUN(&t, t_connect_cancel);
+	T_RUN(&t, t_unsent);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);
 }

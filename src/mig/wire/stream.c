@@ -13,9 +13,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <linux/sockios.h>
 
 #include "base/timeutil.h"
 
@@ -159,6 +161,17 @@ int mig_stream__set_nodelay(struct mig_stream *s, bool on)
 	if (setsockopt(s->fd, IPPROTO_TCP, TCP_NODELAY, &v, sizeof(v)) == 0)
 		return 0;
 	return errno == EOPNOTSUPP || errno == ENOPROTOOPT ? 0 : -errno;
+}
+
+int mig_stream__unsent(struct mig_stream *s, size_t *bytes)
+{
+	int q = 0;
+	if (!s->is_socket)
+		return -ENOTSOCK;
+	if (ioctl(s->fd, SIOCOUTQ, &q) < 0)
+		return -errno;
+	*bytes = s->wlen + (q > 0 ? (size_t)q : 0);
+	return 0;
 }
 
 /* Rate limiter: a virtual clock (s->rate_clock_ns) says when the bytes
