@@ -23,10 +23,12 @@ test guest's disk workload (disk=1, as in test_blk.py) running all along.
       cache.direct=on), sends the disk whole again and completes with
       x-verify, the sums matching.
   stream_negative_control  from the test build, the bulk pass leaves out
-      one chunk holding data (KMIG_FAULT=skip-disk-chunk@bulk) of a guest
-      stopped first: with x-verify the sums differ and the migration fails
-      (the source stays as it was); without it the migration completes,
-      and after cont the guest finds that block wrong on the destination.
+      the first two chunks holding data (KMIG_FAULT=skip-disk-chunk@bulk)
+      of a guest stopped first: with x-verify the sums differ and the
+      migration fails (the source stays as it was); without it the
+      migration completes, and after cont the guest finds a block wrong on
+      the destination (two chunks: the guest's 16 requests in flight at
+      the stop may cover the whole of one, read on the source).
 """
 import filecmp
 import json

@@ -24,9 +24,12 @@
  *                       does not send the first disk chunk the guest wrote
  *                       since the previous pass that holds data (one it
  *                       zeroed may read as zero at the destination too)
- *   skip-disk-chunk@bulk  the same for the bulk pass's first chunk (a
- *                       chunk the guest does not write again is then
- *                       never sent)
+ *   skip-disk-chunk@bulk  the same for the bulk pass's first two chunks
+ *                       with data (a chunk the guest does not write again
+ *                       is then never sent).  Two: a guest stopped with
+ *                       its 16 requests in flight may have read every
+ *                       block of one chunk already, and writes them anew
+ *                       at the destination without reading the hole
  *   no-device-marks     for the whole migration, the devices' own writes
  *                       into guest RAM (virtio-net's received frames and
  *                       used rings, the balloon's) are not reported to the
@@ -76,6 +79,7 @@ enum mig_fault_kind {
 
 #define MIG_FAULT_SAVED 1024       /* stale-page: pages remembered (direct mapped) */
 #define MIG_FAULT_FLIP_OFFSET 100  /* flip-byte: the byte flipped */
+#define MIG_FAULT_BULK_DISK_SKIPS 2 /* skip-disk-chunk@bulk: data chunks left out */
 
 struct mig_fault {
 	enum mig_fault_kind kind;
@@ -83,6 +87,7 @@ struct mig_fault {
 	uint64_t lo, hi;            /* guest-physical range [lo, hi) */
 	char state[32];             /* drop-state: the section's name */
 	bool disk_bulk;             /* skip-disk-chunk@bulk */
+	unsigned disk_skipped;      /* chunks left out so far */
 	bool fired;
 	/* stale-page: copies of pages as sent in earlier passes */
 	uint64_t *saved_page;       /* page + 1 per slot, 0 = empty */
