@@ -208,13 +208,15 @@ bool mig_fault__drop_state(struct mig_fault *f, uint32_t id, uint32_t instance)
 
 bool mig_fault__skip_disk(struct mig_fault *f, bool bulk, bool final)
 {
-	if (f->kind != MIG_FAULT_SKIP_DISK || f->fired || (f->disk_bulk ? !bulk : !final))
-		return false;
 	unsigned n = f->disk_bulk ? MIG_FAULT_BULK_DISK_SKIPS : 1;
-	if (!f->disk_skipped)
+	if (f->kind != MIG_FAULT_SKIP_DISK || f->disk_skipped >= n ||
+	    (f->disk_bulk ? !bulk : !final))
+		return false;
+	if (!f->fired)
 		log_warn("fault injected: skip-disk-chunk%s: %s not sent",
 			 f->disk_bulk ? "@bulk" : "", n > 1 ? "two disk chunks are" : "a disk chunk is");
-	f->fired = ++f->disk_skipped >= n;
+	f->fired = true;
+	f->disk_skipped++;
 	return true;
 }
 
@@ -264,7 +266,7 @@ void mig_fault__report(const struct mig_fault *f)
 	static const char *names[] = { "", "skip-page", "stale-page", "flip-byte", "drop-state",
 				       "no-device-marks", "skip-disk-chunk", "preempt-late",
 				       "xbzrle-flip", "snapshot-unprotected" };
-	if (f->kind != MIG_FAULT_NONE && !f->fired && !f->disk_skipped)
+	if (f->kind != MIG_FAULT_NONE && !f->fired)
 		log_warn("fault not injected: %s found nothing to act on", names[f->kind]);
 }
 
