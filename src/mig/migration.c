@@ -615,6 +615,11 @@ json_t *migration__query(struct migration *m)
 				"zero-mapped", (json_int_t)st.postcopy_zero_mapped,
 				"latency-p50-us", (json_int_t)st.postcopy_lat_p50_us,
 				"latency-p99-us", (json_int_t)st.postcopy_lat_p99_us));
+		if (st.postcopy_acks)  /* source: the push's pace (docs/protocol.md "Post-copy") */
+			json_object_set_new(r, "x-postcopy-flight", json_pack("{s:I, s:I, s:I}",
+				"acks", (json_int_t)st.postcopy_acks,
+				"max-bytes", (json_int_t)st.postcopy_flight_max,
+				"budget", (json_int_t)st.postcopy_budget));
 		if (st.preempt)   /* postcopy-preempt's channel */
 			json_object_set_new(r, "x-postcopy-preempt",
 					    json_pack("{s:I}", "pages", (json_int_t)st.preempt_pages));

@@ -137,6 +137,8 @@ struct mig_stats {
 	uint64_t postcopy_bw_bps;    /* hybrid: the bandwidth and dirty rate (B/s) */
 	uint64_t postcopy_rate_bps;  /* its switch decided on */
 	uint64_t postcopy_requests;  /* RP_REQ received (source) */
+	uint64_t postcopy_acks;      /* RP_ACK received (source), the most bytes in */
+	uint64_t postcopy_flight_max, postcopy_budget; /* flight after a push, its last budget */
 	uint64_t postcopy_faults;    /* destination: faults, pages asked for, mapped as zero */
 	uint64_t postcopy_asked, postcopy_zero_mapped;
 	uint64_t postcopy_lat_p50_us, postcopy_lat_p99_us; /* RP_REQ to placement */

@@ -11,9 +11,9 @@
  * missing page waits for the source.
  *
  * Source (struct postcopy_src): a return-path thread reads RP_REQ,
- * RP_RUNNING and the final RP_OK/RP_FAIL while the migration thread
- * writes; requested pages are marked in `wanted` for the migration thread
- * to send ahead of its background push.
+ * RP_ACK, RP_RUNNING and the final RP_OK/RP_FAIL while the migration
+ * thread writes; requested pages are marked in `wanted` for the migration
+ * thread to send ahead of its background push, which RP_ACK paces.
  *
  * Threads: postcopy_dst__discard, the place and start calls and finish run on the incoming
  * thread; the fault thread is internal.  postcopy_src's reader is
@@ -58,6 +58,7 @@ struct postcopy_dst {
 	bool verify;                 /* sum pages for END's checksum (set before start) */
 	struct blocktime *bt;        /* postcopy-blocktime, or NULL (set before start) */
 	uint64_t sum[4];             /* proto__page_sum_add of the pages as they came */
+	uint64_t acked;              /* the stream position last sent in RP_ACK */
 };
 
 /* valid: the incoming side's bitmap of pages it holds (kept up to date
@@ -82,8 +83,19 @@ int postcopy_dst__reply(struct postcopy_dst *d, const void *rec, size_t len) KMI
 void postcopy_dst__pause(struct postcopy_dst *d);
 /* A new connection to the source (recovery): tells it which pages are
  * here (RP_BITMAP of valid), asks again for every page asked for and not
- * yet placed, and lets requests go out on s again.  Incoming thread. */
+ * yet placed, acknowledges what it read of s (RP_ACK: the new link's
+ * count starts again at 0) and lets requests go out on s again.
+ * Incoming thread. */
 int postcopy_dst__resume(struct postcopy_dst *d, struct mig_stream *s) KMIG_MUST_CHECK;
+/* RP_ACK: the source's push keeps at most a budget of bytes between what
+ * it wrote and what this side has read and applied (consumed: the main
+ * stream's position, mig_stream__consumed), so a page asked for never
+ * waits behind seconds of pushed pages in the sockets' buffers.  Sent
+ * when PC_ACK_BYTES more were consumed since the last, or at once with
+ * now (before RP_RUNNING: the source paces its push from the first
+ * page on).  Incoming thread; -ENOTCONN while paused. */
+#define PC_ACK_BYTES (64u * 1024)
+int postcopy_dst__ack(struct postcopy_dst *d, uint64_t consumed, bool now) KMIG_MUST_CHECK;
 /* verify: END's post-copy checksum against the pages as they came (held
  * at the switch, placed since; never sent counts as zero); 0 if equal. */
 int postcopy_dst__check(struct postcopy_dst *d, const uint8_t hash[PROTO_HASH_LEN]) KMIG_MUST_CHECK;
@@ -113,9 +125,11 @@ struct postcopy_src {
 	atomic_ullong running_ms;    /* time__now_ms() when RP_RUNNING came, 0 before */
 	atomic_int outcome;          /* 0 while reading; 1 RP_OK; else -errno */
 	atomic_bool refused;         /* the outcome is the destination's RP_FAIL */
+	atomic_ullong acked;         /* the stream position of the last RP_ACK */
+	atomic_ullong acks;          /* RP_ACK received */
 	char error[256];             /* set before outcome, when it is < 0 */
 	pthread_mutex_t lock;
-	pthread_cond_t cond;         /* a request, RP_RUNNING or the outcome */
+	pthread_cond_t cond;         /* a request, RP_RUNNING, RP_ACK or the outcome */
 	pthread_t thread;
 	bool thread_started;
 };
@@ -128,6 +142,9 @@ int postcopy_src__start(struct postcopy_src *q) KMIG_MUST_CHECK;
 void postcopy_src__wait(struct postcopy_src *q, int timeout_ms);
 /* The same in ns: the pacing of the background push. */
 void postcopy_src__wait_ns(struct postcopy_src *q, uint64_t timeout_ns);
+/* The same, also ended by an RP_ACK past acked (the push waits for the
+ * destination to read what is in flight). */
+void postcopy_src__wait_ack(struct postcopy_src *q, uint64_t acked, uint64_t timeout_ns);
 /* Joins the reader (after the stream was closed or shut down, or once
  * outcome is set) and frees. */
 void postcopy_src__free(struct postcopy_src *q);

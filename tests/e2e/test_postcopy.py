@@ -144,6 +144,25 @@ def completed_postcopy(check, src, dst, r, seen):
     return True
 
 
+# the push's budget at the least (send_postcopy.c PC_FLIGHT_MIN), and what
+# may go past it: the push that found the flight just below it (16 pages)
+# and the pages asked for that one scan serves, with their headers
+FLIGHT_MIN = 256 << 10
+FLIGHT_SLACK = 128 << 10
+
+
+def check_flight(check, r):
+    """The push is paced by the destination's RP_ACK: never more than its
+    budget (plus one push) written and not yet read and applied there, so
+    a page asked for never waits behind megabytes of pushed pages."""
+    f = r.get("x-postcopy-flight", {})
+    print("# post-copy flight: %r" % f)
+    if not check("acked", f.get("acks", 0) > 0, repr(r)):
+        return
+    check("flight_bounded", 0 < f.get("max-bytes", 0) <= max(f.get("budget", 0), FLIGHT_MIN)
+          + FLIGHT_SLACK, repr(f))
+
+
 def check_verified(check, dst):
     """x-verify: the destination checked END's post-copy checksum."""
     check("x_verify", kt.wait_output(dst, r"x-verify: every page as it came matches",
@@ -199,6 +218,7 @@ def test_verify(d, vms, check, backend, cpus):
     check("dst_completed", dq.get("status") == "completed", repr(dq))
     check("dst_faults", pc.get("faults", 0) > 0 and pc.get("requested", 0) > 0, repr(dq))
     check_blocktime(check, dq, cpus, r.get("total-time", 0))
+    check_flight(check, r)
     check_verified(check, dst)
     check_dst_runs(check, src, dst)
 
@@ -278,6 +298,7 @@ def test_hybrid(d, vms, check, mode, backend):
     else:
         check("one_round", r.get("ram", {}).get("dirty-sync-count", 0) <= 2, repr(r))
     check("never_throttled", r.get("cpu-throttle-percentage", 0) == 0, repr(r))
+    check_flight(check, r)   # the push at the link's speed (max-postcopy-bandwidth 0)
     check_verified(check, dst)
     check_dst_runs(check, src, dst)
 

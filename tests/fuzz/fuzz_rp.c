@@ -1,8 +1,8 @@
 /* libFuzzer harness: what a destination sends the source on the return
  * path.  Byte 0 picks the reader (bit 0):
  *   0  post-copy's return-path thread (postcopy_src) reading the rest of
- *      the input as its stream (a memfd): RP_REQ, RP_RUNNING, RP_OK,
- *      RP_FAIL and anything else; every page it records as wanted must lie
+ *      the input as its stream (a memfd): RP_REQ, RP_ACK, RP_RUNNING,
+ *      RP_OK, RP_FAIL and anything else; every page it records as wanted must lie
  *      in the fake two-block RAM, and it must end with an outcome (the
  *      input's end reads as a closed connection);
  *   1  a post-copy resume's RP_BITMAP records, decoded one after the other

@@ -278,6 +278,7 @@ def blk_seeds():
 def rp_seeds():
     req = lambda block, off: rec(0x104, struct.pack("<IIQ", block, 0, off))
     fail = rec(0x102, struct.pack("<I", 22) + b"no room")
+    ack = lambda pos: rec(0x107, struct.pack("<Q", pos))
 
     def bitmap(first, nbits, words):
         return rec(0x106, struct.pack("<QQ", first, nbits) + b"".join(
@@ -286,6 +287,8 @@ def rp_seeds():
         "requests": b"\0" + req(0, 0) + rec(0x105) + req(1, 511 * PG) + req(0, 3 * PG) + rec(0x101),
         "fail": b"\0" + req(1, 0) + fail,
         "outside": b"\0" + req(0, 512 * PG) + req(1, 512 * PG),
+        "acks": b"\0" + ack(64) + rec(0x105) + ack(65600) + req(0, PG) + ack(65600) + rec(0x101),
+        "ack_back": b"\0" + ack(70000) + ack(69999),
         "bitmap": b"\1" + bitmap(0, 1000, [0xff] * 8) + bitmap(8, 1000, [(1 << 64) - 1] * 8),
         "bitmap_bad": b"\1" + bitmap(15, 1000, [1, 2]) + bitmap(0, 999, [1]),
     }

@@ -350,6 +350,14 @@ static void t_small_records(struct t *t)
 	T_CHECK_EQ(t, h.type, PROTO_RP_PING);
 	T_CHECK_EQ(t, proto__decode_rp_ping(b + 16, h.length, &v, &why), 0);
 	T_CHECK(t, v == 0xdeadbeefcafeull);
+	n = proto__encode_rp_ack(b, sizeof(b), 0x123456789ull);
+	T_CHECK_EQ(t, proto__decode_header(b, n, &h), 0);
+	T_CHECK(t, h.type == PROTO_RP_ACK && !strcmp(proto__type_name(h.type), "RP_ACK"));
+	T_CHECK_EQ(t, proto__decode_rp_ack(b + 16, h.length, &v, &why), 0);
+	T_CHECK(t, v == 0x123456789ull);
+	T_CHECK_EQ(t, proto__decode_rp_ack(b + 16, 4, &v, &why), -EPROTO);
+	h.length = 16;   /* an RP_ACK of another length is refused at its header */
+	T_CHECK(t, proto__header_problem(&h) != NULL);
 	/* post-copy: DISCARD (ZERO's layout), POSTCOPY and RP_RUNNING (empty), RP_REQ */
 	uint64_t doffs[2] = { 0x3000, 0x9000 };
 	n = proto__encode_discard(b, sizeof(b), 1, 2, doffs);

@@ -474,6 +474,12 @@ static void check_listen(struct t *t, const char *listen_uri, const char *fmt)
 	T_CHECK_EQ(t, mig_stream__get_record(&s, &h, buf, sizeof(buf)), 0);
 	T_CHECK(t, h.type == PROTO_RP_PING && !memcmp(buf, "12345678", 8));
 	T_CHECK_EQ(t, mig_stream__set_nodelay(&s, true), 0);
+	/* TCP's round trip, measured from the handshake on; none elsewhere */
+	uint64_t rtt = mig_stream__min_rtt_us(&c.s);
+	if (!strncmp(listen_uri, "tcp:", 4))
+		T_CHECK(t, rtt > 0 && rtt < 1000000);
+	else
+		T_CHECK_EQ(t, rtt, 0);
 	mig_stream__close(&s);
 	mig_stream__close(&c.s);
 	mig_listener__close(&l);
@@ -638,6 +644,25 @@ static void t_unsent(struct t *t)
 	close(fds[0]);
 }
 
+/* consumed: what the reader took, not what the stream read ahead */
+static void t_consumed(struct t *t)
+{
+	struct mig_stream a, b;
+	uint8_t buf[4096] = { 0 };
+	T_CHECK_EQ(t, pair(&a, &b), 0);
+	T_CHECK_EQ(t, mig_stream__write(&a, buf, 150), 0);
+	T_CHECK_EQ(t, mig_stream__flush(&a), 0);
+	T_CHECK_EQ(t, mig_stream__consumed(&b), 0);
+	T_CHECK_EQ(t, mig_stream__read_full(&b, buf, 100), 0);
+	T_CHECK_EQ(t, mig_stream__consumed(&b), 100);
+	T_CHECK(t, mig_stream__bytes_in(&b) >= 100);
+	T_CHECK_EQ(t, mig_stream__read_full(&b, buf, 50), 0);
+	T_CHECK_EQ(t, mig_stream__consumed(&b), 150);
+	T_CHECK_EQ(t, mig_stream__consumed(&b), mig_stream__bytes_out(&a));
+	mig_stream__close(&a);
+	mig_stream__close(&b);
+}
+
 int main(void)
 {
 	struct t t = {0};
@@ -654,6 +679,7 @@ int main(void)
 	T_RUN(&t, t_listen_silent);
 	T_RUN(&t, t_connect_cancel);
 	T_RUN(&t, t_unsent);
+	T_RUN(&t, t_consumed);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);
 }

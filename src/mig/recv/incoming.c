@@ -527,7 +527,9 @@ static int incoming__on_postcopy(void *ctx)
 		return rc;
 	uint8_t rec[PROTO_HDR_SIZE];
 	ssize_t n = proto__encode_empty(rec, sizeof(rec), PROTO_RP_RUNNING);
-	rc = n < 0 ? (int)n : postcopy_dst__reply(&in->pc, rec, (size_t)n);
+	/* the source paces its push by RP_ACK from the first page on */
+	rc = postcopy_dst__ack(&in->pc, mig_stream__consumed(&in->stream), true);
+	rc = rc ? rc : n < 0 ? (int)n : postcopy_dst__reply(&in->pc, rec, (size_t)n);
 	if (rc) {
 		/* the guest runs here already: a broken link pauses, as later */
 		log_warn("incoming migration: cannot tell the source the guest runs: %s",
@@ -559,10 +561,27 @@ static void incoming__postcopy_stats(struct incoming *in)
 	pthread_mutex_unlock(&in->m->lock);
 }
 
+/* Every record of the main stream; in post-copy, what was read and
+ * applied is acknowledged as it goes (postcopy_dst__ack).  A lost link
+ * shows in the next read, not here. */
+static int incoming__run(struct incoming *in)
+{
+	while (mig_recv__state(&in->recv) != MIG_RECV_DONE) {
+		int rc = mig_recv__step(&in->recv, &in->stream);
+		if (rc)
+			return rc;
+		rc = in->postcopy ? postcopy_dst__ack(&in->pc, mig_stream__consumed(&in->stream),
+						      false) : 0;
+		if (rc && rc != -ENOTCONN)
+			log_debug("post-copy: RP_ACK not sent: %s", strerror(-rc));
+	}
+	return 0;
+}
+
 /* Loads the whole stream; 0 when the guest may resume. */
 static int incoming__load(struct incoming *in)
 {
-	int rc = mig_recv__run(&in->recv, &in->stream);
+	int rc = incoming__run(in);
 	if (in->multifd && multifd_recv__finish(&in->mf)) {
 		migration__set_error(in->m, "%s", in->mf.error); /* the root cause */
 		return mig_recv__fail(&in->recv, -EPROTO, "%s", in->mf.error);

@@ -159,6 +159,27 @@ static int pc__put_request(struct postcopy_dst *d, uint64_t page)
 	return mig_stream__write(d->stream, rec, (size_t)n);
 }
 
+static int pc__put_ack(struct postcopy_dst *d, uint64_t consumed)
+{
+	uint8_t rec[PROTO_HDR_SIZE + 8];
+	ssize_t n = proto__encode_rp_ack(rec, sizeof(rec), consumed);
+	int rc = n < 0 ? (int)n : mig_stream__write(d->stream, rec, (size_t)n);
+	if (!rc)
+		d->acked = consumed;
+	return rc;
+}
+
+int postcopy_dst__ack(struct postcopy_dst *d, uint64_t consumed, bool now)
+{
+	if (!now && consumed - d->acked < PC_ACK_BYTES)
+		return 0;
+	pthread_mutex_lock(&d->wlock);
+	int rc = d->paused ? -ENOTCONN : pc__put_ack(d, consumed);
+	rc = rc ? rc : mig_stream__flush(d->stream);
+	pthread_mutex_unlock(&d->wlock);
+	return rc;
+}
+
 /* A request that cannot go out because the link broke is not an error:
  * the page stays in `requested` and is asked for again after a recovery
  * (postcopy_dst__resume); the stream is shut down so the incoming thread
@@ -426,6 +447,7 @@ int postcopy_dst__resume(struct postcopy_dst *d, struct mig_stream *s)
 		rc = pc__put_request(d, p);
 		again++;
 	}
+	rc = rc ? rc : pc__put_ack(d, mig_stream__consumed(s));
 	rc = rc ? rc : mig_stream__flush(s);
 	d->paused = rc != 0;
 	pthread_mutex_unlock(&d->wlock);

@@ -54,6 +54,22 @@ static int pcs__request(struct postcopy_src *q, const uint8_t *p, uint64_t len)
 	return 0;
 }
 
+/* An RP_ACK: the destination's position in the stream never goes back
+ * (a new link has a new postcopy_src). */
+static int pcs__ack(struct postcopy_src *q, const uint8_t *p, uint64_t len)
+{
+	uint64_t pos;
+	const char *why = NULL;
+	if (proto__decode_rp_ack(p, len, &pos, &why) || pos < atomic_load(&q->acked))
+		return -EPROTO;
+	pthread_mutex_lock(&q->lock);
+	atomic_store(&q->acked, pos);
+	atomic_fetch_add(&q->acks, 1);
+	pthread_cond_broadcast(&q->cond);
+	pthread_mutex_unlock(&q->lock);
+	return 0;
+}
+
 static void *pcs__reader(void *arg)
 {
 	struct postcopy_src *q = arg;
@@ -70,6 +86,12 @@ static void *pcs__reader(void *arg)
 		case PROTO_RP_REQ:
 			if (pcs__request(q, buf, h.length)) {
 				pcs__end(q, -EPROTO, "%s", "the destination asked for a page outside RAM");
+				return NULL;
+			}
+			break;
+		case PROTO_RP_ACK:
+			if (pcs__ack(q, buf, h.length)) {
+				pcs__end(q, -EPROTO, "%s", "RP_ACK went back in the stream");
 				return NULL;
 			}
 			break;
@@ -117,6 +139,15 @@ void postcopy_src__wait_ns(struct postcopy_src *q, uint64_t timeout_ns)
 	struct timespec ts = time__deadline(timeout_ns);
 	pthread_mutex_lock(&q->lock);
 	if (!atomic_load(&q->outcome) && !atomic_load(&q->asked))
+		pthread_cond_timedwait(&q->cond, &q->lock, &ts);
+	pthread_mutex_unlock(&q->lock);
+}
+
+void postcopy_src__wait_ack(struct postcopy_src *q, uint64_t acked, uint64_t timeout_ns)
+{
+	struct timespec ts = time__deadline(timeout_ns);
+	pthread_mutex_lock(&q->lock);
+	if (!atomic_load(&q->outcome) && !atomic_load(&q->asked) && atomic_load(&q->acked) == acked)
 		pthread_cond_timedwait(&q->cond, &q->lock, &ts);
 	pthread_mutex_unlock(&q->lock);
 }

@@ -84,6 +84,8 @@ struct sender {
 	struct bitmap pc_sent;      /* post-copy: pages sent since the switch (or the
 				     * last resume): on their way, never sent again */
 	uint64_t pc_dup_asks;       /* requests for such pages, not answered */
+	uint64_t pc_flight_max;     /* post-copy: the most bytes in flight after a push */
+	uint64_t pc_budget;         /* and the push's last budget (send_postcopy.c) */
 	struct proto_ram pr;        /* guest RAM as the protocol sees it */
 	uint64_t round;             /* passes completed (SYNC numbers) */
 	enum vm_status prev_status; /* VM status before switchover */

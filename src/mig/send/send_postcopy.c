@@ -25,6 +25,18 @@
 #define PC_PUSH_SLACK 1024
 /* the longest wait for the push's turn before looking at the rate again */
 #define PC_PUSH_WAIT_NS 50000000ull
+/* The push's flight: bytes written to the main stream that the
+ * destination has not read and applied yet (its RP_ACK).  Without a
+ * bound the sockets' buffers on both sides (autotuned to megabytes) fill
+ * with pushed pages, and a page asked for, or one the push sent just
+ * after it, waits behind all of them: 100-300 ms on a destination whose
+ * receiving thread shares its CPU with the guest.  The budget is
+ * PC_FLIGHT_MIN, or twice what the link holds (the rate the destination
+ * reads at, times the connection's smallest round trip) where that is
+ * more, so a long link still runs full. */
+#define PC_FLIGHT_MIN (256u * 1024)
+/* how often the rate behind the budget is measured again */
+#define PC_RATE_NS 20000000ull
 /* how long the source waits for RP_RUNNING, and for RP_OK after END */
 #define PC_RUNNING_WAIT_MS 10000
 
@@ -68,6 +80,9 @@ static void pc__stats(struct sender *s, struct postcopy_src *q)
 	sender__update_stats(s);
 	pthread_mutex_lock(&s->m->lock);
 	s->m->stats.postcopy_requests = atomic_load(&q->requests);
+	s->m->stats.postcopy_acks = atomic_load(&q->acks);
+	s->m->stats.postcopy_flight_max = s->pc_flight_max;
+	s->m->stats.postcopy_budget = s->pc_budget;
 	s->m->stats.preempt |= s->preempt != NULL;
 	s->m->stats.preempt_pages = s->preempt_pages;
 	pthread_mutex_unlock(&s->m->lock);
@@ -201,6 +216,52 @@ static int pc__push(struct sender *s, size_t *cursor)
 	return pc__flushed(s, n);
 }
 
+struct pc_flight {
+	uint64_t budget;
+	uint64_t t_ns, acked;   /* the last measurement of the rate */
+};
+
+static void pc__budget(struct sender *s, struct pc_flight *f, uint64_t acked)
+{
+	uint64_t now = time__now_ns();
+	if (!f->t_ns || now - f->t_ns >= PC_RATE_NS) {
+		double rate = f->t_ns ? (double)(acked - f->acked) * 1e9 / (double)(now - f->t_ns) : 0;
+		double bdp = rate * (double)mig_stream__min_rtt_us(s->stream) / 1e6;
+		f->budget = 2 * bdp > PC_FLIGHT_MIN ? (uint64_t)(2 * bdp) : PC_FLIGHT_MIN;
+		f->t_ns = now;
+		f->acked = acked;
+		s->pc_budget = f->budget;
+	}
+}
+
+/* Bytes written and not yet acknowledged (a destination that does not
+ * acknowledge, none yet: 0). */
+static uint64_t pc__in_flight(struct sender *s, struct postcopy_src *q, uint64_t *acked)
+{
+	*acked = atomic_load(&q->acked);
+	uint64_t out = mig_stream__bytes_out(s->stream);
+	return atomic_load(&q->acks) && out > *acked ? out - *acked : 0;
+}
+
+/* Whether the push must wait for the destination to read what is in
+ * flight; *acked: the position the wait is for an RP_ACK past. */
+static bool pc__over_budget(struct sender *s, struct postcopy_src *q, struct pc_flight *f,
+			    uint64_t *acked)
+{
+	uint64_t flight = pc__in_flight(s, q, acked);
+	if (!atomic_load(&q->acks))
+		return false;
+	pc__budget(s, f, *acked);
+	return flight >= f->budget;
+}
+
+static void pc__note_flight(struct sender *s, struct postcopy_src *q)
+{
+	uint64_t acked, flight = pc__in_flight(s, q, &acked);
+	if (flight > s->pc_flight_max)
+		s->pc_flight_max = flight;
+}
+
 static int pc__outcome(struct sender *s, struct postcopy_src *q)
 {
 	int o = atomic_load(&q->outcome);
@@ -213,13 +274,15 @@ static int pc__outcome(struct sender *s, struct postcopy_src *q)
 }
 
 /* Until every page is out: requests first, then the background push.
- * With a rate limit the push waits for its turn (mig_stream__due_ns) on
- * the return path's condition: a request that comes meanwhile is served
- * at once, not after the wait. */
+ * With a rate limit the push waits for its turn (mig_stream__due_ns), and
+ * with its budget in flight for an RP_ACK, on the return path's
+ * condition: a request that comes meanwhile is served at once, not after
+ * the wait. */
 static int pc__send_rest(struct sender *s, struct postcopy_src *q)
 {
 	size_t cursor = 0;
-	uint64_t last_stats = 0;
+	uint64_t last_stats = 0, acked;
+	struct pc_flight f = { 0 };
 	for (;;) {
 		int rc = pc__outcome(s, q);
 		if (!rc && atomic_load(&q->outcome) > 0)
@@ -230,15 +293,19 @@ static int pc__send_rest(struct sender *s, struct postcopy_src *q)
 		if (served < 0)
 			return served;
 		uint64_t due = mig_stream__due_ns(s->stream);
+		bool full = !due && pc__over_budget(s, q, &f, &acked);
 		if (due)
 			postcopy_src__wait_ns(q, due < PC_PUSH_WAIT_NS ? due : PC_PUSH_WAIT_NS);
+		else if (full)
+			postcopy_src__wait_ack(q, acked, PC_PUSH_WAIT_NS);
 		else if ((pushed = pc__push(s, &cursor)) < 0)
 			return pushed;
+		pc__note_flight(s, q);
 		if (time__now_ms() - last_stats >= SENDER_POLL_MS) {
 			pc__stats(s, q);
 			last_stats = time__now_ms();
 		}
-		if (!due && !served && !pushed)
+		if (!due && !full && !served && !pushed)
 			return 0;
 	}
 }

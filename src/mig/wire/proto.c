@@ -28,6 +28,7 @@ const char *proto__type_name(uint32_t type)
 	case PROTO_RP_RUNNING: return "RP_RUNNING";
 	case PROTO_RESUME:  return "RESUME";
 	case PROTO_RP_BITMAP: return "RP_BITMAP";
+	case PROTO_RP_ACK:  return "RP_ACK";
 	case PROTO_DISK:    return "DISK";
 	case PROTO_PREEMPT: return "PREEMPT";
 	case PROTO_XBZRLE:  return "XBZRLE";
@@ -84,6 +85,7 @@ const char *proto__header_problem(const struct proto_hdr *h)
 		break;
 	case PROTO_SYNC:
 	case PROTO_RP_PING:
+	case PROTO_RP_ACK:
 	case PROTO_SHARED:
 		if (h->length != 8)
 			return "record length must be 8";
@@ -383,6 +385,11 @@ ssize_t proto__encode_rp_ping(void *buf, size_t cap, uint64_t cookie)
 	return proto__encode_u64(buf, cap, PROTO_RP_PING, cookie);
 }
 
+ssize_t proto__encode_rp_ack(void *buf, size_t cap, uint64_t bytes)
+{
+	return proto__encode_u64(buf, cap, PROTO_RP_ACK, bytes);
+}
+
 ssize_t proto__encode_end(void *buf, size_t cap, const uint8_t *hash)
 {
 	uint64_t len = hash ? PROTO_HASH_LEN : 0;
@@ -616,6 +623,11 @@ bool proto__same_session(const uint8_t a[PROTO_SESSION_LEN], const uint8_t b[PRO
 int proto__decode_rp_ping(const void *p, size_t len, uint64_t *cookie, const char **why)
 {
 	return proto__decode_u64(p, len, cookie, why);
+}
+
+int proto__decode_rp_ack(const void *p, size_t len, uint64_t *bytes, const char **why)
+{
+	return proto__decode_u64(p, len, bytes, why);
 }
 
 int proto__decode_discard(const void *payload, size_t len, struct proto_pages *pg,

@@ -69,6 +69,7 @@ enum proto_type {
 	PROTO_RP_REQ  = 0x104,  /* post-copy: u32 block, u32 0, u64 offset of a page wanted */
 	PROTO_RP_RUNNING = 0x105, /* post-copy: the destination's guest runs */
 	PROTO_RP_BITMAP = 0x106, /* post-copy recovery: words of the pages the destination holds */
+	PROTO_RP_ACK  = 0x107,  /* post-copy: u64 bytes of the stream read and applied */
 };
 
 /* Header flag bits.  Each type allows only the bits listed in
@@ -223,6 +224,10 @@ ssize_t proto__encode_empty(void *buf, size_t cap, uint32_t type) KMIG_MUST_CHEC
  * HAS_CHECKSUM), so the destination sums pages from the switch on. */
 ssize_t proto__encode_postcopy(void *buf, size_t cap, bool verify) KMIG_MUST_CHECK;
 ssize_t proto__encode_rp_req(void *buf, size_t cap, uint32_t block, uint64_t offset) KMIG_MUST_CHECK;
+/* RP_ACK: the destination has read and applied the stream's first `bytes`
+ * bytes (counted from the connection's first byte, as both ends count
+ * mig_stream__bytes_out / __consumed); the pace of the push. */
+ssize_t proto__encode_rp_ack(void *buf, size_t cap, uint64_t bytes) KMIG_MUST_CHECK;
 
 /* Post-copy recovery.  RESUME carries START's payload (the source's RAM
  * layout).  RP_BITMAP: u64 first word, u64 bits in the whole bitmap, then
@@ -278,6 +283,8 @@ int proto__decode_error(const void *p, size_t len, struct proto_error *e,
 			const char **why) KMIG_MUST_CHECK;
 int proto__decode_rp_ping(const void *p, size_t len, uint64_t *cookie,
 			  const char **why) KMIG_MUST_CHECK;
+int proto__decode_rp_ack(const void *p, size_t len, uint64_t *bytes,
+			 const char **why) KMIG_MUST_CHECK;
 int proto__decode_discard(const void *p, size_t len, struct proto_pages *pg,
 			  const char **why) KMIG_MUST_CHECK;
 /* The offset is not checked here (the receiver checks it against RAM). */

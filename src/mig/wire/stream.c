@@ -140,6 +140,11 @@ uint64_t mig_stream__bytes_in(struct mig_stream *s)
 	return atomic_load_explicit(&s->bytes_in, memory_order_relaxed);
 }
 
+uint64_t mig_stream__consumed(struct mig_stream *s)
+{
+	return mig_stream__bytes_in(s) - (s->rlen - s->rpos);
+}
+
 void mig_stream__set_read_deadline(struct mig_stream *s, uint64_t deadline_ms)
 {
 	atomic_store(&s->read_deadline_ms, deadline_ms);

@@ -200,6 +200,12 @@ int mig_stream__unsent(struct mig_stream *s, size_t *bytes) KMIG_MUST_CHECK;
 
 uint64_t mig_stream__bytes_out(struct mig_stream *s);
 uint64_t mig_stream__bytes_in(struct mig_stream *s);
+/* Bytes taken out of the stream by its reader so far (bytes_in less what
+ * is read ahead in the stream's buffer): the reader's thread only. */
+uint64_t mig_stream__consumed(struct mig_stream *s);
+/* The connection's smallest round-trip time seen (TCP_INFO), in µs; 0 for
+ * a stream that is not TCP or where the kernel does not say. */
+uint64_t mig_stream__min_rtt_us(struct mig_stream *s);
 
 /* ---- URIs, connect and listen (stream_net.c) ----
  * "tcp:HOST:PORT"  HOST a name, an IPv4 address or "[IPv6]"; empty HOST
