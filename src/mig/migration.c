@@ -590,14 +590,17 @@ json_t *migration__query(struct migration *m)
 		}
 		json_object_set_new(r, "ram", ram);
 		if (st.disk)    /* x-block-migration: QEMU's names, then kmig's own */
-			json_object_set_new(r, "disk", json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+			json_object_set_new(r, "disk", json_pack(
+				"{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 				"transferred", (json_int_t)st.disk_transferred,
 				"remaining", (json_int_t)st.disk_remaining,
 				"total", (json_int_t)st.disk_total,
 				"x-chunk-size", (json_int_t)DISK_OUT_CHUNK,
+				"x-block-size", (json_int_t)DISK_OUT_BLOCK,
 				"x-data-chunks", (json_int_t)st.disk_normal,
+				"x-data-bytes", (json_int_t)st.disk_data_bytes,
 				"x-zero-chunks", (json_int_t)st.disk_duplicate,
-				"x-dirtied-chunks", (json_int_t)st.disk_dirtied));
+				"x-dirtied-blocks", (json_int_t)st.disk_dirtied));
 		if (st.xbzrle)
 			json_object_set_new(r, "xbzrle-cache", migration__xbzrle_json(&st));
 		if (st.snapshot)

@@ -155,7 +155,7 @@ struct mig_stats {
 	 * destination, what came so far (remaining and dirtied stay 0) */
 	bool disk;
 	uint64_t disk_total, disk_transferred, disk_remaining;
-	uint64_t disk_normal, disk_duplicate, disk_dirtied;
+	uint64_t disk_normal, disk_duplicate, disk_dirtied, disk_data_bytes;
 	/* xbzrle (query-migrate's "xbzrle-cache"; struct sender_xbzrle) */
 	bool xbzrle;
 	uint64_t xbzrle_cache_size, xbzrle_pages, xbzrle_bytes, xbzrle_misses;

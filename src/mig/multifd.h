@@ -93,6 +93,9 @@ int multifd_send__sync(struct multifd_send *mf, uint64_t round) KMIG_MUST_CHECK;
 /* Waits until every queue is empty and flushed. */
 int multifd_send__drain(struct multifd_send *mf) KMIG_MUST_CHECK;
 void multifd_send__set_rate(struct multifd_send *mf, uint64_t rate);
+/* Bytes the channels' sockets hold unsent (mig_stream__outq summed; a
+ * worker's batch still in its buffer is not counted: drain first). */
+size_t multifd_send__unsent(struct multifd_send *mf);
 uint64_t multifd_send__bytes(struct multifd_send *mf);
 /* QEMU's dirty-sync-missed-zero-copy: per channel and SYNC, how often the
  * kernel copied zero-copy sends after all (0 without zero_copy). */

@@ -115,18 +115,22 @@ def test_stream_migration(d, vms, check):
     dd = dst.qmp().cmd("query-migrate").get("disk", {})
     check("dst_disk_stats", dd.get("total") == SIZE and dd.get("transferred") ==
           disk.get("transferred") and dd.get("x-data-chunks") == disk.get("x-data-chunks") and
+          dd.get("x-data-bytes") == disk.get("x-data-bytes") and
           dd.get("x-zero-chunks") == disk.get("x-zero-chunks"), "%r / %r" % (dd, disk))
     sent = disk.get("x-data-chunks", 0) + disk.get("x-zero-chunks", 0)
-    # every byte counted: INFO, each chunk's record (header, fields, its
-    # data for DATA), SUM; chunks the guest rewrote go again, so the bytes
-    # may pass the image's size
+    # every byte counted: INFO, each record's (header, fields, its data for
+    # DATA: a run of 4 KiB blocks inside one 64 KiB chunk), SUM; blocks the
+    # guest rewrote go again, so the bytes may pass the image's size
     rec = 16 + 24
-    want = rec + (rec + 8) + disk.get("x-data-chunks", 0) * (rec + CHUNK) + \
+    want = rec + (rec + 8) + disk.get("x-data-chunks", 0) * rec + disk.get("x-data-bytes", 0) + \
         disk.get("x-zero-chunks", 0) * rec
+    check("runs", disk.get("x-chunk-size") == CHUNK and disk.get("x-block-size") == 4096 and
+          disk.get("x-data-bytes", 0) <= disk.get("x-data-chunks", 0) * CHUNK, repr(disk))
     check("disk_stats", disk.get("total") == SIZE and disk.get("remaining") == 0 and
           disk.get("transferred") == want, "%r, want transferred %d" % (disk, want))
     # the guest's 16 MiB is 256 chunks: the holes beyond were never sent
-    check("holes_not_sent", 0 < sent <= 256 + disk.get("x-dirtied-chunks", 0), repr(disk))
+    # (each block the guest dirtied may add one record)
+    check("holes_not_sent", 0 < sent <= 256 + disk.get("x-dirtied-blocks", 0), repr(disk))
     check("garbage_cleared", zero_at(b, (20 << 20, 40 << 20, SIZE - 4096)), b)
     check("marker_gone", not os.path.exists(b + MARK), b + MARK)
     check("disk_goes_on", goes_on(dst, kt.slow(60)), kt.dump(dst))

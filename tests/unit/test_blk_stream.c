@@ -142,50 +142,62 @@ static int guest_write(struct blkfile *f, uint64_t off, void *buf, size_t len)
 	return w.res;
 }
 
-/* The source: the bulk pass takes the chunks with data, not the holes;
- * a guest write through the workers marks its chunks; take reads and
- * tells zero chunks. */
+/* The source: the bulk pass takes the blocks with data, not the holes;
+ * a guest write through the workers marks its blocks; take reads runs of
+ * blocks inside one chunk and tells zero runs. */
 static void t_disk_out(struct t *t)
 {
-	struct blkfile *f = open_img(t, "out.img", IMG + 3 * DISK_OUT_CHUNK / 2, false);
+	const uint64_t B = DISK_OUT_BLOCK, CB = DISK_OUT_CHUNK_BLOCKS;
+	/* one chunk and a half and one sector past IMG: a short last block */
+	struct blkfile *f = open_img(t, "out.img", IMG + 3 * DISK_OUT_CHUNK / 2 + 512, false);
 	uint8_t *data = abuf(DISK_OUT_CHUNK, 0x5a);
 	T_CHECK_EQ(t, blkfile__write_at(f, data, 4096, 2 * DISK_OUT_CHUNK + 4096), 0);
 	T_CHECK_EQ(t, blkfile__flush(f), 0);
 	struct disk_out d;
 	T_CHECK_EQ(t, disk_out__start(&d, f, false), 0);
 	T_CHECK_EQ(t, d.nchunks, IMG / DISK_OUT_CHUNK + 2);
-	/* the one chunk with data (a file system that cannot tell: all) */
+	T_CHECK_EQ(t, d.nblocks, (IMG + 3 * DISK_OUT_CHUNK / 2) / B + 1);
+	/* the one block with data (a file system that cannot tell: all) */
 	size_t first = bitmap__next_set(&d.todo, 0);
-	T_CHECK(t, first == 2 || bitmap__count(&d.todo) == d.nchunks);
-	T_CHECK(t, bitmap__test(&d.todo, 2));
+	T_CHECK(t, first == 2 * CB + 1 || bitmap__count(&d.todo) == d.nblocks);
+	T_CHECK(t, bitmap__test(&d.todo, 2 * CB + 1));
 	T_CHECK_EQ(t, disk_out__dirty_bytes(&d), 0);
-	/* a guest write over chunks 5 and 6 */
+	/* a guest write of 1 KiB over two blocks (and chunks 5 and 6) */
 	T_CHECK_EQ(t, guest_write(f, 6 * DISK_OUT_CHUNK - 512, data, 1024), 0);
-	T_CHECK_EQ(t, disk_out__dirty_bytes(&d), 2 * DISK_OUT_CHUNK);
+	T_CHECK_EQ(t, disk_out__dirty_bytes(&d), 2 * B);
 	uint64_t todo0 = bitmap__count(&d.todo);
 	uint64_t n = disk_out__collect(&d);
 	T_CHECK_EQ(t, n, bitmap__count(&d.todo) - todo0);
-	T_CHECK(t, bitmap__test(&d.todo, 5) && bitmap__test(&d.todo, 6));
+	T_CHECK(t, bitmap__test(&d.todo, 6 * CB - 1) && bitmap__test(&d.todo, 6 * CB));
 	T_CHECK_EQ(t, disk_out__dirty_bytes(&d), 0);
 	T_CHECK_EQ(t, d.dirtied, 2);
-	/* take: chunk 2 reads its data, not zero */
-	uint64_t c = 2, off, len;
+	/* runs: blocks that follow one another, cut at a chunk's end */
+	bitmap__clear_all(&d.todo);
+	bitmap__set_range(&d.todo, 2 * CB, 4);
+	bitmap__set(&d.todo, 2 * CB + 8);
+	bitmap__set_range(&d.todo, 3 * CB - 1, 2);
+	uint64_t c = 0, off, len;
 	bool zero = true;
 	T_CHECK_EQ(t, disk_out__take(&d, &c, &off, &len, &zero), 0);
-	T_CHECK(t, c == 2 && off == 2 * DISK_OUT_CHUNK && len == DISK_OUT_CHUNK && !zero);
-	T_CHECK(t, d.buf[4096] == 0x5a && d.buf[0] == 0 && !bitmap__test(&d.todo, 2));
-	/* a write to a chunk just taken sets it again */
+	T_CHECK(t, c == 2 * CB + 4 && off == 2 * DISK_OUT_CHUNK && len == 4 * B && !zero);
+	T_CHECK(t, d.buf[4096] == 0x5a && d.buf[0] == 0 && !bitmap__test(&d.todo, 2 * CB));
+	T_CHECK_EQ(t, disk_out__take(&d, &c, &off, &len, &zero), 0);
+	T_CHECK(t, c == 2 * CB + 9 && off == (2 * CB + 8) * B && len == B && zero);
+	T_CHECK_EQ(t, disk_out__take(&d, &c, &off, &len, &zero), 0);
+	T_CHECK(t, c == 3 * CB && off == (3 * CB - 1) * B && len == B);
+	T_CHECK_EQ(t, disk_out__take(&d, &c, &off, &len, &zero), 0);
+	T_CHECK(t, c == 3 * CB + 1 && off == 3 * DISK_OUT_CHUNK && len == B);
+	/* a write to a block just taken sets it again */
 	T_CHECK_EQ(t, guest_write(f, 2 * DISK_OUT_CHUNK, data, 512), 0);
 	disk_out__collect(&d);
-	T_CHECK(t, bitmap__test(&d.todo, 2));
-	/* the short last chunk; a chunk of zeros */
-	c = d.nchunks - 1;
+	T_CHECK(t, bitmap__test(&d.todo, 2 * CB));
+	/* the short last block, of zeros */
+	c = d.nblocks - 1;
 	bitmap__set(&d.todo, c);
 	T_CHECK_EQ(t, disk_out__take(&d, &c, &off, &len, &zero), 0);
-	T_CHECK(t, len == DISK_OUT_CHUNK / 2 && zero);
-	c = d.nchunks;
+	T_CHECK(t, len == 512 && zero && c == d.nblocks);
 	T_CHECK_EQ(t, disk_out__take(&d, &c, &off, &len, &zero), -ENOENT);
-	T_CHECK(t, disk_out__pending(&d) > 0);
+	T_CHECK(t, disk_out__pending(&d) == B);
 	/* unhooked: writes are no longer reported */
 	disk_out__stop(&d);
 	T_CHECK_EQ(t, guest_write(f, 0, data, 512), 0);
@@ -268,8 +280,8 @@ static void t_disk_in(struct t *t)
 	free(data);
 }
 
-/* One pass of the source into the destination: every chunk in todo as
- * DATA or ZERO records (skip: the chunk number left out, or -1). */
+/* One pass of the source into the destination: every run in todo as
+ * DATA or ZERO records (skip: the offset of the run left out, or -1). */
 static int pass(struct disk_out *o, struct disk_in *in, long skip)
 {
 	char why[256];
@@ -280,9 +292,8 @@ static int pass(struct disk_out *o, struct disk_in *in, long skip)
 	while ((rc = disk_out__take(o, &c, &off, &len, &zero)) == 0) {
 		struct proto_disk r = { .kind = zero ? PROTO_DISK_ZERO : PROTO_DISK_DATA,
 					.offset = off, .length = len, .data = zero ? NULL : o->buf };
-		if ((long)c != skip && (rc = disk_in__record(in, &r, why, sizeof(why))) != 0)
+		if ((long)off != skip && (rc = disk_in__record(in, &r, why, sizeof(why))) != 0)
 			return rc;
-		c++;
 	}
 	return rc == -ENOENT ? 0 : rc;
 }
@@ -313,7 +324,7 @@ static void t_disk_sum(struct t *t)
 		/* the guest writes across two chunks, then into a hole */
 		T_CHECK_EQ(t, guest_write(f, MIB + DISK_OUT_CHUNK - 1024, data + 5, 2048), 0);
 		T_CHECK_EQ(t, guest_write(f, 3 * MIB, data, 4096), 0);
-		T_CHECK_EQ(t, pass(&o, &in, control ? (long)((3 * MIB) / DISK_OUT_CHUNK) : -1), 0);
+		T_CHECK_EQ(t, pass(&o, &in, control ? (long)(3 * MIB) : -1), 0);
 		uint64_t sum = 0;
 		T_CHECK_EQ(t, disk_out__sum(&o, &sum), 0);
 		uint8_t le[8];

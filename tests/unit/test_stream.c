@@ -628,8 +628,12 @@ static void t_unsent(struct t *t)
 	T_CHECK_EQ(t, mig_stream__write(&a, buf, 100), 0);   /* buffered */
 	T_CHECK_EQ(t, mig_stream__unsent(&a, &left), 0);
 	T_CHECK_EQ(t, left, 100);
+	T_CHECK_EQ(t, mig_stream__outq(&a, &left), 0);       /* the socket alone */
+	T_CHECK_EQ(t, left, 0);
 	T_CHECK_EQ(t, mig_stream__flush(&a), 0);             /* in the socket, unread */
 	T_CHECK_EQ(t, mig_stream__unsent(&a, &left), 0);
+	T_CHECK(t, left >= 100);
+	T_CHECK_EQ(t, mig_stream__outq(&a, &left), 0);
 	T_CHECK(t, left >= 100);
 	T_CHECK_EQ(t, mig_stream__read_full(&b, buf, 100), 0);
 	T_CHECK_EQ(t, mig_stream__unsent(&a, &left), 0);
@@ -640,6 +644,7 @@ static void t_unsent(struct t *t)
 	T_CHECK_EQ(t, pipe(fds), 0);
 	T_CHECK_EQ(t, mig_stream__init(&p, fds[1]), 0);
 	T_CHECK_EQ(t, mig_stream__unsent(&p, &left), -ENOTSOCK);
+	T_CHECK_EQ(t, mig_stream__outq(&p, &left), -ENOTSOCK);
 	mig_stream__close(&p);
 	close(fds[0]);
 }

@@ -95,12 +95,13 @@ static int disk_in__check_sum(struct disk_in *d, const struct proto_disk *r, cha
 }
 
 void disk_in__stats(const struct disk_in *d, uint64_t *total, uint64_t *transferred,
-		    uint64_t *data_chunks, uint64_t *zero_chunks)
+		    uint64_t *data_chunks, uint64_t *zero_chunks, uint64_t *data_bytes)
 {
 	*total = d->started ? blkfile__size(d->file) : 0;
 	*transferred = d->wire_bytes;
 	*data_chunks = d->data_chunks;
 	*zero_chunks = d->zero_chunks;
+	*data_bytes = d->data_bytes;
 }
 
 /* The image is written through the page cache, and the kernel would

@@ -48,7 +48,7 @@ int disk_in__record(struct disk_in *d, const struct proto_disk *r, char *why,
 		    size_t whylen) KMIG_MUST_CHECK;
 /* query-migrate's "disk" on this side: the image's size and what came. */
 void disk_in__stats(const struct disk_in *d, uint64_t *total, uint64_t *transferred,
-		    uint64_t *data_chunks, uint64_t *zero_chunks);
+		    uint64_t *data_chunks, uint64_t *zero_chunks, uint64_t *data_bytes);
 /* After the last record, the guest this VM's: flush, then no marker.  0
  * without INFO. */
 int disk_in__complete(struct disk_in *d, char *why, size_t whylen) KMIG_MUST_CHECK;

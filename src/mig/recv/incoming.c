@@ -285,7 +285,7 @@ static int incoming__on_disk(void *ctx, const struct proto_disk *d)
 	pthread_mutex_lock(&in->m->lock);      /* query-migrate's "disk" here */
 	st->disk = in->disk.started;
 	disk_in__stats(&in->disk, &st->disk_total, &st->disk_transferred, &st->disk_normal,
-		       &st->disk_duplicate);
+		       &st->disk_duplicate, &st->disk_data_bytes);
 	pthread_mutex_unlock(&in->m->lock);
 	return rc ? mig_recv__fail(&in->recv, rc, "%s", why) : 0;
 }

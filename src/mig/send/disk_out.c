@@ -16,6 +16,7 @@ static void disk_out__on_write(void *ctx, uint64_t off, uint64_t len, enum blkfi
 	if (!len || off >= d->size)
 		return;
 	uint64_t last = (off + len - 1) / DISK_OUT_CHUNK;
+	uint64_t end = off + len < d->size ? off + len : d->size;
 	if (d->sum_on) {
 		pthread_mutex_lock(&d->lock);
 		for (uint64_t c = off / DISK_OUT_CHUNK; c <= last && c < d->nchunks; c++)
@@ -27,8 +28,8 @@ static void disk_out__on_write(void *ctx, uint64_t off, uint64_t len, enum blkfi
 			disksum__set(&d->sum, first, n, what == BLKFILE_CHANGED_DATA ? iov : NULL, niov);
 		pthread_mutex_unlock(&d->lock);
 	}
-	for (uint64_t c = off / DISK_OUT_CHUNK; c <= last && c < d->nchunks; c++)
-		bitmap__set(&d->dirty, c);
+	for (uint64_t b = off / DISK_OUT_BLOCK; b * DISK_OUT_BLOCK < end; b++)
+		bitmap__set(&d->dirty, b);
 }
 
 /* The digests of [from, to), a hole, unless a write told them first. */
@@ -50,8 +51,8 @@ static int disk_out__scan(struct disk_out *d)
 	uint64_t off = 0, start, end;
 	int rc;
 	while ((rc = blkfile__next_data(d->file, off, &start, &end)) == 0) {
-		uint64_t first = start / DISK_OUT_CHUNK;
-		uint64_t last = (end - 1) / DISK_OUT_CHUNK;
+		uint64_t first = start / DISK_OUT_BLOCK;
+		uint64_t last = (end - 1) / DISK_OUT_BLOCK;
 		bitmap__set_range(&d->todo, first, last - first + 1);
 		disk_out__hole(d, off, start / SECTOR * SECTOR);
 		off = end;
@@ -68,9 +69,10 @@ int disk_out__start(struct disk_out *d, struct blkfile *f, bool sum)
 	d->file = f;
 	d->size = blkfile__size(f);
 	d->nchunks = (d->size + DISK_OUT_CHUNK - 1) / DISK_OUT_CHUNK;
-	int rc = bitmap__init(&d->dirty, d->nchunks);
+	d->nblocks = (d->size + DISK_OUT_BLOCK - 1) / DISK_OUT_BLOCK;
+	int rc = bitmap__init(&d->dirty, d->nblocks);
 	if (!rc)
-		rc = bitmap__init(&d->todo, d->nchunks);
+		rc = bitmap__init(&d->todo, d->nblocks);
 	if (!rc && sum) {
 		d->sum_on = true;
 		rc = disksum__init(&d->sum, d->size / SECTOR, false);
@@ -111,7 +113,7 @@ void disk_out__stop(struct disk_out *d)
 uint64_t disk_out__collect(struct disk_out *d)
 {
 	uint64_t n = 0;
-	for (size_t i = 0; i < BITMAP_WORDS(d->nchunks); i++) {
+	for (size_t i = 0; i < BITMAP_WORDS(d->nblocks); i++) {
 		uint64_t w = __atomic_exchange_n(&d->dirty.words[i], 0, __ATOMIC_ACQ_REL);
 		n += (uint64_t)__builtin_popcountll(w & ~d->todo.words[i]);
 		d->todo.words[i] |= w;
@@ -120,16 +122,16 @@ uint64_t disk_out__collect(struct disk_out *d)
 	return n;
 }
 
-static uint64_t disk_out__bytes(const struct disk_out *d, uint64_t chunks)
+static uint64_t disk_out__bytes(const struct disk_out *d, uint64_t blocks)
 {
-	uint64_t b = chunks * DISK_OUT_CHUNK;
+	uint64_t b = blocks * DISK_OUT_BLOCK;
 	return b < d->size ? b : d->size;
 }
 
 uint64_t disk_out__pending(const struct disk_out *d)
 {
 	uint64_t n = 0;
-	for (size_t i = 0; i < BITMAP_WORDS(d->nchunks); i++)
+	for (size_t i = 0; i < BITMAP_WORDS(d->nblocks); i++)
 		n += (uint64_t)__builtin_popcountll(
 			__atomic_load_n(&d->dirty.words[i], __ATOMIC_RELAXED) | d->todo.words[i]);
 	return disk_out__bytes(d, n);
@@ -149,16 +151,27 @@ static bool disk_out__is_zero(const uint8_t *p, uint64_t len)
 	return true;
 }
 
-int disk_out__take(struct disk_out *d, uint64_t *chunk, uint64_t *off, uint64_t *len,
+/* The blocks of todo from b on that follow one another inside b's chunk,
+ * cleared: how many. */
+static uint64_t disk_out__run(struct disk_out *d, uint64_t b)
+{
+	uint64_t end = (b / DISK_OUT_CHUNK_BLOCKS + 1) * DISK_OUT_CHUNK_BLOCKS, n = 0;
+	end = end < d->nblocks ? end : d->nblocks;
+	while (b + n < end && bitmap__test(&d->todo, b + n))
+		bitmap__clear_bit(&d->todo, b + n++);
+	return n;
+}
+
+int disk_out__take(struct disk_out *d, uint64_t *block, uint64_t *off, uint64_t *len,
 		   bool *zero)
 {
-	size_t c = bitmap__next_set(&d->todo, *chunk);
-	if (c >= d->nchunks)
+	size_t b = bitmap__next_set(&d->todo, *block);
+	if (b >= d->nblocks)
 		return -ENOENT;
-	bitmap__clear_bit(&d->todo, c);
-	*chunk = c;
-	*off = (uint64_t)c * DISK_OUT_CHUNK;
-	*len = d->size - *off < DISK_OUT_CHUNK ? d->size - *off : DISK_OUT_CHUNK;
+	uint64_t n = disk_out__run(d, b), c = b / DISK_OUT_CHUNK_BLOCKS;
+	*block = b + n;
+	*off = (uint64_t)b * DISK_OUT_BLOCK;
+	*len = d->size - *off < n * DISK_OUT_BLOCK ? d->size - *off : n * DISK_OUT_BLOCK;
 	uint32_t g0 = 0;
 	if (d->sum_on) {
 		pthread_mutex_lock(&d->lock);
@@ -167,7 +180,7 @@ int disk_out__take(struct disk_out *d, uint64_t *chunk, uint64_t *off, uint64_t 
 	}
 	int rc = blkfile__read_at(d->file, d->buf, (size_t)*len, *off);
 	if (rc) {
-		bitmap__set(&d->todo, c);   /* not sent: still to send */
+		bitmap__set_range(&d->todo, b, n);   /* not sent: still to send */
 		return rc;
 	}
 	*zero = disk_out__is_zero(d->buf, *len);

@@ -271,6 +271,15 @@ int multifd_send__drain(struct multifd_send *mf)
 	return atomic_load(&mf->err);
 }
 
+size_t multifd_send__unsent(struct multifd_send *mf)
+{
+	size_t sum = 0, q;
+	for (unsigned i = 0; i < mf->n; i++)
+		if (mf->chan[i].open && !mig_stream__outq(&mf->chan[i].stream, &q))
+			sum += q;
+	return sum;
+}
+
 void multifd_send__set_rate(struct multifd_send *mf, uint64_t rate)
 {
 	for (unsigned i = 0; i < mf->n; i++)

@@ -420,21 +420,37 @@ static int sender__fault_extra(struct sender *s)
  * MB, 25-32 ms at 125 MB/s, in every disk-in-the-stream switchover).
  * Flushed, then waited on until at most SWITCHOVER_BACKLOG_LOW bytes are
  * unsent, for at most SWITCHOVER_BACKLOG_WAIT_NS (a stalled peer), or a
- * cancel.  What the guest dirties meanwhile is found by the last sync. */
+ * cancel.  What the guest dirties meanwhile is found by the last sync.
+ * With multifd the channels' sockets count too (their queues are empty:
+ * every pass waits for them, sender__end_pass), SWITCHOVER_BACKLOG_LOW
+ * each. */
 #define SWITCHOVER_BACKLOG_LOW      (64u << 10)
 #define SWITCHOVER_BACKLOG_WAIT_NS  500000000ull
 #define SWITCHOVER_BACKLOG_POLL_NS  1000000ull
 
+/* The main stream's unsent bytes and the channels'; false if the main
+ * stream is not a socket. */
+static bool sender__unsent(struct sender *s, size_t *left)
+{
+	if (mig_stream__unsent(s->stream, left))
+		return false;
+	if (s->mf && !s->mf_quiet)
+		*left += multifd_send__unsent(s->mf);
+	return true;
+}
+
 static void sender__drain_backlog(struct sender *s)
 {
-	size_t left = 0;
-	if (mig_stream__unsent(s->stream, &left) || left <= SWITCHOVER_BACKLOG_LOW)
+	size_t left = 0, low = SWITCHOVER_BACKLOG_LOW;
+	if (s->mf && !s->mf_quiet)
+		low *= 1 + s->mf->n;
+	if (!sender__unsent(s, &left) || left <= low)
 		return;
 	if (mig_stream__flush(s->stream))
 		return;                       /* the stream failed: said there */
 	uint64_t t0 = time__now_ns(), start = left;
 	while (!atomic_load(&s->m->cancel) && time__now_ns() - t0 < SWITCHOVER_BACKLOG_WAIT_NS &&
-	       !mig_stream__unsent(s->stream, &left) && left > SWITCHOVER_BACKLOG_LOW)
+	       sender__unsent(s, &left) && left > low)
 		time__sleep_ns(SWITCHOVER_BACKLOG_POLL_NS);
 	log_debug("switchover: %zu bytes unsent, %zu after %llu us with the guest running",
 		  start, left, (unsigned long long)((time__now_ns() - t0) / 1000));

@@ -70,10 +70,12 @@ static int sender__disk_chunk(struct sender *s, uint64_t off, uint64_t len, bool
 	if (rc)
 		return rc;
 	s->disk_bytes += (uint64_t)n + (zero ? 0 : len);
-	if (zero)
+	if (zero) {
 		s->disk_zero++;
-	else
+	} else {
 		s->disk_data++;
+		s->disk_data_bytes += len;
+	}
 	return 0;
 }
 
@@ -88,10 +90,10 @@ int sender__disk_pass(struct sender *s)
 	if (!s->disk_on)
 		return 0;
 	disk_out__collect(&s->disk);
-	uint64_t chunk = 0, off, len, n = 0;
+	uint64_t block = 0, off, len, n = 0;
 	bool zero = false;
 	int rc;
-	while ((rc = disk_out__take(&s->disk, &chunk, &off, &len, &zero)) == 0) {
+	while ((rc = disk_out__take(&s->disk, &block, &off, &len, &zero)) == 0) {
 		/* the fault leaves out a chunk with data: one the guest zeroed may
 		 * be zero at the destination too, and its loss would show nowhere */
 		bool skip = !zero && mig_fault__skip_disk(&s->fault, !s->bulk_done, s->paused);
@@ -99,7 +101,6 @@ int sender__disk_pass(struct sender *s)
 			return rc;
 		if ((rc = sender__disk_poll(s, ++n)) != 0)
 			return rc;
-		chunk++;
 	}
 	if (rc != -ENOENT) {
 		migration__set_error(s->m, "x-block-migration: reading image %s failed: %s",

@@ -124,7 +124,8 @@ struct sender {
 	/* x-block-migration: the disk in the stream (disk_out.h) */
 	bool disk_on;
 	struct disk_out disk;
-	uint64_t disk_data, disk_zero;  /* chunks sent as DATA, as ZERO */
+	uint64_t disk_data, disk_zero;  /* records (runs of blocks) sent as DATA, as ZERO */
+	uint64_t disk_data_bytes;       /* the DATA records' data */
 	uint64_t disk_bytes;            /* bytes of DISK records */
 	struct sender_xbzrle xb;
 };

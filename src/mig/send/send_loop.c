@@ -51,6 +51,7 @@ void sender__update_stats(struct sender *s)
 		st->disk_normal = s->disk_data;
 		st->disk_duplicate = s->disk_zero;
 		st->disk_dirtied = s->disk.dirtied;
+		st->disk_data_bytes = s->disk_data_bytes;
 	}
 	if (m->status == MIG_SETUP || m->status == MIG_ACTIVE)
 		st->precopy_bytes = st->transferred;

@@ -168,15 +168,23 @@ int mig_stream__set_nodelay(struct mig_stream *s, bool on)
 	return errno == EOPNOTSUPP || errno == ENOPROTOOPT ? 0 : -errno;
 }
 
-int mig_stream__unsent(struct mig_stream *s, size_t *bytes)
+int mig_stream__outq(struct mig_stream *s, size_t *bytes)
 {
 	int q = 0;
 	if (!s->is_socket)
 		return -ENOTSOCK;
 	if (ioctl(s->fd, SIOCOUTQ, &q) < 0)
 		return -errno;
-	*bytes = s->wlen + (q > 0 ? (size_t)q : 0);
+	*bytes = q > 0 ? (size_t)q : 0;
 	return 0;
+}
+
+int mig_stream__unsent(struct mig_stream *s, size_t *bytes)
+{
+	int rc = mig_stream__outq(s, bytes);
+	if (!rc)
+		*bytes += s->wlen;
+	return rc;
 }
 
 /* Rate limiter: a virtual clock (s->rate_clock_ns) says when the bytes

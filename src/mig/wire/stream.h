@@ -197,6 +197,9 @@ int mig_stream__set_nodelay(struct mig_stream *s, bool on) KMIG_MUST_CHECK;
 /* Bytes written but not yet sent: the stream's buffer and the socket's
  * send queue (SIOCOUTQ).  0, or -ENOTSOCK (not a socket), -errno. */
 int mig_stream__unsent(struct mig_stream *s, size_t *bytes) KMIG_MUST_CHECK;
+/* The socket's send queue alone: safe from a thread other than the
+ * writer's (the stream's buffer is not looked at).  As unsent. */
+int mig_stream__outq(struct mig_stream *s, size_t *bytes) KMIG_MUST_CHECK;
 
 uint64_t mig_stream__bytes_out(struct mig_stream *s);
 uint64_t mig_stream__bytes_in(struct mig_stream *s);
