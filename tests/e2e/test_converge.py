@@ -502,6 +502,13 @@ def test_dirty_limit(d, vms, check):
     check("quota_seen", any(s["also"] and all(x.get("limit-rate") == VCPU_DIRTY_LIMIT
                                               for x in s["also"]) for s in active),
           "query-vcpu-dirty-limit while active: %r" % [s["also"] for s in active])
+    # the limit's first step acts on the rate each vCPU dirtied before it
+    # (a stress guest's, never 0); a rate forgotten at its start reads 0
+    # until a period closes and leaves the vCPUs unlimited meanwhile
+    first = next((s["also"] for s in active if s["also"]), None)
+    check("limit_starts_from_rate", first is not None
+          and all((x.get("current-rate") or 0) > 0 for x in first),
+          "first query-vcpu-dirty-limit under the limit: %r" % (first,))
     check("quota_removed", r.get("status") != "completed"
           or q.cmd("query-vcpu-dirty-limit") == [], repr(q.cmd("query-vcpu-dirty-limit")))
     check("no_cpu_throttle", all(s.get("cpu-throttle-percentage", 0) == 0 for s in seen),
