@@ -42,7 +42,8 @@ static inline void bitmap__clear_bit(struct bitmap *b, size_t i)
 
 void bitmap__set_all(struct bitmap *b);
 void bitmap__clear_all(struct bitmap *b);
-/* Sets/clears bits [start, start + n); bounds are clipped to nbits. */
+/* Sets/clears bits [start, start + n); bounds are clipped to nbits.  Each
+ * word is changed atomically, so several threads may set ranges at once. */
 void bitmap__set_range(struct bitmap *b, size_t start, size_t n);
 void bitmap__clear_range(struct bitmap *b, size_t start, size_t n);
 size_t bitmap__count(const struct bitmap *b);

@@ -28,8 +28,10 @@ static void disk_out__on_write(void *ctx, uint64_t off, uint64_t len, enum blkfi
 			disksum__set(&d->sum, first, n, what == BLKFILE_CHANGED_DATA ? iov : NULL, niov);
 		pthread_mutex_unlock(&d->lock);
 	}
-	for (uint64_t b = off / DISK_OUT_BLOCK; b * DISK_OUT_BLOCK < end; b++)
-		bitmap__set(&d->dirty, b);
+	/* one atomic OR per word of the map, not per block: a discard of a
+	 * large range costs its words, on the backend's worker */
+	uint64_t first = off / DISK_OUT_BLOCK;
+	bitmap__set_range(&d->dirty, first, (end - 1) / DISK_OUT_BLOCK - first + 1);
 }
 
 /* The digests of [from, to), a hole, unless a write told them first. */
