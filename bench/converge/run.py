@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -83,6 +84,10 @@ CONFIGS = {
     # of each page
     "kmig-ring4096+xbzrle": ("kmig", 4096, "xbzrle"),
     "qemu-ring4096+xbzrle": ("qemu", 4096, "xbzrle"),
+    # `kmig migrate` with no policy option, as a user runs it: its default
+    # policy (docs/usage.md) chosen by the command from the source's backend
+    "kmig-ring4096+default": ("kmig", 4096, "default"),
+    "kmig-bitmap+default": ("kmig", 0, "default"),
 }
 # seed 000's five ideas (docs/policies.md): all on, all off, each off alone
 # (bench/seed000 runs them against QEMU's auto-converge)
@@ -111,6 +116,9 @@ POLICY_TEXT = {
     "dirty-limit": "capability dirty-limit (vcpu-dirty-limit, x-vcpu-dirty-limit-period), "
                    "x-final-round on",
     "ac": "auto-converge (QEMU 7.2, default cpu-throttle parameters)",
+    "default": "`kmig migrate --bandwidth MB --downtime MS --json URI` with no policy "
+               "option: the command's default policy (dirty-limit on the ring, the computed "
+               "throttle on the bitmap), the choice read from its x-kmig-migrate",
     "postcopy": "postcopy-ram on both sides, migrate-start-postcopy once the bulk pass is "
                 "over (dirty-sync-count 1 in kmig, 2 in QEMU, which counts its setup sync), "
                 "max-postcopy-bandwidth = max-bandwidth, no auto-converge",
@@ -258,6 +266,51 @@ def in_ns(net, side, args):
     return ["ip", "netns", "exec", net[side]] + args if net else args
 
 
+def cli_migrate(env, src, uri, a, net):
+    """`kmig migrate` with no policy option, started on the source's side."""
+    args = [env["kmig"], "migrate", "--qmp", "unix:" + src.qmp_path,
+            "--bandwidth", str(a.bandwidth // 1000000), "--downtime", str(a.downtime),
+            "--json", uri]
+    return subprocess.Popen(in_ns(net, "a", args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_cli_started(q, cli):
+    """Until the command has issued `migrate` (or has exited)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and cli.poll() is None:
+        if q.cmd("query-migrate").get("status") not in (None, "none"):
+            return
+        time.sleep(0.01)
+
+
+def cli_result(q, cli, res, last):
+    """The command's exit, its choice and what query-migrate saw at the end:
+    a migration still running at the cap is cancelled by the caller (the
+    command then ends with it)."""
+    if last.get("status") not in kt.MIG_FINAL:
+        q.cmd("migrate_cancel")
+    try:
+        out, err = cli.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        cli.kill()
+        out, err = cli.communicate()
+    res["cli_rc"], res["cli_stderr"] = cli.returncode, err[-400:]
+    try:
+        choice = json.loads(out).get("x-kmig-migrate") or {}
+    except ValueError:
+        choice = {}
+    res["cli_choice"] = choice
+    if choice.get("policy") == "dirty-limit":
+        res["vcpu_dirty_limit_mbps"] = choice.get("vcpu-dirty-limit")
+    res["params"] = {k: v for k, v in q.cmd("query-migrate-parameters").items()
+                     if k in ("max-bandwidth", "downtime-limit", "vcpu-dirty-limit",
+                              "x-cpu-throttle-policy", "x-final-round")}
+    res["capabilities"] = {c["capability"]: c["state"]
+                           for c in q.cmd("query-migrate-capabilities")
+                           if c["capability"] in ("auto-converge", "dirty-limit")}
+
+
 def one_case(env, d, size, cfg, rep, a):
     vmm, ring, policy = CONFIGS[cfg]
     cmdline = "workload=stress cpus=%d mb=%d report_ms=%d" % (a.cpus, size, REPORT_MS)
@@ -332,17 +385,24 @@ def one_case(env, d, size, cfg, rep, a):
                 params.update(seed["params"])
                 if a.final_round != "policy":
                     params["x-final-round"] = a.final_round == "on"
-        q.cmd("migrate-set-parameters", **params)
-        q.cmd("migrate-set-capabilities",
-              capabilities=[{"capability": k, "state": v} for k, v in caps.items()])
-        res["params"], res["capabilities"] = params, caps
-        res["vcpu_dirty_limit_mbps"] = quota
-        t_start = time.monotonic()
-        if policy == "vcpu-limit":
-            q.cmd("set-vcpu-dirty-limit", **{"dirty-rate": quota})
-            res["limit_set_before_migrate_s"] = time.monotonic() - t_start
-        t_mig = time.monotonic()
-        q.cmd("migrate", uri=uri)
+        cli = None
+        if policy == "default":
+            # the command sets the link, the limit and its policy itself
+            cli = cli_migrate(env, src, uri, a, net)
+            t_start = t_mig = time.monotonic()
+            wait_cli_started(q, cli)
+        else:
+            q.cmd("migrate-set-parameters", **params)
+            q.cmd("migrate-set-capabilities",
+                  capabilities=[{"capability": k, "state": v} for k, v in caps.items()])
+            res["params"], res["capabilities"] = params, caps
+            res["vcpu_dirty_limit_mbps"] = quota
+            t_start = time.monotonic()
+            if policy == "vcpu-limit":
+                q.cmd("set-vcpu-dirty-limit", **{"dirty-rate": quota})
+                res["limit_set_before_migrate_s"] = time.monotonic() - t_start
+            t_mig = time.monotonic()
+            q.cmd("migrate", uri=uri)
         last, max_thr, samples = None, 0, 0
         max_limit_sleep, limit_rates, timeline = 0, [], []
         pc_asked = False
@@ -370,7 +430,7 @@ def one_case(env, d, size, cfg, rep, a):
             max_thr = max(max_thr, r.get("cpu-throttle-percentage", 0) or 0)
             max_limit_sleep = max(max_limit_sleep,
                                   r.get("dirty-limit-throttle-time-per-round", 0) or 0)
-            if quota is not None and r.get("status") not in kt.MIG_FINAL:
+            if (quota is not None or cli) and r.get("status") not in kt.MIG_FINAL:
                 try:
                     lim = q.cmd("query-vcpu-dirty-limit")
                     limit_rates.append([round(time.monotonic() - t_start, 2)] +
@@ -380,9 +440,14 @@ def one_case(env, d, size, cfg, rep, a):
             last = r
             if r.get("status") in kt.MIG_FINAL or time.monotonic() - t_mig > a.cap:
                 break
+            if cli and cli.poll() is not None and r.get("status") in (None, "none"):
+                break   # the command ended without starting a migration
             mb.poll_consoles((src, dst), a.poll)
         t_end = time.monotonic()
         res["wall_s"] = t_end - t_mig
+        if cli:
+            cli_result(q, cli, res, last)
+            quota = res.get("vcpu_dirty_limit_mbps")
         res["max_throttle_pct"] = max_thr
         res["polls"] = samples
         res["timeline"] = timeline
@@ -473,7 +538,10 @@ def summarize(runs, cap):
         s = {"stress_mib": k[0], "config": k[1], "vmm": r0["vmm"], "tracking": r0["tracking"],
              "dirty_ring": r0["dirty_ring"], "policy": r0["policy"], "reaper": r0.get("reaper"),
              "runs": len(rs), "completed": len(conv), "statuses": [r.get("status") for r in rs],
-             "vcpu_dirty_limit_mbps": r0.get("vcpu_dirty_limit_mbps")}
+             "vcpu_dirty_limit_mbps": r0.get("vcpu_dirty_limit_mbps"),
+             # the default rows: what `kmig migrate` chose, as it said in each run
+             "cli_policies": sorted(set((r.get("cli_choice") or {}).get("policy") or "?"
+                                        for r in rs)) if r0["policy"] == "default" else None}
         use = conv if conv else [r for r in rs if r.get("status") != "error"]
         for f in ("total_time_ms", "downtime_ms", "sent_bytes", "dirty_sync_count",
                   "max_throttle_pct", "wall_s", "max_dirty_limit_sleep_us_per_round",
@@ -624,6 +692,13 @@ def status_text(s, cap):
 
 
 def throttle_text(s):
+    if s["policy"] == "default":
+        chose = "/".join(s["cli_policies"] or ["?"])
+        if s["vcpu_dirty_limit_mbps"]:
+            return "%s: limit %s MB/s (rate %s)" % (
+                chose, fmt(s["vcpu_dirty_limit_mbps"], "%d"),
+                fmt(s["median_limited_vcpu_rate_mbps"], "%.0f"))
+        return "%s: %s" % (chose, fmt(s["median_max_throttle_pct"], "%d%%"))
     if s["policy"] in ("dirty-limit", "vcpu-limit"):
         t = "limit %s MB/s" % fmt(s["vcpu_dirty_limit_mbps"], "%d")
         if s["median_limited_vcpu_rate_mbps"] is not None:
@@ -650,7 +725,8 @@ def tables(summary, heads, info, a, cfg):
     for size in sorted(set(s["stress_mib"] for s in summary)):
         rows = [s for s in summary if s["stress_mib"] == size]
         rows.sort(key=lambda s: (s["vmm"] != "kmig", s["dirty_ring"],
-                                 (["step", "computed", "dirty-limit", "ac", "vcpu-limit",
+                                 (["default", "step", "computed", "dirty-limit", "ac",
+                                   "vcpu-limit",
                                    "postcopy", "postcopy-preempt", "postcopy-start", "hybrid",
                                    "xbzrle"]
                                   + list(SEED_OFF))
