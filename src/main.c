@@ -53,7 +53,7 @@ static void usage(FILE *f)
 		"                          [,werror=ACTION][,rerror=ACTION]]\n"
 		"                [--incoming tcp:HOST:PORT|unix:PATH|exec:CMD|file:PATH|fd:N|defer]\n"
 		"                [--object memory-backend-file,id=ID,size=SIZE,mem-path=PATH,share=on\n"
-		"                 --machine memory-backend=ID]\n"
+		"                 --machine memory-backend=ID] [--mem-prealloc]\n"
 		"                [--object tls-creds-psk,id=ID,dir=DIR[,username=NAME]]\n"
 		"                [--object tls-creds-x509,id=ID,dir=DIR[,verify-peer=on|off]]\n"
 		"                [--object authz-simple,id=ID,identity=NAME]\n"
@@ -128,6 +128,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		{ "netdev", required_argument, 0, 'N' }, { "device", required_argument, 0, 'D' },
 		{ "blockdev", required_argument, 0, 'b' }, { "drive", required_argument, 0, 'd' },
 		{ "machine", required_argument, 0, 'M' },
+		{ "mem-prealloc", no_argument, 0, 'P' },
 		{ "uuid", required_argument, 0, 'U' }, { "name", required_argument, 0, 'E' },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
@@ -231,6 +232,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 				die("%s", err);
 			break;
 		case 'S': o->paused = true; break;
+		case 'P': o->vm.mem_prealloc = true; break;
 		case 'T': o->tls_creds = optarg; break;
 		case 'A': o->tls_authz = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;

@@ -222,10 +222,17 @@ static int vm__create_ram(struct vm *vm, char *err, size_t errlen)
 		fd = vm->memfile->fd;
 	}
 	rc = ram__create_shared(&vm->ram, vm->vm_fd, cfg->mem_size, fd);
-	if (rc)
+	if (rc) {
 		snprintf(err, errlen, "cannot map %llu MiB of guest RAM%s%s: %s",
 			 (unsigned long long)(cfg->mem_size >> 20), fd >= 0 ? " from " : "",
 			 fd >= 0 ? cfg->mem_path : "", strerror(-rc));
+		return rc;
+	}
+	rc = cfg->mem_prealloc ? ram__prealloc(&vm->ram) : 0;
+	if (rc)
+		snprintf(err, errlen, "--mem-prealloc: cannot map all %llu MiB of guest RAM: %s%s",
+			 (unsigned long long)(cfg->mem_size >> 20), strerror(-rc),
+			 rc == -EINVAL ? " (needs Linux 5.14's MADV_POPULATE_WRITE)" : "");
 	return rc;
 }
 

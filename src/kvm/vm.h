@@ -65,6 +65,7 @@ struct vm_config {
 				  * KVM has the acquire/release ring, else the bitmap
 				  * (vm__create sets the one it chose) */
 	bool incoming;           /* do not load a kernel: RAM and state arrive by migration */
+	bool mem_prealloc;       /* --mem-prealloc: every page of RAM mapped at start */
 	bool reaper_fixed;       /* ring reaper every 1 s (QEMU's way) instead of adaptive */
 	bool balloon;            /* PCI bus with a virtio-balloon (kvm/vm_balloon.h) */
 	bool balloon_no_hint;    /* ... that does not offer free page hinting */

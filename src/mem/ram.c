@@ -49,6 +49,15 @@ static void *ram__map_aligned(uint64_t size, int fd)
 	return p + head;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+int ram__prealloc(const struct ram *r)
+{
+	return madvise(r->base, r->size, MADV_POPULATE_WRITE) ? -errno : 0;
+}
+
 int ram__create(struct ram *r, int vm_fd, uint64_t size)
 {
 	return ram__create_shared(r, vm_fd, size, -1);

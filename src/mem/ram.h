@@ -60,6 +60,11 @@ void ram__destroy(struct ram *r);
  * it reads as zero afterwards.  Anonymous memory is dropped
  * (MADV_DONTNEED), a shared file's range punched (MADV_REMOVE). */
 int ram__discard(const struct ram *r, void *host, uint64_t len) KMIG_MUST_CHECK;
+/* Maps every page of guest RAM now, writable (MADV_POPULATE_WRITE, Linux
+ * 5.14), without changing what it holds: the first touch of each page is
+ * paid here, not by the guest or an incoming migration (QEMU's
+ * -mem-prealloc).  -EINVAL where the kernel lacks it, -ENOMEM, ... */
+int ram__prealloc(const struct ram *r) KMIG_MUST_CHECK;
 
 /* Host pointer for [gpa, gpa + len) if it lies inside one block, else NULL. */
 void *ram__gpa_to_host(const struct ram *r, uint64_t gpa, uint64_t len);

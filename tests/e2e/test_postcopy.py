@@ -25,9 +25,13 @@ default) except where a test needs it slow.
                 guest that rewrites only 4 MiB, a set the downtime limit
                 (5 s) carries at any throughput above 1 MB/s, stays in
                 pre-copy;
-  during_bulk   switch while the bulk pass is half-way: most of RAM is
-                still at the source when the guest starts at the
-                destination;
+  during_bulk[plain|prealloc]  switch while the bulk pass is half-way:
+                most of RAM is still at the source when the guest starts
+                at the destination; prealloc: the destination started with
+                --mem-prealloc (all its RAM mapped before the migration, as
+                its resident size shows), so every page it has not received
+                must be dropped again before the switch, or the guest would
+                read zeros where its pages are;
   balloon       a guest with a virtio-balloon (free page hints, 64 MiB
                 ballooned) that reuses freed memory: the pages the bulk
                 pass skipped are asked for when touched on the
@@ -303,12 +307,26 @@ def test_hybrid(d, vms, check, mode, backend):
     check_dst_runs(check, src, dst)
 
 
-def test_during_bulk(d, vms, check):
+def rss_kib(vm):
+    """The VM process's resident anonymous and shared memory, KiB."""
+    with open("/proc/%d/status" % vm.proc.pid) as f:
+        v = dict(line.split(":", 1) for line in f if ":" in line)
+    return sum(int(v.get(k, "0 kB").split()[0]) for k in ("RssAnon", "RssShmem"))
+
+
+@pytest.mark.parametrize("prealloc", [False, True], ids=["plain", "prealloc"])
+def test_during_bulk(d, vms, check, prealloc):
     uri = tcp_uri()
-    src, dst = pair(d, vms, VERIFY % (128, 1), uri, RING)
+    src, dst = pair(d, vms, VERIFY % (128, 1), uri, RING,
+                    dst_extra=["--mem-prealloc"] if prealloc else [])
     if not check("boot", booted(src, 1), dump(src)):
         return
-    q = start(src, dst, uri)
+    if prealloc:
+        # the destination's 512 MiB mapped before anything arrived
+        kt.wait_incoming(dst)
+        check("prealloc_resident", rss_kib(dst) >= 500 << 10,
+              "destination resident %d KiB" % rss_kib(dst))
+    q = start(src, dst, uri, verify=True)
     # about half of the bulk pass (128 MiB of 512 at 20 MB/s: ~6 s in all)
     deadline = time.time() + kt.slow(30)
     while time.time() < deadline and q.cmd("query-migrate").get("ram", {}).get(
@@ -323,6 +341,7 @@ def test_during_bulk(d, vms, check):
         return
     check("no_dirty_round", r.get("ram", {}).get("dirty-sync-count", 0) <= 2, repr(r))
     check("requests", r.get("ram", {}).get("postcopy-requests", 0) > 0, repr(r))
+    check_verified(check, dst)
     check_dst_runs(check, src, dst)
 
 
