@@ -74,6 +74,13 @@ def plot_converge(doc, name, outdir):
     return written
 
 
+def run_end(run, default):
+    """When the run's migration ended: its first sample after it (with
+    --engaged the end waits for the policy to act, so it differs by run)."""
+    after = [x["t"] for x in run.get("samples", []) if x.get("phase") == "after"]
+    return min(after) if after else default
+
+
 def plot_recovery(doc, name, outdir):
     written = []
     by_outcome = {}
@@ -82,16 +89,17 @@ def plot_recovery(doc, name, outdir):
             by_outcome.setdefault(r["outcome"], []).append(r)
     p = doc.get("params", {})
     t_mig = p.get("before_s", 0)
-    t_end = t_mig + p.get("migrate_s", 0)
     for outcome, runs in by_outcome.items():
         fig, ax = plt.subplots(figsize=(10, 5))
         for r in runs:
-            ax.plot([x[0] for x in r["reports"]], [x[1] for x in r["reports"]], label=r["config"])
+            line, = ax.plot([x[0] for x in r["reports"]], [x[1] for x in r["reports"]],
+                            label=r["config"])
+            ax.axvline(run_end(r, t_mig + p.get("migrate_s", 0)), color=line.get_color(),
+                       linestyle=":")
         ax.axvline(t_mig, color="grey", linestyle="--")
-        ax.axvline(t_end, color="grey", linestyle=":")
         ax.set_yscale("log")
         ax.set_ylabel("guest ms per GiB (log; lower is faster)")
-        ax.set_xlabel("seconds (dashed: migrate; dotted: %s)" % outcome)
+        ax.set_xlabel("seconds (dashed: migrate; dotted, each run's colour: %s)" % outcome)
         ax.legend(fontsize=7)
         ax.set_title("%s: guest pace around a migration that ends by %s (rep 0)"
                      % (name, outcome))
