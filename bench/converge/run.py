@@ -191,8 +191,8 @@ def dirty_limit_mbps(a):
 
 def slowdown(seen, t_start, t_end):
     """Guest pace from the source's stress lines, per vCPU: the baseline is the
-    median ms_per_gib of the reports before t_start (the first, which includes
-    first touch, left out); a report covers the guest time since the previous
+    median ms_per_gib of the warm reports before t_start (mb.stress_lines:
+    none holds a first write to a page); a report covers the guest time since the previous
     report of the same vCPU, and is "slow" when its ms_per_gib is more than twice
     that vCPU's baseline.  Seconds below half pace: the union over vCPUs of the
     slow intervals, clipped to the migration (host times t_start..t_end)."""
@@ -205,7 +205,7 @@ def slowdown(seen, t_start, t_end):
     base, slow, gaps, during_all, before_all = {}, [], [], [], []
     for c in cpus:
         lc = [l for l in lines if l["cpu"] == c]
-        before = [l for l in lc if l["t_ms"] <= g0][1:]
+        before = [l for l in lc if l["warm"] and l["t_ms"] <= g0]
         before_all += before
         if not before:
             continue
@@ -333,13 +333,12 @@ def one_case(env, d, size, cfg, rep, a):
                                                       "dst", reaper, incoming=uri,
                                                       memory=a.memory)))
     try:
-        # settled: a.settle_lines stress reports from every vCPU
+        # settled: a.settle_lines warm stress reports from every vCPU (its
+        # first write to every page of its area done: a baseline without it)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and src.alive():
             src.poll_lines()
-            n = [sum(1 for _, l in src.seen if l.startswith("stress cpu=%d " % c))
-                 for c in range(a.cpus)]
-            if min(n) >= a.settle_lines:
+            if min(mb.warm_reports(src.seen, a.cpus)) >= a.settle_lines:
                 break
             time.sleep(0.05)
         else:

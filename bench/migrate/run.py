@@ -275,17 +275,49 @@ def calibrate_tsc(env, d):
 STRESS_RX = re.compile(r"^stress cpu=(\d+) t_ms=(\d+) ms_per_gib=([\d.]+) max_ms_per_gib=([\d.]+)"
                        r"(?: pages=(\d+))?")
 TMS_RX = re.compile(r"t_ms=(\d+)")
+SHARE_RX = re.compile(r"^kmig-guest share cpu=(\d+) base=0x[0-9a-f]+ pages=(\d+)")
+PAGES_PER_GIB = 1 << 18
+
+
+def share_pages(seen):
+    """Each vCPU's stress area in pages, from the guest's share lines."""
+    out = {}
+    for _, line in seen:
+        m = SHARE_RX.match(line)
+        if m:
+            out[int(m.group(1))] = out.get(int(m.group(1)), 0) + int(m.group(2))
+    return out
 
 
 def stress_lines(seen):
-    out = []
+    """The stress reports, each marked `warm` when it measures the guest
+    at its own pace: the vCPU's report before it had its whole area written
+    once and a GiB more, so no GiB it counts holds a first write to a page
+    (a fault into host memory, seconds per GiB when the host has given that
+    memory back).  Without share lines or page counts: every report but
+    each vCPU's first."""
+    areas = share_pages(seen)
+    out, last = [], {}
     for host_t, line in seen:
         m = STRESS_RX.match(line)
         if m:
-            out.append({"host": host_t, "cpu": int(m.group(1)), "t_ms": int(m.group(2)),
+            cpu, pages = int(m.group(1)), int(m.group(5)) if m.group(5) else None
+            prev = last.get(cpu)
+            if cpu in areas and pages is not None:
+                warm = prev is not None and prev >= areas[cpu] + PAGES_PER_GIB
+            else:
+                warm = cpu in last
+            last[cpu] = pages if pages is not None else -1
+            out.append({"host": host_t, "cpu": cpu, "t_ms": int(m.group(2)),
                         "ms_per_gib": float(m.group(3)), "max_ms_per_gib": float(m.group(4)),
-                        "pages": int(m.group(5)) if m.group(5) else None})
+                        "pages": pages, "warm": warm})
     return out
+
+
+def warm_reports(seen, cpus):
+    """How many warm reports (stress_lines) each of cpus vCPUs has given."""
+    lines = stress_lines(seen)
+    return [sum(1 for l in lines if l["cpu"] == c and l["warm"]) for c in range(cpus)]
 
 
 def guest_lost(lines, g0, t_start, t_end):
@@ -293,8 +325,7 @@ def guest_lost(lines, g0, t_start, t_end):
     for each vCPU, the host seconds between its first report after t_start
     and its last before t_end, less the time its page writes in between
     would have taken at its pre-migration rate (the median of its pages per
-    guest second between reports before guest time g0, the first report
-    left out: it includes first touch).  Every cause counts alike: throttle, dirty limit, pauses,
+    guest second between warm reports before guest time g0).  Every cause counts alike: throttle, dirty limit, pauses,
     pages not yet there after a post-copy switch, a starved vCPU.  Host
     times, because QEMU restores the guest TSC as it was at the pause and
     kmig advances it.  Returns {cpu: seconds} (vCPUs without a pages count
@@ -302,7 +333,7 @@ def guest_lost(lines, g0, t_start, t_end):
     per = {}
     for c in sorted(set(l["cpu"] for l in lines)):
         lc = [l for l in lines if l["cpu"] == c and l["pages"] is not None]
-        before = [l for l in lc if l["t_ms"] <= g0][1:]
+        before = [l for l in lc if l["warm"] and l["t_ms"] <= g0]
         win = [l for l in lc if t_start <= l["host"] <= t_end]
         rates = [(b["pages"] - a["pages"]) * 1000.0 / (b["t_ms"] - a["t_ms"])
                  for a, b in zip(before, before[1:]) if b["t_ms"] > a["t_ms"]]
@@ -338,7 +369,7 @@ def slowdown(seen, t_start, t_end):
     if not lines or off is None:
         return None
     g0, g1 = (t_start - off) * 1000.0, (t_end - off) * 1000.0
-    before = [l for l in lines if l["t_ms"] <= g0][1:]       # the first line includes first touch
+    before = [l for l in lines if l["warm"] and l["t_ms"] <= g0]
     during = [l for l in lines if l["t_ms"] > g0 and l["t_ms"] - REPORT_MS < g1]
     if not before:
         return {"note": "no pre-migration stress lines"}
@@ -442,13 +473,14 @@ def one_case(env, d, wl_name, bw_name, cfg_name, rep, a):
                                    incoming=uri))
     procs = [src, dst]
     try:
-        # source settled: idle -> ready + a heartbeat; stress -> a few reports
-        want = r"^heartbeat" if workload == "idle" else r"^stress cpu=0"
-        need = 1 if workload == "idle" else a.settle_lines
+        # source settled: idle -> ready + a heartbeat; stress -> a few
+        # warm reports from every vCPU (its first write to every page done)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and src.alive():
             src.poll_lines()
-            if sum(1 for _, l in src.seen if re.match(want, l)) >= need:
+            if workload == "idle" and any(l.startswith("heartbeat") for _, l in src.seen):
+                break
+            if workload != "idle" and min(warm_reports(src.seen, a.cpus)) >= a.settle_lines:
                 break
             time.sleep(0.05)
         else:

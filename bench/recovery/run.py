@@ -159,7 +159,7 @@ def one_run(env, cfg, outcome, rep, a):
         deadline = time.monotonic() + 90 + (a.memory_gib * 10 if a.touch else 0)
         while time.monotonic() < deadline and src.alive():
             src.poll_lines()
-            if sum(1 for _, l in src.seen if l.startswith("stress cpu=0")) >= 4:
+            if mig.warm_reports(src.seen, 1)[0] >= 4:     # its first writes done
                 break
             time.sleep(0.05)
         if not mig.wait_dst_ready(dst, vmm):
@@ -189,7 +189,8 @@ def one_run(env, cfg, outcome, rep, a):
                 src.poll_lines()
                 time.sleep(a.sample_ms / 1000.0)
         lines = mig.stress_lines(src.seen)
-        pre = [l["ms_per_gib"] for l in lines if l["host"] < t_mig and l["cpu"] == 0][1:]
+        pre = [l["ms_per_gib"] for l in lines
+               if l["host"] < t_mig and l["cpu"] == 0 and l["warm"]]
         during = [l["ms_per_gib"] for l in lines if t_mig <= l["host"] < t_end]
         base = statistics.median(pre) if pre else None
         rel_end = t_end - t0

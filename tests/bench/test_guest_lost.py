@@ -68,6 +68,37 @@ def test_vcpus_summed():
     assert abs(r["per_cpu_s"]["0"] - 0.2) < 0.002 and abs(r["per_cpu_s"]["1"] - 0.7) < 0.002, r
 
 
+def first_touch_then_full_pace(area=30000, slow=100, n=800):
+    """A guest whose first sweep over its area (share line: area pages)
+    writes only slow pages a report, as first writes into host memory the
+    host had given back do, then RATE pages a second."""
+    out, host, pages = [(99.0, "kmig-guest share cpu=0 base=0x1000000 pages=%d" % area)], 100.0, 0
+    for i in range(n):
+        host += PERIOD
+        pages += slow if pages < area else int(RATE * PERIOD)
+        out.append((host, "stress cpu=0 t_ms=%d ms_per_gib=%.2f max_ms_per_gib=%.2f pages=%d"
+                    % (round((host - 100.0) * 1000), 13.1 if pages > area else 131.0,
+                       13.5 if pages > area else 131.0, pages)))
+    return out
+
+
+def test_first_touch_is_not_the_baseline():
+    # the first sweep is most of what came before the window: were its
+    # reports the baseline (the first report alone left out, as before),
+    # the guest at full pace would seem to have gained seconds
+    seen = first_touch_then_full_pace()
+    warm = [l for l in mb.stress_lines(seen) if l["warm"]]
+    assert warm and warm[0]["pages"] >= 30000 + mb.PAGES_PER_GIB + 1000, warm[:1]
+    r = lost(seen, seen[580][0], seen[700][0])
+    assert abs(r["sum_s"]) < 0.002, r
+
+
+def test_settled_counts_warm_reports_only():
+    seen = first_touch_then_full_pace()
+    assert mb.warm_reports(seen[:400], 1) == [0]
+    assert mb.warm_reports(seen, 1)[0] > 200
+
+
 def test_old_lines_without_a_count():
     seen = [(h, l.rsplit(" pages=", 1)[0]) for h, l in lines_of({100: 0.5})]
     assert lost(seen, seen[60][0], seen[150][0]) is None
