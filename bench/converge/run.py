@@ -714,6 +714,9 @@ def tables(summary, heads, info, a, cfg):
                  " ".join("%.2f" % x for x in info["loadavg_start"]),
                  " ".join("%.2f" % x for x in info.get("loadavg_end", []))),
              ""]
+    if getattr(a, "rtt_ms", 0):
+        lines[0] += (" Source and destination on two namespaced hosts whose wire adds "
+                     "%d ms of round trip (scripts/two-hosts)." % a.rtt_ms)
     # 1. the seed's Test2 shape, with more columns
     lines += ["| stress | tracking | VMM | policy | status | total (s) (min–max) | downtime (ms) "
               "| guest gap (ms) (max) | sent (MiB) "
@@ -903,6 +906,7 @@ def main():
         for k in ("quick", "cpus", "cap", "bandwidth", "downtime", "reaper", "poll", "reps",
                   "settle_lines", "dirty_limit", "dirty_limit_period"):
             setattr(a, k, c["args"][k])
+        a.rtt_ms = c.get("rtt_ms", 0)      # the link it ran behind stays on record
         doc = write(a, md_path, old["host"], old["binaries"], {"tsc_khz": c["tsc_khz"]},
                     old["runs"], partial=old.get("partial", False))
         print(doc["table"])

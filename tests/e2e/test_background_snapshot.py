@@ -144,6 +144,9 @@ def test_catches(d, vms, check):
         failed = ended(dst)
     print("# catches: %s" % (" / ".join(bad_lines(dst)[:3]) or "the guest failed"))
     check("guest_finds_it", bad_lines(dst) != [] or failed, dump(dst))
+    # the guest may fail; its VMM may end with it, but not by a signal
+    rc = dst.proc.poll()
+    check("vmm_not_killed", rc is None or rc >= 0, "exit %s; %s" % (rc, dump(dst)))
 
 
 def test_disk_busy(d, vms, check):
