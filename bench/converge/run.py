@@ -907,6 +907,7 @@ def main():
                   "settle_lines", "dirty_limit", "dirty_limit_period"):
             setattr(a, k, c["args"][k])
         a.rtt_ms = c.get("rtt_ms", 0)      # the link it ran behind stays on record
+        a.memory = c.get("memory", a.memory)
         doc = write(a, md_path, old["host"], old["binaries"], {"tsc_khz": c["tsc_khz"]},
                     old["runs"], partial=old.get("partial", False))
         print(doc["table"])

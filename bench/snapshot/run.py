@@ -51,7 +51,7 @@ def settle(src, lines, timeout=120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and src.alive():
         src.poll_lines()
-        if sum(1 for _, l in src.seen if l.startswith("stress cpu=0")) >= lines:
+        if mig.warm_reports(src.seen, 1)[0] >= lines:     # its first writes done
             return True
         time.sleep(0.05)
     return False
