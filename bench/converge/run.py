@@ -284,12 +284,9 @@ def wait_cli_started(q, cli):
         time.sleep(0.01)
 
 
-def cli_result(q, cli, res, last):
-    """The command's exit, its choice and what query-migrate saw at the end:
-    a migration still running at the cap is cancelled by the caller (the
-    command then ends with it)."""
-    if last.get("status") not in kt.MIG_FINAL:
-        q.cmd("migrate_cancel")
+def cli_result(q, cli, res):
+    """The command's exit and its choice (a migration still running at the
+    cap is cancelled first, by the caller: the command then ends with it)."""
     try:
         out, err = cli.communicate(timeout=30)
     except subprocess.TimeoutExpired:
@@ -444,8 +441,11 @@ def one_case(env, d, size, cfg, rep, a):
             mb.poll_consoles((src, dst), a.poll)
         t_end = time.monotonic()
         res["wall_s"] = t_end - t_mig
+        capped = last.get("status") not in kt.MIG_FINAL
+        if capped:
+            mb.cancel_at_cap(q, res)
         if cli:
-            cli_result(q, cli, res, last)
+            cli_result(q, cli, res)
             quota = res.get("vcpu_dirty_limit_mbps")
         res["max_throttle_pct"] = max_thr
         res["polls"] = samples
@@ -459,13 +459,12 @@ def one_case(env, d, size, cfg, rep, a):
                 rates.pop(0)
             res["limited_vcpu_rate_mbps"] = statistics.median(rates) if rates else None
             res["limit_active"] = bool(limit_rates and len(limit_rates[-1]) > 1)
-        if last.get("status") not in kt.MIG_FINAL:
+        if capped:
             res["converged"] = False
             res["status"] = "did not converge"
             res["sent_bytes"] = last.get("ram", {}).get("transferred")
             res["dirty_sync_count"] = last.get("ram", {}).get("dirty-sync-count")
             res["query_at_cap"] = last
-            mb.cancel_at_cap(q, res)
         else:
             res.update(mb.final_result(last))
         mb.poll_consoles((src, dst), 0.3)

@@ -324,8 +324,8 @@ def test_during_bulk(d, vms, check, prealloc):
     if prealloc:
         # the destination's 512 MiB mapped before anything arrived
         kt.wait_incoming(dst)
-        check("prealloc_resident", rss_kib(dst) >= 500 << 10,
-              "destination resident %d KiB" % rss_kib(dst))
+        rss = rss_kib(dst)
+        check("prealloc_resident", rss >= 500 << 10, "destination resident %d KiB" % rss)
     q = start(src, dst, uri, verify=True)
     # about half of the bulk pass (128 MiB of 512 at 20 MB/s: ~6 s in all)
     deadline = time.time() + kt.slow(30)
