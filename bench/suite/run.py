@@ -235,6 +235,8 @@ def main():
                     "(default bench/results; required with --allow-emulated)")
     ap.add_argument("--allow-emulated", action="store_true",
                     help="run native cells under emulation (to try the runner; no figures)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="cells run side by side (emulated cells only: each takes one core)")
     a = ap.parse_args()
     allcells = catalogue(a.reps, a.seed_reps)
     cells = [c for c in allcells if not a.only or re.search(a.only, c.name)]
@@ -257,13 +259,17 @@ def main():
                   file=sys.stderr)
             return 2
         state.doc["emulated"] = True
+    if a.jobs > 1 and any(c.where == "native" for c in cells) and not a.allow_emulated:
+        print("suite: --jobs %d: native cells measure time, so they run alone; choose the "
+              "emulated ones with --only" % a.jobs, file=sys.stderr)
+        return 2
     results = a.results or RESULTS
     deadline = time.time() + a.hours * 3600 if a.hours else None
     print("suite %s: %d cells, %d done" % (k, len(cells), sum(state.done(c.name) for c in cells)),
           flush=True)
     left = suite.run(state, cells, ROOT, deadline=deadline, max_failures=a.max_failures,
                      on_done=(lambda c: git_commit(state.dir, c)) if a.commit else None,
-                     log=lambda s: print(s, flush=True))
+                     log=lambda s: print(s, flush=True), jobs=a.jobs)
     finish(state, allcells, results)
     print("suite %s: %d cells left%s" % (k, len(left), (": " + ", ".join(left[:8]) +
                                                          (" ..." if len(left) > 8 else ""))

@@ -25,12 +25,14 @@ benchmark's own --retable; a lone cell's JSON (and .md) is copied.
 Pure Python and the standard library; the tests (tests/bench/) drive it
 with small commands, no KVM.
 """
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import shutil
 import subprocess
+import threading
 import time
 
 STATE = "state.json"
@@ -176,18 +178,22 @@ def cell_ok(out):
     return None
 
 
-def run_cell(state, cell, root, env=None, log=print):
-    """Runs one cell to its end; records the attempt; True when done."""
+def run_cell(state, cell, root, env=None, log=print, lock=None, jobs=1):
+    """Runs one cell to its end; records the attempt; True when done.
+    lock (when cells run side by side) guards the state; jobs is how many
+    cells ran at once, recorded with the attempt."""
+    lock = lock or contextlib.nullcontext()
     out, logp = out_paths(state, cell)
     for p in (out, os.path.splitext(out)[0] + ".md"):
         if os.path.exists(p):
             os.unlink(p)
-    rec = state.cell(cell.name)
     att = {"start": now(), "git_head": git_head(root), "load_before": loadavg(),
-           "host": host_facts(), "where": cell.where, "argv": cell.command(out)}
-    rec["attempts"].append(att)
-    rec["status"] = "running"
-    state.save()
+           "host": host_facts(), "where": cell.where, "argv": cell.command(out), "jobs": jobs}
+    with lock:
+        rec = state.cell(cell.name)
+        rec["attempts"].append(att)
+        rec["status"] = "running"
+        state.save()
     t0 = time.monotonic()
     with open(logp, "w") as lf:
         try:
@@ -196,39 +202,66 @@ def run_cell(state, cell, root, env=None, log=print):
         except OSError as e:
             lf.write("cannot run: %s\n" % e)
             rc = 127
-    att.update(end=now(), wall_s=round(time.monotonic() - t0, 1), rc=rc,
-               load_after=loadavg())
     why = ("exit status %d" % rc) if rc else cell_ok(out)
-    if why:
-        att["error"] = why
-        rec["status"] = "failed"
-    else:
-        rec.update(status="done", out=os.path.relpath(out, state.dir))
-    state.save()
-    log("  %-40s %s (%.0f s)" % (cell.name, "done" if not why else "FAILED: " + why,
-                                 att["wall_s"]))
+    with lock:
+        att.update(end=now(), wall_s=round(time.monotonic() - t0, 1), rc=rc,
+                   load_after=loadavg())
+        if why:
+            att["error"] = why
+            rec["status"] = "failed"
+        else:
+            rec.update(status="done", out=os.path.relpath(out, state.dir))
+        state.save()
+        log("  %-40s %s (%.0f s)" % (cell.name, "done" if not why else "FAILED: " + why,
+                                     att["wall_s"]))
     return not why
 
 
-def run(state, cells, root, deadline=None, max_failures=3, on_done=None, log=print, env=None):
-    """Runs every cell not done yet, in order.  A cell that failed
-    max_failures times is left for a person to look at.  Stops before a
-    cell whose estimate would pass deadline (time.time() seconds).  Returns
-    the names still not done."""
-    for c in cells:
-        if state.done(c.name):
-            continue
-        tried = len(state.cell(c.name)["attempts"])
-        if tried >= max_failures:
-            log("  %-40s skipped: failed %d times (see its log)" % (c.name, tried))
-            continue
-        if deadline is not None and time.time() + c.est_min * 60 > deadline:
-            log("  %-40s left for the next run (estimated %d min, the time left is shorter)"
-                % (c.name, c.est_min))
-            break
-        ok = run_cell(state, c, root, env=env, log=log)
-        if ok and on_done:
-            on_done(c)
+def run(state, cells, root, deadline=None, max_failures=3, on_done=None, log=print, env=None,
+        jobs=1):
+    """Runs every cell not done yet, in order, jobs of them at a time (more
+    than one only for cells that do not measure time: the emulated ones).
+    A cell that failed max_failures times is left for a person to look at.
+    Starts no cell whose estimate would pass deadline (time.time() seconds),
+    nor any after it.  Returns the names still not done."""
+    lock, todo, stop = threading.Lock(), iter(cells), []
+
+    def next_cell():
+        with lock:
+            for c in todo:
+                if stop:
+                    return None
+                if state.done(c.name):
+                    continue
+                tried = len(state.cell(c.name)["attempts"])
+                if tried >= max_failures:
+                    log("  %-40s skipped: failed %d times (see its log)" % (c.name, tried))
+                    continue
+                if deadline is not None and time.time() + c.est_min * 60 > deadline:
+                    log("  %-40s left for the next run (estimated %d min, the time left is "
+                        "shorter)" % (c.name, c.est_min))
+                    stop.append(c)
+                    return None
+                return c
+            return None
+
+    def worker():
+        while True:
+            c = next_cell()
+            if c is None:
+                return
+            if run_cell(state, c, root, env=env, log=log, lock=lock, jobs=jobs) and on_done:
+                with lock:
+                    on_done(c)
+
+    if jobs <= 1:
+        worker()
+        return [c.name for c in cells if not state.done(c.name)]
+    workers = [threading.Thread(target=worker) for _ in range(jobs)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
     return [c.name for c in cells if not state.done(c.name)]
 
 

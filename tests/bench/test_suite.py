@@ -30,6 +30,12 @@ if os.path.exists(fail) and name in open(fail).read().split():
     sys.exit(3)
 if os.path.exists(os.path.join(d, "SLOW")):
     time.sleep(60)
+if os.path.exists(os.path.join(d, "NAP")):
+    with open(os.path.join(d, "SPANS"), "a") as f:
+        f.write("start %s\n" % name)
+    time.sleep(float(open(os.path.join(d, "NAP")).read()))
+    with open(os.path.join(d, "SPANS"), "a") as f:
+        f.write("end %s\n" % name)
 partial = os.path.exists(os.path.join(d, "PARTIAL"))
 doc = {"partial": partial, "binaries": {"kmig_sha256": open(os.path.join(d, "BIN")).read()},
        "config": {"args": {"reps": 1}, "reps": 1}, "host": {"name": name},
@@ -134,6 +140,44 @@ def test_deadline_starts_no_cell_that_would_overrun(env):
     cs[1].est_min = 600
     left = suite.run(state(d), cs, str(d), deadline=time.time() + 300, log=quiet)
     assert left == ["lone1"] and runs_of(d) == ["lone0"]
+
+
+def spans_at_once(d):
+    """The most cells that were running at once, from SPANS."""
+    most = cur = 0
+    for line in (d / "SPANS").read_text().split("\n"):
+        cur += {"start": 1, "end": -1}.get(line.split(" ")[0], 0)
+        most = max(most, cur)
+    return most
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_jobs_run_side_by_side_and_state_stays_whole(env, jobs):
+    d = env
+    (d / "NAP").write_text("0.5")
+    (d / "FAIL").write_text("lone2")
+    committed = []
+    st = state(d)
+    left = suite.run(st, cells(d, 4, 2), str(d), log=quiet, jobs=jobs,
+                     on_done=lambda c: committed.append(c.name))
+    assert left == ["lone2"]
+    assert spans_at_once(d) == jobs
+    assert sorted(runs_of(d)) == sorted(["lone0", "lone1", "lone2", "lone3", "grp-r0", "grp-r1"])
+    assert sorted(committed) == sorted(["lone0", "lone1", "lone3", "grp-r0", "grp-r1"])
+    again = state(d)    # as saved, every attempt whole
+    for name, rec in again.doc["cells"].items():
+        assert len(rec["attempts"]) == 1, name
+        a = rec["attempts"][0]
+        assert a["jobs"] == jobs and "end" in a and a["rc"] == (3 if name == "lone2" else 0)
+        assert rec["status"] == ("failed" if name == "lone2" else "done")
+
+
+def test_jobs_deadline_starts_nothing_after_the_first_cell_left(env):
+    d = env
+    cs = cells(d, 4, 0)
+    cs[1].est_min = 600
+    left = suite.run(state(d), cs, str(d), deadline=time.time() + 300, log=quiet, jobs=2)
+    assert left == ["lone1", "lone2", "lone3"] and runs_of(d) == ["lone0"]
 
 
 def test_key_follows_the_binaries(env, tmp_path):
