@@ -88,6 +88,7 @@ CONFIGS = {
     # policy (docs/usage.md) chosen by the command from the source's backend
     "kmig-ring4096+default": ("kmig", 4096, "default"),
     "kmig-bitmap+default": ("kmig", 0, "default"),
+    "kmig-ring65536+default": ("kmig", 65536, "default"),
 }
 # seed 000's five ideas (docs/policies.md): all on, all off, each off alone
 # (bench/seed000 runs them against QEMU's auto-converge)
