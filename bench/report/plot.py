@@ -7,16 +7,19 @@
       log scale), bytes sent, the dirty rate and the throttle over the
       migration's time, kmig and QEMU side by side;
   recovery.json: per outcome, the guest's pace over time for every config
-      (rep 0), with the start and the end of the migration marked.
+      (rep 0), with the start and the end of the migration marked;
+  free-pages*.json, linux-free-pages*.json: per case, the MiB each VMM
+      sent in each mode (bar: median of the completed runs; dots: runs).
 
 Usage: python3 bench/report/plot.py [JSON ...] [--out DIR]
-(default: every converge*.json and recovery.json in bench/results,
+(default: every converge*, recovery* and *free-pages* JSON in bench/results,
 written to bench/results/plots/).  Never asserts.
 """
 import argparse
 import glob
 import json
 import os
+import statistics
 import sys
 
 import matplotlib
@@ -25,6 +28,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.abspath(os.path.join(HERE, "..", "results"))
+MIB = 1 << 20
+COLORS = {"kmig": "tab:blue", "qemu": "tab:orange"}
 
 
 def converge_runs(doc):
@@ -111,6 +116,46 @@ def plot_recovery(doc, name, outdir):
     return written
 
 
+def plot_free_pages(doc, name, outdir):
+    """Per case, MiB sent by mode, kmig and QEMU side by side: the median
+    of the completed runs as a bar, each completed run as a dot."""
+    runs = [r for r in doc.get("runs", []) if r.get("status") == "completed"
+            and r.get("transferred") is not None]
+    written = []
+    for case in sorted({r["case"] for r in runs}):
+        rc = [r for r in runs if r["case"] == case]
+        modes = [m for m in ("none", "hints", "hints-wait", "reporting", "balloon")
+                 if any(r["mode"] == m for r in rc)]
+        modes += sorted({r["mode"] for r in rc} - set(modes))
+        vmms = [v for v in ("kmig", "qemu") if any(r["vmm"] == v for r in rc)]
+        fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(modes), 4))
+        width, labeled = 0.8 / max(1, len(vmms)), set()
+        for j, vmm in enumerate(vmms):
+            for i, mode in enumerate(modes):
+                mib = sorted(r["transferred"] / MIB for r in rc
+                             if r["vmm"] == vmm and r["mode"] == mode)
+                if not mib:
+                    continue
+                x = i + (j - (len(vmms) - 1) / 2) * width
+                ax.bar(x, statistics.median(mib), width * 0.9, color=COLORS[vmm],
+                       label=None if vmm in labeled else vmm)
+                labeled.add(vmm)
+                ax.plot([x] * len(mib), mib, "k.", ms=4)
+        ax.set_xticks(range(len(modes)))
+        ax.set_xticklabels(modes)
+        ax.set_ylabel("MiB sent (bar: median; dots: runs)")
+        info = doc.get("info") or {}
+        ax.set_title("%s, case %s (%s%s)" % (name, case, (info.get("git_head") or "?")[:7],
+                                             ", emulated" if info.get("emulated") else ""))
+        ax.legend()
+        fig.tight_layout()
+        path = os.path.join(outdir, "%s-%s.png" % (name, case))
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -118,7 +163,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(RESULTS, "plots"))
     a = ap.parse_args()
     files = a.files or sorted(glob.glob(os.path.join(RESULTS, "converge*.json")) +
-                              glob.glob(os.path.join(RESULTS, "recovery.json")))
+                              glob.glob(os.path.join(RESULTS, "recovery*.json")) +
+                              glob.glob(os.path.join(RESULTS, "*free-pages*.json")))
     os.makedirs(a.out, exist_ok=True)
     for f in files:
         with open(f) as fh:
@@ -127,6 +173,8 @@ def main():
         kind = doc.get("benchmark")
         if kind == "recovery":
             out = plot_recovery(doc, name, a.out)
+        elif kind in ("free-pages", "linux-free-pages"):
+            out = plot_free_pages(doc, name, a.out)
         else:
             out = plot_converge(doc, name, a.out)
         for p in out:

@@ -211,7 +211,8 @@ def finish(state, allcells, results):
     written = suite.finish(state, allcells, ROOT, results)
     if not written:
         return
-    plot = [p for p in written if re.search(r"/(converge|postcopy|seed000|recovery)[^/]*\.json$", p)]
+    plot = [p for p in written if re.search(
+        r"/(converge|postcopy|seed000|recovery|free-pages|linux-free-pages)[^/]*\.json$", p)]
     if plot:
         subprocess.run([PY, "bench/report/plot.py", "--out", os.path.join(results, "plots")]
                        + plot, cwd=ROOT)
