@@ -32,6 +32,14 @@ MIB = 1 << 20
 COLORS = {"kmig": "tab:blue", "qemu": "tab:orange"}
 
 
+def save(fig, path):
+    """Writes fig to path as PNG and closes it; returns path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def converge_runs(doc):
     """{stress_mib: [run of rep 0 per config]} with a timeline."""
     out = {}
@@ -71,11 +79,7 @@ def plot_converge(doc, name, outdir):
         ax[3].set_xlabel("seconds since migrate")
         ax[0].legend(fontsize=7)
         fig.suptitle("%s: %s MiB of stress (rep 0)" % (name, mib))
-        fig.tight_layout()
-        path = os.path.join(outdir, "%s-%sM.png" % (name, mib))
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        written.append(path)
+        written.append(save(fig, os.path.join(outdir, "%s-%sM.png" % (name, mib))))
     return written
 
 
@@ -108,11 +112,7 @@ def plot_recovery(doc, name, outdir):
         ax.legend(fontsize=7)
         ax.set_title("%s: guest pace around a migration that ends by %s (rep 0)"
                      % (name, outcome))
-        fig.tight_layout()
-        path = os.path.join(outdir, "%s-%s.png" % (name, outcome))
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        written.append(path)
+        written.append(save(fig, os.path.join(outdir, "%s-%s.png" % (name, outcome))))
     return written
 
 
@@ -148,11 +148,7 @@ def plot_free_pages(doc, name, outdir):
         ax.set_title("%s, case %s (%s%s)" % (name, case, (info.get("git_head") or "?")[:7],
                                              ", emulated" if info.get("emulated") else ""))
         ax.legend()
-        fig.tight_layout()
-        path = os.path.join(outdir, "%s-%s.png" % (name, case))
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(save(fig, os.path.join(outdir, "%s-%s.png" % (name, case))))
     return written
 
 
