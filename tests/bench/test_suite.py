@@ -265,6 +265,22 @@ def test_finish_publishes_only_complete_benchmarks(env, tmp_path):
     assert g["suite"]["cells"] == ["grp-r0", "grp-r1"]
 
 
+def test_more_rounds_later_run_only_the_new_ones(env, tmp_path):
+    """Two rounds published, then the same benchmark asked for three (the
+    seed's REPS=5, then 10): only the third runs, and all three publish."""
+    d = env
+    res = tmp_path / "results"
+    st = state(d)
+    suite.run(st, cells(d, 0, 2), str(d), log=quiet)
+    suite.finish(st, cells(d, 0, 2), str(d), str(res), log=quiet)
+    assert json.loads((res / "grp.json").read_text())["suite"]["cells"] == ["grp-r0", "grp-r1"]
+    assert suite.run(st, cells(d, 0, 3), str(d), log=quiet) == []
+    assert runs_of(d) == ["grp-r0", "grp-r1", "grp-r2"]
+    suite.finish(st, cells(d, 0, 3), str(d), str(res), log=quiet)
+    g = json.loads((res / "grp.json").read_text())
+    assert [r["rep"] for r in g["runs"]] == [0, 0, 1, 1, 2, 2] and len(g["rounds"]) == 3
+
+
 def test_finish_refuses_rounds_of_two_builds(env, tmp_path):
     """Rounds run before and after a rebuild that kept the key (it cannot,
     unless someone edits the state): the merge refuses them."""
