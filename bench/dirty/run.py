@@ -163,7 +163,8 @@ def stress_reports(text, lo, hi):
     stress_lines: none counts a first write to a page, which costs seconds
     per GiB when the host has given that memory back)."""
     before = len(text[:lo].decode(errors="replace").splitlines())
-    seen = list(enumerate(text[:hi].decode(errors="replace").splitlines()))
+    whole = text[:text.rfind(b"\n", 0, hi) + 1]    # a line still being written left out
+    seen = list(enumerate(whole.decode(errors="replace").splitlines()))
     return [(l["t_ms"], l["ms_per_gib"], l["max_ms_per_gib"]) for l in mb.stress_lines(seen)
             if l["host"] >= before and l["cpu"] == 0 and l["warm"]]
 
@@ -172,12 +173,12 @@ def bench_ringfull(tmp, reps, quick):
     """Write rates: the stress size (working set) and kmig's vCPU throttle."""
     rows = []
     points = [(16, 0), (256, 0), (256, 80)] if quick else [(16, 0), (256, 0), (256, 50), (256, 80)]
-    for mb, thr in points:
+    for mib, thr in points:
         for reaper in ("fixed", "adaptive"):
             runs = []
             for r in range(reps):
-                res, text = run_helper(tmp, "full-%d-%d-%s-%d" % (mb, thr, reaper, r), "1G",
-                                       "workload=stress mb=%d report_ms=1000" % mb, "sync",
+                res, text = run_helper(tmp, "full-%d-%d-%s-%d" % (mib, thr, reaper, r), "1G",
+                                       "workload=stress mb=%d report_ms=1000" % mib, "sync",
                                        ring=RING, reaper=reaper, settle_ms=1000, throttle=thr,
                                        duration_ms=3000 if quick else 6000, interval_ms=1000, kick=1)
                 if "error" in res:
@@ -188,12 +189,12 @@ def bench_ringfull(tmp, reps, quick):
                              "harvested_per_s": res["harvested"] / s,
                              "reaper_runs_per_s": res["reaper_runs"] / s,
                              "guest_ms_per_gib": median([x[1] for x in rep[1:]])})
-            row = {"mb": mb, "throttle_pct": thr, "reaper": reaper, "ring": RING, "runs": runs}
+            row = {"mb": mib, "throttle_pct": thr, "reaper": reaper, "ring": RING, "runs": runs}
             for k in ("ring_full_per_s", "harvested_per_s", "reaper_runs_per_s", "guest_ms_per_gib"):
                 row[k] = median([x[k] for x in runs])
             rows.append(row)
             print("  ring-full mb=%-4d throttle=%2d%% %-8s: %s exits/s, %s entries/s" %
-                  (mb, thr, reaper, row["ring_full_per_s"] and round(row["ring_full_per_s"], 1),
+                  (mib, thr, reaper, row["ring_full_per_s"] and round(row["ring_full_per_s"], 1),
                    row["harvested_per_s"] and round(row["harvested_per_s"])), flush=True)
     return rows
 

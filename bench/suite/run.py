@@ -151,7 +151,7 @@ def catalogue(reps, seed_reps):
             part = "seed000-cpus%d-%s" % (cpus, bwname)
             cells += rounds(part, part + ".json", CONVERGE + [
                 "--memory", "4G", "--cpus", str(cpus), "--bandwidth", str(bw), "--downtime", "300",
-                "--cap", "300", "--configs", SEED_MAIN], (1024, 3072), seed_reps, 35)
+                "--cap", "300", "--configs", SEED_MAIN], (1024, 3072), seed_reps, 40)
     part = "seed000-each-off-cpus2-125MBs"
     cells += rounds(part, part + ".json", CONVERGE + [
         "--memory", "4G", "--cpus", "2", "--bandwidth", "125000000", "--downtime", "300",
@@ -216,12 +216,16 @@ def finish(state, allcells, results):
     if plot:
         subprocess.run([PY, "bench/report/plot.py", "--out", os.path.join(results, "plots")]
                        + plot, cwd=ROOT)
-    seed = sorted(p for p in written if re.search(r"/seed000-[^/]*\.json$", p))
-    if seed:   # the seed's table over every part published so far
+    if any(re.search(r"/seed000-[^/]*\.json$", p) for p in written):
+        # the seed's table over every part published so far
         parts = sorted(glob.glob(os.path.join(results, "seed000-*.json")))
-        subprocess.run([PY, "bench/seed000/table.py", "--out", os.path.join(results, "seed000.md"),
-                        "--json", os.path.join(results, "seed000.json")] + parts,
-                       cwd=ROOT)
+        rc = subprocess.run([PY, "bench/report/seed000_table.py",
+                             "--out", os.path.join(results, "seed000.md"),
+                             "--json", os.path.join(results, "seed000.json")] + parts,
+                            cwd=ROOT).returncode
+        if rc:
+            print("suite: bench/report/seed000_table.py: exit status %d, the table was not "
+                  "written" % rc, file=sys.stderr)
     with open(os.path.join(results, "suite.json"), "w") as f:
         json.dump(suite.summary(state, allcells), f, indent=1)
         f.write("\n")

@@ -202,10 +202,11 @@ def run_cell(state, cell, root, env=None, log=print, lock=None, jobs=1):
         except OSError as e:
             lf.write("cannot run: %s\n" % e)
             rc = 127
+    ended = dict(end=now(), wall_s=round(time.monotonic() - t0, 1), rc=rc,
+                 load_after=loadavg())
     why = ("exit status %d" % rc) if rc else cell_ok(out)
     with lock:
-        att.update(end=now(), wall_s=round(time.monotonic() - t0, 1), rc=rc,
-                   load_after=loadavg())
+        att.update(ended)
         if why:
             att["error"] = why
             rec["status"] = "failed"
@@ -245,23 +246,42 @@ def run(state, cells, root, deadline=None, max_failures=3, on_done=None, log=pri
                 return c
             return None
 
-    def worker():
-        while True:
-            c = next_cell()
-            if c is None:
-                return
-            if run_cell(state, c, root, env=env, log=log, lock=lock, jobs=jobs) and on_done:
+    def worker(errors=None):
+        try:
+            while True:
+                c = next_cell()
+                if c is None:
+                    return
+                ok = run_cell(state, c, root, env=env, log=log, lock=lock, jobs=jobs)
                 with lock:
-                    on_done(c)
+                    if ok and on_done:
+                        on_done(c)
+                    elif not ok and "interrupted" in stop:   # as a lone runner's cell
+                        rec = state.cell(c.name)
+                        rec["status"] = "interrupted"
+                        rec["attempts"][-1]["error"] = "interrupted"
+                        state.save()
+        except BaseException as e:    # side by side: the others start nothing more
+            if errors is None:
+                raise
+            stop.append(None)
+            errors.append(e)
 
     if jobs <= 1:
         worker()
         return [c.name for c in cells if not state.done(c.name)]
-    workers = [threading.Thread(target=worker) for _ in range(jobs)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
+    errors, workers = [], []
+    workers = [threading.Thread(target=worker, args=(errors,)) for _ in range(jobs)]
+    try:
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+    except BaseException:   # Ctrl-C: the cells running end with it, no other starts
+        stop.append("interrupted")
+        raise
+    if errors:
+        raise errors[0]
     return [c.name for c in cells if not state.done(c.name)]
 
 

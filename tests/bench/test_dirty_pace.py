@@ -44,3 +44,9 @@ def test_window_bounds_hold():
     hi = text.index(b"t_ms=3500 ")
     rep = dirty.stress_reports(text, text.rindex(b"\n", 0, lo) + 1, text.rindex(b"\n", 0, hi) + 1)
     assert [t for t, _, _ in rep] == list(range(2500, 3500, 100))
+
+
+def test_line_being_written_at_hi_is_left_out():
+    text = console(cold=0, warm=25) + b"stress cpu=0 t_ms=9900 ms_per_gib=3"
+    rep = dirty.stress_reports(text, 0, len(text))
+    assert rep[-1][0] == 2500

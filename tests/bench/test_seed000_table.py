@@ -1,4 +1,4 @@
-"""bench/seed000/table.py: seed 000's table from converge documents (no KVM)."""
+"""bench/report/seed000_table.py: seed 000's table from converge documents (no KVM)."""
 import json
 import math
 import os
@@ -7,15 +7,15 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "bench", "seed000"))
-import table  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "bench", "report"))
+import seed000_table as table  # noqa: E402
 
 CAP = 300.0
 
 
-def run(config, mib, t=None, below=None, mbps=None):
+def run(config, mib, t=None, below=None, mbps=None, rep=0):
     """A converge run: completed in t seconds, or (t None) cancelled at the cap."""
-    r = {"config": config, "stress_mib": mib, "wall_s": (t or CAP) + 0.2,
+    r = {"config": config, "stress_mib": mib, "wall_s": (t or CAP) + 0.2, "rep": rep,
          "guest": {"s_below_half_pace": below if below is not None else (t or CAP) * 0.9}}
     if t is None:
         r.update(status="did not converge", total_time_ms=None)
@@ -28,8 +28,7 @@ def run(config, mib, t=None, below=None, mbps=None):
 def doc(runs, cpus=2, bw=125000000):
     return {"benchmark": "converge", "config": {"cpus": cpus, "memory": "4G",
                                                 "max_bandwidth_bytes_per_s": bw, "cap_s": CAP},
-            "host": {"git_head": "abcdef0123"}, "binaries": {"kmig_sha256": "k"},
-            "rounds": [{"round": i} for i in range(3)], "runs": runs}
+            "host": {"git_head": "abcdef0123"}, "binaries": {"kmig_sha256": "k"}, "runs": runs}
 
 
 def test_cell_mean_spread_and_interval():
@@ -45,6 +44,23 @@ def test_capped_run_makes_a_lower_bound():
     assert c["lower_bound"] and c["completed"] == 1
     assert c["mean_s"] == pytest.approx((100 + 300.2) / 2)
     assert table.fmt_cell(c).startswith("≥200.1") and "1/2 ended" in table.fmt_cell(c)
+
+
+def test_failed_runs_are_left_out_not_capped():
+    """An error or a failed migration is no lower bound: it is left out
+    and counted; a run without guest lines still counts its time."""
+    runs = [run("x", 1024, 10), run("x", 1024, 10)]
+    runs.append({"config": "x", "stress_mib": 1024, "status": "error", "wall_s": 3.0,
+                 "guest": None, "error": "destination not listening"})
+    runs.append({"config": "x", "stress_mib": 1024, "status": "failed", "wall_s": 5.0,
+                 "total_time_ms": None, "guest": None})
+    nolines = run("x", 1024, 13)
+    nolines["guest"] = None
+    c = table.cell_stats(runs + [nolines], CAP)
+    assert c["n"] == 3 and c["failed"] == 2 and not c["lower_bound"]
+    assert c["mean_s"] == pytest.approx(11) and c["mean_s_below_half_pace"] == pytest.approx(9)
+    assert "2 failed" in table.fmt_cell(c)
+    assert table.cell_stats(runs[2:], CAP) is None
 
 
 def test_ratio_interval_and_bounds():
@@ -76,6 +92,13 @@ def test_goal_half_of_qemu_decides_both_ways():
     assert row_goal(None, 100) is False      # >= 3
     assert row_goal(None, None) is None
 
+    # a mean of 0.48 whose interval reaches past 0.5 decides nothing
+    runs = [run("kmig-bitmap+default", 1024, t) for t in (20, 28, 36, 44, 64)]
+    runs += [run("qemu-bitmap+ac", 1024, 100) for _ in range(5)]
+    row = table.main_rows(table.cells_of(doc(runs)), [1024])[0]
+    assert row["default_over_qemu"]["ratio"] == pytest.approx(0.384)
+    assert row["default_over_qemu"]["hi"] > 0.5 and row["goal_half_qemu"] is None
+
 
 def test_main_rows_carry_the_seeds_ratios():
     runs = []
@@ -97,7 +120,9 @@ def test_each_idea_off_alone():
     runs = [run("kmig-ring4096+seed-all", 1024, 30 + i) for i in range(3)]
     runs += [run("kmig-ring4096+seed-no5", 1024, 60 + i) for i in range(3)]
     runs += [run("kmig-ring4096+seed-no2", 1024, 30 + i) for i in range(3)]
-    each = table.each_rows(table.cells_of(doc(runs)), [1024])
+    cells = table.cells_of(doc(runs))
+    assert table.main_rows(cells, [1024]) == [], "the each-off part has no main row"
+    each = table.each_rows(cells, [1024])
     assert [r["idea"] for r in each] == [2, 5]
     assert each[0]["off_over_on"]["ratio"] == pytest.approx(1.0)
     assert each[1]["off_over_on"]["ratio"] == pytest.approx(61 / 31)
@@ -107,13 +132,14 @@ def test_each_idea_off_alone():
 def test_command_writes_markdown_and_json(tmp_path):
     runs = []
     for cfg in ("kmig-bitmap+seed-all", "qemu-bitmap+ac", "kmig-bitmap+seed-none"):
-        runs += [run(cfg, 1024, 20 + i) for i in range(3)]
+        runs += [run(cfg, 1024, 20 + i, rep=i) for i in range(3)]
     p = tmp_path / "seed000-cpus2-unlimited.json"
     p.write_text(json.dumps(doc(runs, bw=0)))
     md, js = tmp_path / "t.md", tmp_path / "t.json"
     assert table.main([str(p), "--out", str(md), "--json", str(js)]) == 0
     text = md.read_text()
     assert "seed000-cpus2-unlimited: 2 vCPU(s), unlimited" in text and "| bitmap | 1024 MiB |" in text
+    assert "commit abcdef0, 3 rounds" in text
     assert "The throughput loopback gave" in text and "| kmig-bitmap+seed-all | 1000 |" in text
     summ = json.loads(js.read_text())
     assert summ[0]["rows"][0]["seed_all"]["mean_s"] == pytest.approx(21)

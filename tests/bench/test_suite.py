@@ -180,6 +180,18 @@ def test_jobs_deadline_starts_nothing_after_the_first_cell_left(env):
     assert left == ["lone1", "lone2", "lone3"] and runs_of(d) == ["lone0"]
 
 
+def test_jobs_error_ends_the_run_and_starts_nothing_more(env):
+    """A commit that fails beside another cell: run() raises it, as a lone
+    runner would, and no cell starts after it."""
+    d = env
+
+    def commit(c):
+        raise RuntimeError("git commit failed on " + c.name)
+    with pytest.raises(RuntimeError, match="git commit failed"):
+        suite.run(state(d), cells(d, 6, 0), str(d), log=quiet, jobs=2, on_done=commit)
+    assert len(runs_of(d)) <= 3, "cells started after the error"
+
+
 def test_key_follows_the_binaries(env, tmp_path):
     d = env
     a = tmp_path / "kmig"
