@@ -139,11 +139,12 @@ def catalogue(reps, seed_reps):
                                 publish=name + ".json", est_min=est))
     vm = ["scripts/kvm-vm", "--timeout", "14400", "--", PY, "bench/linux-free-pages/run.py",
           "--reps", r]
-    for name, tail, est in (("linux-free-pages", [], 120),
-                            ("linux-free-pages-churn", ["--cases", "churn"], 90),
+    # estimates: 1405, 878 and 442 s, two side by side (--jobs 2), 2026-12-07
+    for name, tail, est in (("linux-free-pages", [], 25),
+                            ("linux-free-pages-churn", ["--cases", "churn"], 15),
                             ("linux-free-pages-churn-512",
                              ["--cases", "churn", "--churn-mb", "512", "--modes", "none,hints",
-                              "--cap", "90"], 60)):
+                              "--cap", "90"], 8)):
         cells.append(suite.Cell(name, vm + tail + ["--out", "{out}"], where="emulated",
                                 publish=name + ".json", est_min=est))
     for cpus in (2, 1):
