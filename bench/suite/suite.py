@@ -270,7 +270,7 @@ def run(state, cells, root, deadline=None, max_failures=3, on_done=None, log=pri
     if jobs <= 1:
         worker()
         return [c.name for c in cells if not state.done(c.name)]
-    errors, workers = [], []
+    errors = []
     workers = [threading.Thread(target=worker, args=(errors,)) for _ in range(jobs)]
     try:
         for t in workers:
