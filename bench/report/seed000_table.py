@@ -109,7 +109,8 @@ def ratio(a, b, reps=2000, seed=0):
         bound = ">=" if a["lower_bound"] else "<="
     both = a["lower_bound"] and b["lower_bound"]
     return {"ratio": a["mean_s"] / b["mean_s"], "lo": boots[int(0.025 * reps)],
-            "hi": boots[int(0.975 * reps) - 1], "bound": bound, "both_capped": both}
+            "hi": boots[int(0.975 * reps) - 1], "bound": bound, "both_capped": both,
+            "n_min": min(a["n"], b["n"])}
 
 
 def part_of(doc):
@@ -166,8 +167,8 @@ def goal(r):
     """kmig at most half QEMU's time: True where the whole 95 % interval
     is at most 0.5, False where it is all above; a ratio over capped runs
     only in the direction its bound allows (<=: only True, >=: only
-    False); else None (undecided)."""
-    if not r or r["both_capped"]:
+    False); else None (undecided), as with one run a side (no interval)."""
+    if not r or r["both_capped"] or r["n_min"] < 2:
         return None
     if r["hi"] <= 0.5 and r["bound"] != ">=":
         return True
@@ -285,7 +286,7 @@ beside both ring sizes); compare ratios, not times.
 "≤ ½ QEMU": kmig's default (its ideas-on row where no default row ran)
 over QEMU's auto-converge on the same tracking: yes when the whole
 interval is at most 0.5, no when all of it is above; undecided when the
-interval straddles 0.5 or a cap hides the answer.
+interval straddles 0.5, a cap hides the answer or a side has one run.
 """
 
 
