@@ -68,11 +68,12 @@ def run_time_s(run, cap_s):
 def cell_stats(runs, cap_s):
     """Mean, spread and 95 % interval of a cell's times; None for no runs
     that completed or reached the cap."""
-    failed = sum(1 for r in runs if run_time_s(r, cap_s) is None)
-    runs = [r for r in runs if run_time_s(r, cap_s) is not None]
+    timed = [(r, run_time_s(r, cap_s)) for r in runs]
+    failed = sum(1 for _, t in timed if t is None)
+    runs = [r for r, t in timed if t is not None]
+    times = [t for _, t in timed if t is not None]
     if not runs:
         return None
-    times = [run_time_s(r, cap_s) for r in runs]
     xs = [t for t, _ in times]
     n = len(xs)
     sd = statistics.stdev(xs) if n > 1 else None
