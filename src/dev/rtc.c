@@ -236,7 +236,8 @@ static void rtc__late_alarm(struct rtc *r, int64_t host_s)
 void rtc__tick_at(struct rtc *r, int64_t host_ns)
 {
 	int64_t sec = host_ns / NS, p = rtc__period_ns(r);
-	/* an interrupt just enabled counts from now, not from its last use */
+	/* an interrupt just enabled counts from when it was (rtc__pio_at) or,
+	 * failing that, from now; never from its last use */
 	if (rtc__updates(r) && sec != r->last_sec) {
 		bool was = r->last_sec >= 0;
 		int64_t from = r->last_sec;
@@ -391,7 +392,13 @@ void rtc__pio_at(struct rtc *r, uint16_t port, bool is_write, uint8_t *data, int
 		else
 			*data = 0xff;
 	} else if (is_write) {
+		bool updating = rtc__updates(r);
 		rtc__write(r, *data, host_s);
+		/* the updates count from the second they were enabled in, not
+		 * from the thread's next tick: a thread late into the next
+		 * second still finds that second's alarm */
+		if (!updating && rtc__updates(r))
+			r->last_sec = host_s;
 	} else {
 		*data = rtc__read(r, host_s);
 	}

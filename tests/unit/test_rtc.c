@@ -187,6 +187,40 @@ static void t_alarm_armed_late(struct t *t)
 	rtc__destroy(&r);
 }
 
+/* The clock's thread late (a loaded host): AIE went on at T0 with the
+ * alarm for T0 + 1, and the thread's first tick since comes only in
+ * T0 + 1.  The alarm is still due: the updates count from the second they
+ * were enabled in, not from the thread's first tick (Linux arms each next
+ * alarm from the last one's interrupt: one lost, and its RTC never
+ * interrupts again).  The same when SET ends or the divider starts. */
+static void t_enabled_before_tick(struct t *t)
+{
+	struct rtc r;
+	struct line l;
+	irq_rtc(&r, &l);
+	wr(&r, 0x01, 0x08, T0);                     /* alarm 13:45:08 = T0 + 1 */
+	wr(&r, 0x03, 0x45, T0);
+	wr(&r, 0x05, 0x13, T0);
+	wr(&r, 0x0b, 0x02 | 0x20, T0);
+	T_CHECK_EQ(t, l.raises, 0);
+	rtc__tick_at(&r, (T0 + 1) * NS + 50000000);
+	T_CHECK(t, l.level == 1 && l.raises == 1);
+	T_CHECK_EQ(t, rd(&r, 0x0c, T0 + 1), 0xb0);  /* IRQF | AF | UF */
+	/* SET ends at T0 + 1 with UIE on: UF at the next second */
+	wr(&r, 0x0b, 0x80 | 0x02, T0 + 1);
+	wr(&r, 0x0b, 0x02 | 0x10, T0 + 1);
+	rtc__tick_at(&r, (T0 + 2) * NS + 900000000);
+	T_CHECK(t, l.level == 1 && l.raises == 2);
+	rd(&r, 0x0c, T0 + 2);
+	/* the divider held, then started at T0 + 3 */
+	wr(&r, 0x0a, 0x76, T0 + 2);
+	rtc__tick_at(&r, (T0 + 3) * NS);
+	wr(&r, 0x0a, 0x26, T0 + 3);
+	rtc__tick_at(&r, (T0 + 4) * NS + 10);
+	T_CHECK(t, l.level == 1 && l.raises == 3);
+	rtc__destroy(&r);
+}
+
 /* Alarm bytes "any" (every second), then AIE on at T0. */
 static void alarm_every_second(struct rtc *r)
 {
@@ -449,6 +483,7 @@ int main(void)
 	T_RUN(&t, t_alarm_irq);
 	T_RUN(&t, t_alarm_late);
 	T_RUN(&t, t_alarm_armed_late);
+	T_RUN(&t, t_enabled_before_tick);
 	T_RUN(&t, t_load_line_high);
 	T_RUN(&t, t_hold_line);
 	T_RUN(&t, t_periodic_irq);
