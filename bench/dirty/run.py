@@ -22,7 +22,6 @@ Writes bench/results/dirty.json and prints a table.  Never asserts.
 With --only, the other sections of an existing output file are kept.
 """
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -36,10 +35,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 # the migration benchmark's stress line parsing (its warm rule)
-_spec = importlib.util.spec_from_file_location(
-    "bench_migrate", os.path.join(ROOT, "bench", "migrate", "run.py"))
-mb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mb)
+sys.path.insert(0, os.path.join(ROOT, "bench", "migrate"))
+import run as mb  # noqa: E402  (the migration benchmark's helpers)
 RESULTS = os.path.join(ROOT, "bench", "results")
 HELPER = os.path.join(ROOT, "build", "bench", "dirty_bench")
 CFLAGS = ["-std=c11", "-D_GNU_SOURCE", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-Isrc", "-pthread"]

@@ -38,7 +38,6 @@ the script refuses to run inside scripts/kvm-vm unless --emulated-smoke is
 given (which runs one repetition and writes nothing).  Never asserts.
 """
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -54,10 +53,8 @@ import kmigtest as kt  # noqa: E402
 import netprobe  # noqa: E402
 import twohosts  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("mig", os.path.join(ROOT, "bench", "migrate",
-                                                                     "run.py"))
-mig = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mig)
+sys.path.insert(0, os.path.join(ROOT, "bench", "migrate"))
+import run as mig  # noqa: E402  (the migration benchmark's helpers)
 
 MAC = "52:54:00:4b:10:01"
 GUEST_IP = "10.77.0.10"
