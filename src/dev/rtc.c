@@ -396,9 +396,12 @@ void rtc__pio_at(struct rtc *r, uint16_t port, bool is_write, uint8_t *data, int
 		rtc__write(r, *data, host_s);
 		/* the updates count from the second they were enabled in, not
 		 * from the thread's next tick: a thread late into the next
-		 * second still finds that second's alarm */
-		if (!updating && rtc__updates(r))
+		 * second still finds that second's alarm.  The time bytes hold
+		 * that second too, for a load to count from it (rtc__load). */
+		if (!updating && rtc__updates(r)) {
 			r->last_sec = host_s;
+			rtc__latch(r, host_s);
+		}
 	} else {
 		*data = rtc__read(r, host_s);
 	}
