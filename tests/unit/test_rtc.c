@@ -30,6 +30,15 @@ static void wr(struct rtc *r, uint8_t reg, uint8_t val, int64_t now)
 
 #define NS 1000000000ll
 
+/* The alarm bytes for 13:45:sec (BCD), written at now. */
+static void alarm_at(struct rtc *r, uint8_t sec, int64_t now)
+{
+	wr(r, 0x01, sec, now);
+	wr(r, 0x03, 0x45, now);
+	wr(r, 0x05, 0x13, now);
+}
+
+
 struct line { int level, raises; };
 
 static void on_irq(void *ctx, bool level)
@@ -97,9 +106,7 @@ static void t_alarm_irq(struct t *t)
 	struct rtc r;
 	struct line l;
 	irq_rtc(&r, &l);
-	wr(&r, 0x01, 0x10, T0);                     /* alarm 13:45:10 */
-	wr(&r, 0x03, 0x45, T0);
-	wr(&r, 0x05, 0x13, T0);
+	alarm_at(&r, 0x10, T0);                     /* alarm 13:45:10 */
 	wr(&r, 0x0b, 0x02 | 0x20, T0);              /* AIE */
 	rtc__tick_at(&r, T0 * NS);
 	for (int64_t s = T0 + 1; s <= T0 + 2; s++)
@@ -132,9 +139,7 @@ static void t_alarm_late(struct t *t)
 	struct line l, ld;
 	uint8_t st[RTC_STATE_SIZE];
 	irq_rtc(&r, &l);
-	wr(&r, 0x01, 0x10, T0);                     /* alarm 13:45:10, T0 + 3 */
-	wr(&r, 0x03, 0x45, T0);
-	wr(&r, 0x05, 0x13, T0);
+	alarm_at(&r, 0x10, T0);                     /* alarm 13:45:10, T0 + 3 */
 	wr(&r, 0x0b, 0x02 | 0x20, T0);              /* AIE */
 	rtc__tick_at(&r, T0 * NS);
 	rtc__tick_at(&r, (T0 + 1) * NS);
@@ -164,9 +169,7 @@ static void t_alarm_armed_late(struct t *t)
 	struct line l;
 	irq_rtc(&r, &l);
 	rtc__tick_at(&r, (T0 + 3) * NS + 500000000);
-	wr(&r, 0x01, 0x10, T0 + 3);                 /* 13:45:10 = T0 + 3: this second */
-	wr(&r, 0x03, 0x45, T0 + 3);
-	wr(&r, 0x05, 0x13, T0 + 3);
+	alarm_at(&r, 0x10, T0 + 3);                 /* 13:45:10 = T0 + 3: this second */
 	wr(&r, 0x0b, 0x02 | 0x20, T0 + 3);
 	T_CHECK(t, l.level == 1 && l.raises == 1);
 	T_CHECK_EQ(t, rd(&r, 0x0c, T0 + 3), 0xa0);  /* IRQF | AF */
@@ -198,9 +201,7 @@ static void t_enabled_before_tick(struct t *t)
 	struct rtc r;
 	struct line l;
 	irq_rtc(&r, &l);
-	wr(&r, 0x01, 0x08, T0);                     /* alarm 13:45:08 = T0 + 1 */
-	wr(&r, 0x03, 0x45, T0);
-	wr(&r, 0x05, 0x13, T0);
+	alarm_at(&r, 0x08, T0);                     /* alarm 13:45:08 = T0 + 1 */
 	wr(&r, 0x0b, 0x02 | 0x20, T0);
 	T_CHECK_EQ(t, l.raises, 0);
 	rtc__tick_at(&r, (T0 + 1) * NS + 50000000);
@@ -238,9 +239,7 @@ static void t_enabled_then_saved(struct t *t)
 	irq_rtc(&r, &l);
 	rd(&r, 0x00, T0 - 10);                      /* the guest reads the clock */
 	wr(&r, 0x0a, 0x76, T0 - 10);                /* divider held */
-	wr(&r, 0x01, 0x02, T0 - 10);                /* alarm 13:45:02 = T0 - 5 */
-	wr(&r, 0x03, 0x45, T0 - 10);
-	wr(&r, 0x05, 0x13, T0 - 10);
+	alarm_at(&r, 0x02, T0 - 10);                /* alarm 13:45:02 = T0 - 5 */
 	wr(&r, 0x0b, 0x02 | 0x20, T0 - 10);
 	wr(&r, 0x0a, 0x26, T0);                     /* started at T0 */
 	rtc__save(&r, st);
