@@ -20,7 +20,8 @@
 #
 # Each test prints "ok NAME", "not ok NAME: why" or "skip NAME: why";
 # everything else is shown as is.  `--part host|kvm` runs one part only
-# (how the kvm part is run inside the VM).
+# (how the kvm part is run inside the VM); `--part items` lists the kvm
+# part's items in the order it runs them, and runs nothing.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 part=all
@@ -59,10 +60,21 @@ run_one() {
 
 pytest_files() {  # one per line
 	local t
-	for t in tests/guest/test_*.py tests/kvm/test_*.py tests/e2e/test_*.py tests/net/test_*.py tests/bench/test_*.py; do
+	for t in tests/guest/test_*.py tests/kvm/test_*.py tests/e2e/test_*.py tests/net/test_*.py tests/bench/test_*.py tests/meta/test_*.py; do
 		[ -f "$t" ] || continue
 		[ -n "$filter" ] && [[ "$(basename "$t")" != *"$filter"* ]] && continue
 		echo "$t"
+	done
+}
+
+# The pytest files with a test marked kvm, qemu or linux (a file without
+# one would only start pytest to select nothing: 8 s an item under
+# emulation).  tests/meta/test_run_items.py holds this to pytest's own
+# collection.
+kvm_pytest_files() {
+	local t
+	for t in $(pytest_files); do
+		grep -qE 'mark\.(kvm|qemu|linux)\b' "$t" && echo "$t"
 	done
 }
 
@@ -218,9 +230,9 @@ kvm_items() {  # the kvm part, one item per line: C tests, pytest files, san:e2e
 		echo "$t"
 	done
 	if [ "${skip_linux:-0}" = 1 ]; then
-		pytest_files | grep -Ev "/${LINUX_TESTS}(_[a-z]+)?\.py$"
+		kvm_pytest_files | grep -Ev "/${LINUX_TESTS}(_[a-z]+)?\.py$"
 	else
-		pytest_files
+		kvm_pytest_files
 	fi
 	if [ -x build-san/kmig ]; then
 		for t in $(cut_list "$SAN_E2E" "$SAN_E2E_EMULATED"); do
@@ -378,6 +390,10 @@ run_linux_in_vm() {
 	filter=$f
 }
 
+if [ "$part" = items ]; then   # the kvm part's items, in the order it takes them
+	ordered_items
+	exit 0
+fi
 t_start=$SECONDS
 $PY tests/lib/kvm_platform.py
 kvm_ok=$?
