@@ -59,12 +59,7 @@ static void usage(FILE *f)
 		"                [--object authz-simple,id=ID,identity=NAME]\n"
 		"                [--tls-creds ID] [--tls-authz ID] [--tls-hostname NAME]\n"
 		"                [-S] [--uuid UUID] [--name NAME]\n"
-		"       kmig migrate --qmp unix:PATH URI [--bandwidth MB/s] [--downtime MS]\n"
-		"                    [--auto-converge step|computed] [--dirty-limit MB/s] [--multifd N]\n"
-		"                    [--compression none|zstd|lz4]\n"
-		"                    [--postcopy auto|after-pass|off] [--dest-qmp unix:PATH] [--resume]\n"
-		"                    [--tls-creds ID] [--tls-hostname NAME]\n"
-		"                    [--disk] [--verify] [--json]\n"
+		"       kmig migrate --qmp unix:PATH URI [OPTIONS]   (kmig migrate --help lists them)\n"
 		"       kmig version | --version | --help\n");
 }
 
@@ -237,14 +232,14 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		case 'A': o->tls_authz = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;
 		case 'h': usage(stdout); exit(0);
-		case ':': die("%s: missing argument", argv[optind - 1]);
-		default: die("unknown option: %s (see kmig run --help)", argv[optind - 1]);
+		case ':': die_usage("%s: missing argument", argv[optind - 1]);
+		default: die_usage("unknown option: %s (see kmig run --help)", argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
-		die("unexpected argument: %s", argv[optind]);
+		die_usage("unexpected argument: %s", argv[optind]);
 	if (!o->vm.kernel && !o->incoming)
-		die("--kernel FILE is required (kmig run --help)");
+		die_usage("--kernel FILE is required (kmig run --help)");
 	if (o->paused && !o->qmp)
 		die("-S needs --qmp: nothing else could send the `cont` that starts the guest");
 	if (o->vm.initrd && !o->vm.kernel)
@@ -366,7 +361,5 @@ int main(int argc, char **argv)
 		usage(stdout);
 		return 0;
 	}
-	fprintf(stderr, "kmig: unknown command '%s'\n", argv[1]);
-	usage(stderr);
-	return 2;
+	die_usage("unknown command '%s' (run, migrate, version; kmig --help)", argv[1]);
 }

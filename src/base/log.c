@@ -41,11 +41,20 @@ void log__msg(enum log_level level, const char *fmt, ...)
 	va_end(ap);
 }
 
+#define LOG_DIE(status) do {			\
+		va_list ap;			\
+		va_start(ap, fmt);		\
+		log__vmsg("error: ", fmt, ap);	\
+		va_end(ap);			\
+		exit(status);			\
+	} while (0)
+
 void die(const char *fmt, ...)
 {
-	va_list ap;
-	va_start(ap, fmt);
-	log__vmsg("error: ", fmt, ap);
-	va_end(ap);
-	exit(1);
+	LOG_DIE(1);
+}
+
+void die_usage(const char *fmt, ...)
+{
+	LOG_DIE(2);
 }

@@ -89,7 +89,9 @@ static void migrate__usage(FILE *f)
 		"  --json                        the final statistics as JSON\n");
 }
 
-static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
+/* Fills o from the command line; a mistake ends the process (die: status
+ * 1, die_usage: 2). */
+static void migrate__parse(int argc, char **argv, struct migrate_opts *o)
 {
 	static const struct option longopts[] = {
 		{ "qmp", required_argument, 0, 'q' }, { "bandwidth", required_argument, 0, 'b' },
@@ -109,7 +111,8 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 	};
 	int c;
 	memset(o, 0, sizeof(*o));
-	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+	/* ':' first: getopt prints nothing, and a missing argument is ':' */
+	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'q':
 			if (strncmp(optarg, "unix:", 5) || !optarg[5])
@@ -177,16 +180,15 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		case 'h':
 			migrate__usage(stdout);
 			exit(0);
-		default:
-			migrate__usage(stderr);
-			return -1;
+		case ':': die_usage("%s: missing argument (kmig migrate --help)", argv[optind - 1]);
+		default: die_usage("unknown option: %s (kmig migrate --help)", argv[optind - 1]);
 		}
 	}
 	if (!o->qmp)
-		die("migrate: --qmp unix:PATH (the source VM's QMP socket) is required "
+		die_usage("migrate: --qmp unix:PATH (the source VM's QMP socket) is required "
 		    "(kmig migrate --help)");
 	if (optind != argc - 1)
-		die("migrate: %s (kmig migrate --help)", optind == argc ?
+		die_usage("migrate: %s (kmig migrate --help)", optind == argc ?
 		    "the destination URI (tcp:HOST:PORT or unix:PATH) is missing" :
 		    "more than one destination URI");
 	if (o->preempt && o->postcopy == PC_OFF)
@@ -212,7 +214,6 @@ static int migrate__parse(int argc, char **argv, struct migrate_opts *o)
 	if (o->resume && !o->dest_qmp)
 		die("--resume needs --dest-qmp unix:PATH (the destination listens on URI first)");
 	o->uri = argv[optind];
-	return 0;
 }
 
 static int migrate__setup(struct qmp_client *c, const struct migrate_opts *o, char *err, size_t n)
@@ -484,8 +485,7 @@ int client__migrate_main(int argc, char **argv)
 	struct migrate_opts o;
 	struct qmp_client c;
 	char err[512];
-	if (migrate__parse(argc, argv, &o))
-		return 2;
+	migrate__parse(argc, argv, &o);
 	if (migrate__dest_caps(&o, err, sizeof(err)))
 		die("destination: %s", err);
 	if (qmp_client__connect(&c, o.qmp, err, sizeof(err)) ||

@@ -47,37 +47,38 @@ def test_kmig_built(check):
     check("cli_kmig_built", os.access(kt.KMIG, os.X_OK), "%s is missing (make)" % kt.KMIG)
 
 
-# (name, args, words that must be in the error line); {NAME} is the path
-# of the file NAME in the test's directory
+# (name, args, words that must be in the error line, exit status: 2 when the
+# command's form is wrong, 1 for a value); {NAME} is the path of the file
+# NAME in the test's directory
 BAD = [
     ("missing_kernel_file", ["--kernel", "{%s}" % MISSING, "--console", "none"],
-     ["--kernel", "{%s}" % MISSING, "no such file"]),
+     ["--kernel", "{%s}" % MISSING, "no such file"], 1),
     ("missing_initrd_file", G + ["--initrd", "{%s}" % MISSING],
-     ["--initrd", "{%s}" % MISSING, "no such file"]),
+     ["--initrd", "{%s}" % MISSING, "no such file"], 1),
     pytest.param("non_elf", ["--kernel", "{%s}" % NOT_ELF, "--console", "none"],
-                 ["{%s}" % NOT_ELF, "not an ELF"], marks=KVM),
+                 ["{%s}" % NOT_ELF, "not an ELF"], 1, marks=KVM),
     pytest.param("empty_kernel", ["--kernel", "{%s}" % EMPTY, "--console", "none"],
-                 ["{%s}" % EMPTY], marks=KVM),
+                 ["{%s}" % EMPTY], 1, marks=KVM),
     pytest.param("elf_without_pvh_note", ["--kernel", "/bin/true", "--console", "none"],
-                 ["/bin/true", "PVH"], marks=KVM),
-    ("no_kernel", ["--console", "none"], ["--kernel"]),
-    ("memory_bogus", G + ["--memory", "bogus"], ["--memory", "bogus"]),
-    ("memory_1K", G + ["--memory", "1K"], ["--memory", "1K"]),
-    ("memory_64G", G + ["--memory", "64G"], ["--memory", "64G"]),
-    ("cpus_0", G + ["--cpus", "0"], ["--cpus", "0"]),
-    ("cpus_1000", G + ["--cpus", "1000"], ["--cpus", "1000"]),
-    ("cpus_bogus", G + ["--cpus", "two"], ["--cpus", "two"]),
-    ("dirty_ring_1000", G + ["--dirty-ring", "1000"], ["--dirty-ring", "1000"]),
-    ("unknown_option", G + ["--frobnicate"], ["--frobnicate"]),
-    ("missing_option_value", G + ["--cpus"], ["--cpus"]),
-    ("console_bogus", ["--kernel", kt.GUEST, "--console", "bogus"], ["--console", "bogus"]),
-    ("qmp_tcp", G + ["--qmp", "tcp:x"], ["--qmp", "tcp:x"]),
-    ("stray_argument", G + ["extra"], ["extra"]),
-    ("balloon_value", G + ["--balloon=free-page-hint=maybe"], ["--balloon", "maybe", "on|off"]),
+                 ["/bin/true", "PVH"], 1, marks=KVM),
+    ("no_kernel", ["--console", "none"], ["--kernel"], 2),
+    ("memory_bogus", G + ["--memory", "bogus"], ["--memory", "bogus"], 1),
+    ("memory_1K", G + ["--memory", "1K"], ["--memory", "1K"], 1),
+    ("memory_64G", G + ["--memory", "64G"], ["--memory", "64G"], 1),
+    ("cpus_0", G + ["--cpus", "0"], ["--cpus", "0"], 1),
+    ("cpus_1000", G + ["--cpus", "1000"], ["--cpus", "1000"], 1),
+    ("cpus_bogus", G + ["--cpus", "two"], ["--cpus", "two"], 1),
+    ("dirty_ring_1000", G + ["--dirty-ring", "1000"], ["--dirty-ring", "1000"], 1),
+    ("unknown_option", G + ["--frobnicate"], ["--frobnicate"], 2),
+    ("missing_option_value", G + ["--cpus"], ["--cpus"], 2),
+    ("console_bogus", ["--kernel", kt.GUEST, "--console", "bogus"], ["--console", "bogus"], 1),
+    ("qmp_tcp", G + ["--qmp", "tcp:x"], ["--qmp", "tcp:x"], 1),
+    ("stray_argument", G + ["extra"], ["extra"], 2),
+    ("balloon_value", G + ["--balloon=free-page-hint=maybe"], ["--balloon", "maybe", "on|off"], 1),
     ("balloon_property", G + ["--balloon=deflate-on-oom=on"], ["--balloon", "deflate-on-oom",
-                                                                "unknown property"]),
+                                                                "unknown property"], 1),
     ("balloon_no_value", G + ["--balloon=free-page-reporting"], ["--balloon",
-                                                                 "free-page-reporting"]),
+                                                                 "free-page-reporting"], 1),
 ]
 
 
@@ -85,9 +86,10 @@ def _ids(p):
     return p.values[0] if hasattr(p, "values") else p[0]
 
 
-@pytest.mark.parametrize("name, args, words", BAD, ids=[_ids(p) for p in BAD])
-def test_bad_input(files, check, name, args, words):
-    """args must fail; every word in words must appear in the error line."""
+@pytest.mark.parametrize("name, args, words, status", BAD, ids=[_ids(p) for p in BAD])
+def test_bad_input(files, check, name, args, words, status):
+    """args must fail with status; every word in words must appear in the
+    error line."""
     def fill(s):
         return files(s[1:-1]) if s.startswith("{") and s.endswith("}") else s
     args = [fill(a) for a in args]
@@ -95,7 +97,7 @@ def test_bad_input(files, check, name, args, words):
     rc, out, err = run_kmig(["run"] + args)
     lines = err.splitlines()
     desc = "kmig run %s -> status %s, stderr %r" % (" ".join(args), rc, err)
-    check("cli_%s_fails" % name, rc is not None and rc > 0, desc)
+    check("cli_%s_fails" % name, rc == status, "want status %d: %s" % (status, desc))
     check("cli_%s_one_error_line" % name,
           len(lines) == 1 and lines[0].startswith("kmig: error:") and err.endswith("\n"), desc)
     check("cli_%s_names_problem" % name,
@@ -123,32 +125,44 @@ def test_help(check, args, words):
           "kmig %s: status %s, stdout %r, stderr %r" % (" ".join(args), rc, out, err))
 
 
-# kmig migrate's own mistakes: (name, args, words in the error line)
+# kmig migrate's own mistakes: (name, args, words in the error line, status)
 BAD_MIGRATE = [
-    ("no_qmp", ["tcp:127.0.0.1:1"], ["--qmp"]),
-    ("no_uri", ["--qmp", "unix:/nonexistent"], ["URI", "missing"]),
-    ("two_uris", ["--qmp", "unix:/nonexistent", "a", "b"], ["more than one"]),
-    ("bad_bandwidth", ["--qmp", "unix:/x", "--bandwidth", "fast", "tcp:h:1"], ["--bandwidth"]),
+    ("no_qmp", ["tcp:127.0.0.1:1"], ["--qmp"], 2),
+    ("no_uri", ["--qmp", "unix:/nonexistent"], ["URI", "missing"], 2),
+    ("two_uris", ["--qmp", "unix:/nonexistent", "a", "b"], ["more than one"], 2),
+    ("unknown_option", ["--qmp", "unix:/x", "--frobnicate", "tcp:h:1"], ["--frobnicate"], 2),
+    ("missing_value", ["--qmp", "unix:/x", "tcp:h:1", "--bandwidth"], ["--bandwidth", "missing"],
+     2),
+    ("bad_bandwidth", ["--qmp", "unix:/x", "--bandwidth", "fast", "tcp:h:1"], ["--bandwidth"], 1),
     ("disk_postcopy", ["--qmp", "unix:/x", "--disk", "--postcopy", "auto", "tcp:h:1"],
-     ["--disk", "post-copy"]),
+     ["--disk", "post-copy"], 1),
     ("bad_policy", ["--qmp", "unix:/x", "--auto-converge", "fast", "tcp:h:1"],
-     ["--auto-converge", "step, computed or off"]),
+     ["--auto-converge", "step, computed or off"], 1),
     ("two_policies", ["--qmp", "unix:/x", "--auto-converge", "off", "--dirty-limit", "5",
-                      "tcp:h:1"], ["--dirty-limit", "--auto-converge"]),
+                      "tcp:h:1"], ["--dirty-limit", "--auto-converge"], 1),
 ]
 
 
-@pytest.mark.parametrize("name, args, words", BAD_MIGRATE, ids=[b[0] for b in BAD_MIGRATE])
-def test_bad_migrate(check, name, args, words):
+@pytest.mark.parametrize("name, args, words, status", BAD_MIGRATE,
+                         ids=[b[0] for b in BAD_MIGRATE])
+def test_bad_migrate(check, name, args, words, status):
     rc, out, err = run_kmig(["migrate"] + args)
     lines = err.splitlines()
-    desc = "kmig migrate %s -> status %s, stderr %r" % (" ".join(args), rc, err)
-    check("cli_migrate_%s" % name, rc is not None and rc > 0 and len(lines) == 1 and
+    desc = "kmig migrate %s -> status %s (want %d), stderr %r" % (" ".join(args), rc, status, err)
+    check("cli_migrate_%s" % name, rc == status and len(lines) == 1 and
           lines[0].startswith("kmig: error:") and err.endswith("\n") and
           all(w.lower() in lines[0].lower() for w in words), desc)
 
 
 def test_no_command(check):
     rc, out, err = run_kmig([])
-    check("cli_no_command", rc is not None and rc > 0 and "usage" in err,
+    check("cli_no_command", rc == 2 and "usage" in err,
           "status %s, stderr %r" % (rc, err))
+
+
+def test_unknown_command(check):
+    rc, out, err = run_kmig(["frobnicate"])
+    lines = err.splitlines()
+    check("cli_unknown_command", rc == 2 and len(lines) == 1 and
+          lines[0].startswith("kmig: error:") and "frobnicate" in lines[0] and not out,
+          "status %s, stdout %r, stderr %r" % (rc, out, err))
