@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "base/units.h"
+#include "ctl/cliopt.h"
 #include "ctl/client.h"
 #include "ctl/control.h"
 #include "ctl/blk_opts.h"
@@ -137,6 +138,7 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 	o->vm.cpus = 1;
 	o->vm.dirty_ring = VM_DIRTY_RING_AUTO;
 	o->console = "stdio";
+	char why[160];
 	while ((c = getopt_long(argc, argv, ":S", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'k': o->vm.kernel = optarg; break;
@@ -232,8 +234,9 @@ static void parse_run(int argc, char **argv, struct run_opts *o)
 		case 'A': o->tls_authz = optarg; break;
 		case 'H': o->tls_hostname = optarg; break;
 		case 'h': usage(stdout); exit(0);
-		case ':': die_usage("%s: missing argument", argv[optind - 1]);
-		default: die_usage("unknown option: %s (see kmig run --help)", argv[optind - 1]);
+		default:
+			die_usage("%s (kmig run --help)",
+				  cliopt__why(c, argc, argv, longopts, why, sizeof(why)));
 		}
 	}
 	if (optind < argc)
@@ -352,12 +355,16 @@ int main(int argc, char **argv)
 		return cmd_run(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "migrate"))
 		return client__migrate_main(argc - 1, argv + 1);
-	if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version") ||
-	    !strcmp(argv[1], "-V")) {
+	bool version = !strcmp(argv[1], "version") || !strcmp(argv[1], "--version") ||
+		       !strcmp(argv[1], "-V");
+	bool help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help");
+	if ((version || help) && argc > 2)
+		die_usage("%s takes no arguments (unexpected: %s)", argv[1], argv[2]);
+	if (version) {
 		printf("kmig 0.1.0\n");
 		return 0;
 	}
-	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+	if (help) {
 		usage(stdout);
 		return 0;
 	}

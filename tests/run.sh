@@ -21,7 +21,8 @@
 # Each test prints "ok NAME", "not ok NAME: why" or "skip NAME: why";
 # everything else is shown as is.  `--part host|kvm` runs one part only
 # (how the kvm part is run inside the VM); `--part items` lists the kvm
-# part's items in the order it runs them, and runs nothing.
+# part's items in the order it runs them (on a kvm_pvm host the Linux
+# files among them run in scripts/kvm-vm after the rest), and runs nothing.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 part=all

@@ -41,20 +41,22 @@ void log__msg(enum log_level level, const char *fmt, ...)
 	va_end(ap);
 }
 
-#define LOG_DIE(status) do {			\
-		va_list ap;			\
-		va_start(ap, fmt);		\
-		log__vmsg("error: ", fmt, ap);	\
-		va_end(ap);			\
-		exit(status);			\
-	} while (0)
+__attribute__((noreturn)) static void log__vdie(int status, const char *fmt, va_list ap)
+{
+	log__vmsg("error: ", fmt, ap);
+	exit(status);
+}
 
 void die(const char *fmt, ...)
 {
-	LOG_DIE(1);
+	va_list ap;
+	va_start(ap, fmt);
+	log__vdie(1, fmt, ap);
 }
 
 void die_usage(const char *fmt, ...)
 {
-	LOG_DIE(2);
+	va_list ap;
+	va_start(ap, fmt);
+	log__vdie(2, fmt, ap);
 }

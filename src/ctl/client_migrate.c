@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "base/units.h"
+#include "ctl/cliopt.h"
 #include "ctl/client.h"
 #include "mig/comp.h"
 
@@ -111,7 +112,8 @@ static void migrate__parse(int argc, char **argv, struct migrate_opts *o)
 	};
 	int c;
 	memset(o, 0, sizeof(*o));
-	/* ':' first: getopt prints nothing, and a missing argument is ':' */
+	char why[160];
+	/* ':' first: getopt prints nothing (cliopt__why says it) */
 	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'q':
@@ -180,8 +182,9 @@ static void migrate__parse(int argc, char **argv, struct migrate_opts *o)
 		case 'h':
 			migrate__usage(stdout);
 			exit(0);
-		case ':': die_usage("%s: missing argument (kmig migrate --help)", argv[optind - 1]);
-		default: die_usage("unknown option: %s (kmig migrate --help)", argv[optind - 1]);
+		default:
+			die_usage("%s (kmig migrate --help)",
+				  cliopt__why(c, argc, argv, longopts, why, sizeof(why)));
 		}
 	}
 	if (!o->qmp)

@@ -71,6 +71,8 @@ BAD = [
     ("dirty_ring_1000", G + ["--dirty-ring", "1000"], ["--dirty-ring", "1000"], 1),
     ("unknown_option", G + ["--frobnicate"], ["--frobnicate"], 2),
     ("missing_option_value", G + ["--cpus"], ["--cpus"], 2),
+    ("short_group", G + ["-Sx"], ["unknown option: -x"], 2),
+    ("flag_given_value", G + ["--mem-prealloc=1"], ["--mem-prealloc takes no argument"], 2),
     ("console_bogus", ["--kernel", kt.GUEST, "--console", "bogus"], ["--console", "bogus"], 1),
     ("qmp_tcp", G + ["--qmp", "tcp:x"], ["--qmp", "tcp:x"], 1),
     ("stray_argument", G + ["extra"], ["extra"], 2),
@@ -133,6 +135,10 @@ BAD_MIGRATE = [
     ("unknown_option", ["--qmp", "unix:/x", "--frobnicate", "tcp:h:1"], ["--frobnicate"], 2),
     ("missing_value", ["--qmp", "unix:/x", "tcp:h:1", "--bandwidth"], ["--bandwidth", "missing"],
      2),
+    ("short_group", ["--qmp", "unix:/x", "-xy", "tcp:h:1"], ["unknown option: -x"], 2),
+    ("flag_given_value", ["--qmp", "unix:/x", "--json=1", "tcp:h:1"],
+     ["--json takes no argument"], 2),
+    ("ambiguous", ["--qmp", "unix:/x", "--d", "5", "tcp:h:1"], ["ambiguous option: --d"], 2),
     ("bad_bandwidth", ["--qmp", "unix:/x", "--bandwidth", "fast", "tcp:h:1"], ["--bandwidth"], 1),
     ("disk_postcopy", ["--qmp", "unix:/x", "--disk", "--postcopy", "auto", "tcp:h:1"],
      ["--disk", "post-copy"], 1),
@@ -158,6 +164,13 @@ def test_no_command(check):
     rc, out, err = run_kmig([])
     check("cli_no_command", rc == 2 and "usage" in err,
           "status %s, stderr %r" % (rc, err))
+
+
+@pytest.mark.parametrize("args", [["version", "x"], ["--help", "x"]], ids=["version", "help"])
+def test_extra_operand(check, args):
+    rc, out, err = run_kmig(args)
+    check("cli_extra_operand", rc == 2 and not out and err.startswith("kmig: error:") and
+          len(err.splitlines()) == 1, "status %s, stdout %r, stderr %r" % (rc, out, err))
 
 
 def test_unknown_command(check):
