@@ -5,6 +5,7 @@ file it took without one would only start pytest to select nothing.
 No KVM needed."""
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,7 @@ def run_items(**env):
     """`tests/run.sh --part items`: the kvm part's items (with
     build-san/kmig and build-tsan/kmig built, as make test builds them,
     also `san:FILE[::TEST]` and `tsan:e2e`)."""
-    e = dict(os.environ, **env)
+    e = dict(os.environ)
     for k in ("KMIG_TEST_EMULATED", "KMIG_TEST_ALL"):
         e.pop(k, None)
     e.update(env)
@@ -36,11 +37,16 @@ def run_items(**env):
     return r.stdout.split()
 
 
+def pytest_items(items):
+    """The plain pytest files among items (not san:FILE, not C tests)."""
+    return {i for i in items if i.endswith(".py") and ":" not in i}
+
+
 def test_kvm_items_are_the_marked_files():
     want = collected_files()
     assert want, "pytest collected no kvm, qemu or linux test at all"
     items = run_items()
-    got = {i for i in items if i.endswith(".py") and ":" not in i}   # not san:FILE
+    got = pytest_items(items)
     assert got == want, ("left out: %s; taken without a marked test: %s"
                          % (sorted(want - got), sorted(got - want)))
     assert len(items) == len(set(items)), "an item listed twice"
@@ -48,15 +54,12 @@ def test_kvm_items_are_the_marked_files():
 
 def test_emulated_items_the_same_files():
     """Under emulation the same files (only the sanitizer cuts differ)."""
-    plain = {i for i in run_items() if i.endswith(".py") and ":" not in i}
-    emulated = {i for i in run_items(KMIG_TEST_EMULATED="1") if i.endswith(".py") and ":" not in i}
-    assert plain == emulated
+    assert pytest_items(run_items()) == pytest_items(run_items(KMIG_TEST_EMULATED="1"))
 
 
 def test_sanitizer_items_name_files():
     """Each `san:` item names a test file that exists (its cut may name
     one test of it), whether or not build-san/kmig is there now."""
-    import re
     text = open(os.path.join(ROOT, "tests/run.sh")).read()
     named = set(re.findall(r"tests/e2e/test_[a-z_0-9]+\.py", text))
     assert named, "no test file named in tests/run.sh"

@@ -38,7 +38,6 @@ static void alarm_at(struct rtc *r, uint8_t sec, int64_t now)
 	wr(r, 0x05, 0x13, now);
 }
 
-
 struct line { int level, raises; };
 
 static void on_irq(void *ctx, bool level)
