@@ -169,7 +169,7 @@ SAN_E2E="tests/e2e/test_migrate.py tests/e2e/test_multifd.py tests/e2e/test_migr
 	tests/e2e/test_hostile.py tests/e2e/test_tls.py tests/e2e/test_postcopy.py
 	tests/e2e/test_save_restore.py tests/e2e/test_postcopy_preempt.py tests/e2e/test_xbzrle.py
 	tests/e2e/test_background_snapshot.py tests/e2e/test_ignore_shared.py
-	tests/e2e/test_start_paused.py"
+	tests/e2e/test_start_paused.py tests/e2e/test_early_channels.py"
 # Under emulation ASan's slowdown on top of TCG's made that cut take ten
 # minutes, and post-copy's alone seven; there it keeps the one-VMM
 # migrations, failures and post-copy's verified migrations (multifd, TLS,
@@ -180,7 +180,7 @@ SAN_E2E_EMULATED="tests/e2e/test_migrate.py tests/e2e/test_migrate_fail.py
 	tests/e2e/test_xbzrle.py::test_verify_guest
 	tests/e2e/test_background_snapshot.py::test_snapshot_restore
 	tests/e2e/test_ignore_shared.py::test_local_update
-	tests/e2e/test_start_paused.py::test_autostart"
+	tests/e2e/test_start_paused.py::test_autostart tests/e2e/test_early_channels.py"
 # Cancel, failure and hostile-peer tests with kmig built with
 # ThreadSanitizer (make TSAN=1 all): a data race reported fails the test.
 # TSan slows kmig's page loops tenfold and more, so the cut leaves out the
@@ -197,7 +197,8 @@ TSAN_E2E="tests/e2e/test_hostile.py tests/e2e/test_migrate_fail.py::test_cancel_
 	tests/e2e/test_converge.py::test_dirty_limit_refused
 	tests/e2e/test_save_restore.py::test_exec_failures
 	tests/e2e/test_ignore_shared.py::test_local_update tests/e2e/test_ignore_shared.py::test_late_failure
-	tests/e2e/test_start_paused.py::test_autostart tests/e2e/test_start_paused.py::test_stop_cont_race"
+	tests/e2e/test_start_paused.py::test_autostart tests/e2e/test_start_paused.py::test_stop_cont_race
+	tests/e2e/test_early_channels.py"
 # Under emulation the hostile peers run plainly only (they were two thirds
 # of this cut's four minutes there).
 TSAN_E2E_EMULATED="tests/e2e/test_migrate_fail.py::test_cancel_stalled
@@ -207,7 +208,8 @@ TSAN_E2E_EMULATED="tests/e2e/test_migrate_fail.py::test_cancel_stalled
 	tests/e2e/test_converge.py::test_dirty_limit_refused
 	tests/e2e/test_save_restore.py::test_exec_failures
 	tests/e2e/test_ignore_shared.py::test_local_update tests/e2e/test_ignore_shared.py::test_late_failure
-	tests/e2e/test_start_paused.py::test_autostart tests/e2e/test_start_paused.py::test_stop_cont_race"
+	tests/e2e/test_start_paused.py::test_autostart tests/e2e/test_start_paused.py::test_stop_cont_race
+	tests/e2e/test_early_channels.py"
 # $1: the whole list, $2: its cut under emulation (unless KMIG_TEST_ALL=1)
 cut_list() {
 	if [ "${KMIG_TEST_EMULATED:-}" = 1 ] && [ "${KMIG_TEST_ALL:-}" != 1 ]; then

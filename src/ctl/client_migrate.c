@@ -189,11 +189,11 @@ static void migrate__parse(int argc, char **argv, struct migrate_opts *o)
 	}
 	if (!o->qmp)
 		die_usage("migrate: --qmp unix:PATH (the source VM's QMP socket) is required "
-		    "(kmig migrate --help)");
+			  "(kmig migrate --help)");
 	if (optind != argc - 1)
 		die_usage("migrate: %s (kmig migrate --help)", optind == argc ?
-		    "the destination URI (tcp:HOST:PORT or unix:PATH) is missing" :
-		    "more than one destination URI");
+			  "the destination URI (tcp:HOST:PORT or unix:PATH) is missing" :
+			  "more than one destination URI");
 	if (o->preempt && o->postcopy == PC_OFF)
 		die("--preempt needs --postcopy auto or after-pass (postcopy-preempt needs postcopy-ram)");
 	if (o->disk && o->postcopy != PC_OFF)

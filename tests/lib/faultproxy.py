@@ -259,9 +259,10 @@ class FaultProxy:
                     # the channels only once the main stream's first
                     # record is through: relayed raw, their first bytes
                     # would otherwise overtake it (this relay reads the
-                    # main stream record by record), and the destination
-                    # takes whichever connection speaks first for its
-                    # main stream
+                    # main stream record by record).  The destination
+                    # would hold them for their turn (test_early_channels
+                    # tests that); here the faults keep to the order the
+                    # source sent in
                     self._more_started = True
                     threading.Thread(target=self._accept_more, daemon=True).start()
                 self._step("reading from the source")

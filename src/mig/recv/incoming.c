@@ -19,6 +19,7 @@
 #include "mig/multifd.h"
 #include "mig/postcopy.h"
 #include "mig/recv/disk_in.h"
+#include "mig/recv/early.h"
 #include "mig/recv/preempt_in.h"
 #include "mig/recv/recv.h"
 #include "state/state.h"
@@ -31,6 +32,7 @@ struct incoming {
 	struct mig_stream stream;
 	struct mig_listener listener; /* open until the multifd channels are in */
 	bool listening;
+	struct mig_early early;      /* its connections that spoke before their turn */
 	struct proto_ram pr;
 	unsigned sections;           /* loaded so far */
 	int nexpected;               /* the slots state__save produces for this VM */
@@ -96,6 +98,20 @@ static void incoming__close_listener(struct incoming *in)
 	in->m->in_host[0] = in->m->in_path[0] = 0;
 	in->m->in_port = 0;
 	pthread_mutex_unlock(&in->m->lock);
+	for (unsigned n = mig_early__drop(&in->early); n; n--)
+		migration__stray(in->m, "connection", "held for a channel this migration did not "
+				 "open");
+}
+
+/* s (from the listener, plain) began with a `type` record of a later
+ * connection of this migration: true if it is held for its turn. */
+static bool incoming__hold(struct incoming *in, struct mig_stream *s, uint32_t type)
+{
+	if (mig_early__hold(&in->early, s, type))
+		return false;
+	log_info("incoming migration: a %s spoke before its turn: held",
+		 type == PROTO_PREEMPT ? "postcopy-preempt channel" : "multifd channel");
+	return true;
 }
 
 /* The main stream announced `count` extra channels: accept them.  A
@@ -114,9 +130,10 @@ static int incoming__on_channels(void *ctx, uint32_t count,
 	memcpy(in->mf.session, session, PROTO_SESSION_LEN);
 	for (uint32_t i = 0; i < count;) {
 		struct mig_stream *s = multifd_recv__next_stream(&in->mf);
-		int rc = s ? mig_listener__accept(&in->listener, s,
-						  time__now_ms() + INCOMING_CHANNEL_WAIT_MS, err,
-						  sizeof(err)) : -ENOSPC;
+		int rc = !s ? -ENOSPC : mig_early__take(&in->early, PROTO_CHANNEL, s) ? 0 :
+			 mig_listener__accept(&in->listener, s,
+					      time__now_ms() + INCOMING_CHANNEL_WAIT_MS, err,
+					      sizeof(err));
 		if (rc) {
 			mig_recv__fail(&in->recv, rc, "multifd channel %u did not connect: %s", i + 1,
 				       err);
@@ -155,9 +172,10 @@ static int incoming__reopen_failed(struct incoming *in, const char *err)
 }
 
 /* The main stream announced the postcopy-preempt channel (at setup, or
- * again on a recovery's new link): accept it.  As for the multifd
- * channels, a connection that is not it is dropped and counted, and the
- * listener waits on. */
+ * again on a recovery's new link): accept it, or take it if it came
+ * early.  A multifd channel that comes before it is held for its turn;
+ * as for the multifd channels, a connection that is neither is dropped
+ * and counted, and the listener waits on. */
 static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_LEN],
 				uint32_t channels)
 {
@@ -175,7 +193,9 @@ static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_L
 	struct mig_recv_ops ops = { .place_page = incoming__place_page,
 				    .place_zero = incoming__place_zero, .ctx = in };
 	for (;;) {
-		int rc = mig_listener__accept(&in->listener, &in->preempt.stream,
+		struct mig_stream *s = &in->preempt.stream;
+		int rc = mig_early__take(&in->early, PROTO_PREEMPT, s) ? 0 :
+			 mig_listener__accept(&in->listener, s,
 					      time__now_ms() + INCOMING_CHANNEL_WAIT_MS, err,
 					      sizeof(err));
 		if (rc && reopen)
@@ -186,6 +206,12 @@ static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_L
 		rc = preempt_in__add(&in->preempt, m->tls_in.creds ? &m->tls_in : NULL,
 				     in->mf.peer, session, channels, &in->pr, &ops, err,
 				     sizeof(err));
+		if (rc == -EAGAIN && incoming__hold(in, s, PROTO_CHANNEL))
+			continue;
+		if (rc == -EAGAIN) {        /* no room: a stray */
+			mig_stream__close(s);
+			rc = -EPROTO;
+		}
 		/* a reopening takes no strays: the source's next try may come
 		 * on this URI, and it needs migrate-recover here first */
 		if (rc == -EPROTO && !reopen && strays++ < INCOMING_CHANNEL_STRAYS) {
@@ -601,9 +627,11 @@ static int incoming__load(struct incoming *in)
 /* The header of a connection's first record, left unread: of type want
  * (START, or RESUME on a recovery), within INCOMING_FIRST_RECORD_MS when
  * bounded (a connection from a listener, which may be a stray; a stream
- * of exec:, file: or fd: has no rival and waits as long as it takes). */
+ * of exec:, file: or fd: has no rival and waits as long as it takes).
+ * -EAGAIN with *type set: a plain connection that begins with the first
+ * record of a later connection of a migration (PREEMPT, CHANNEL). */
 static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls, bool bounded,
-				  char *why, size_t len)
+				  uint32_t *type, char *why, size_t len)
 {
 	uint8_t b[PROTO_HDR_SIZE];
 	struct proto_hdr h;
@@ -616,18 +644,27 @@ static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls,
 			 INCOMING_FIRST_RECORD_MS / 1000);
 	else if (rc)
 		snprintf(why, len, "%s", mig_stream__strerror(s));
-	else if ((proto__decode_header(b, sizeof(b), &h) || h.type != want) && (rc = -EPROTO))
-		snprintf(why, len, "not a kmig migration stream (first bytes %02x %02x %02x %02x%s)",
-			 b[0], b[1], b[2], b[3], b[0] == 0x16 && b[1] == 3 && !tls ?
-			 ": a TLS handshake, and tls-creds is not set here" : "");
-	return rc;
+	if (rc)
+		return rc;
+	bool framed = !proto__decode_header(b, sizeof(b), &h);
+	if (framed && h.type == want)
+		return 0;
+	if (framed && !tls && (h.type == PROTO_PREEMPT || h.type == PROTO_CHANNEL)) {
+		*type = h.type;
+		return -EAGAIN;
+	}
+	snprintf(why, len, "not a kmig migration stream (first bytes %02x %02x %02x %02x%s)",
+		 b[0], b[1], b[2], b[3], b[0] == 0x16 && b[1] == 3 && !tls ?
+		 ": a TLS handshake, and tls-creds is not set here" : "");
+	return -EPROTO;
 }
 
 /* A connection just taken into in->stream (bounded: from the listener):
  * its TLS handshake (with tls-creds) and its first record's header.  0, or
- * -errno with why set. */
-static int incoming__vet(struct incoming *in, uint32_t want, bool bounded, char *why,
-			 size_t len)
+ * -errno with why set (-EAGAIN: *type is a later connection's first
+ * record). */
+static int incoming__vet(struct incoming *in, uint32_t want, bool bounded, uint32_t *type,
+			 char *why, size_t len)
 {
 	struct migration *m = in->m;
 	/* the return path carries one small record: send it at once */
@@ -642,13 +679,14 @@ static int incoming__vet(struct incoming *in, uint32_t want, bool bounded, char 
 		if (tls__peer(&in->stream, &m->tls_in, in->mf.peer, sizeof(in->mf.peer)))
 			in->mf.peer[0] = 0;
 	}
-	return incoming__first_header(&in->stream, want, m->tls_in.creds != NULL, bounded, why,
-				      len);
+	return incoming__first_header(&in->stream, want, m->tls_in.creds != NULL, bounded, type,
+				      why, len);
 }
 
-/* Takes the source's connection into in->stream.  One that fails its TLS
- * handshake or does not begin with a `want` record is dropped and
- * counted (migration__stray): the listener waits on. */
+/* Takes the source's connection into in->stream.  One of its later
+ * connections that speaks first is held for its turn (incoming__hold);
+ * one that fails its TLS handshake or does not begin with a `want` record
+ * is dropped and counted (migration__stray): the listener waits on. */
 static int incoming__take(struct incoming *in, uint32_t want, char *err, size_t errlen)
 {
 	struct migration *m = in->m;
@@ -661,17 +699,24 @@ static int incoming__take(struct incoming *in, uint32_t want, char *err, size_t 
 		pthread_mutex_unlock(&m->lock);
 		if (rc)
 			return rc;
-		char why[200];
-		rc = incoming__vet(in, want, true, why, sizeof(why));
+		char why[200] = "";
+		uint32_t type = 0;
+		rc = incoming__vet(in, want, true, &type, why, sizeof(why));
 		if (!rc)
 			return 0;
 		pthread_mutex_lock(&m->lock);
 		in->connected = false;
 		bool cancelled = in->cancelled;
 		pthread_mutex_unlock(&m->lock);
+		if (!cancelled && rc == -EAGAIN && incoming__hold(in, &in->stream, type))
+			continue;
 		mig_stream__close(&in->stream);
 		if (cancelled)
 			return utf8__err(err, errlen, -ECANCELED, "cancelled");
+		if (rc == -EAGAIN)
+			snprintf(why, sizeof(why), "a %s channel's first record, and %u are held "
+				 "already", type == PROTO_PREEMPT ? "postcopy-preempt" : "multifd",
+				 MIG_EARLY_MAX);
 		migration__stray(m, "connection", why);
 	}
 }
@@ -699,7 +744,13 @@ static int incoming__open_local(struct incoming *in, const struct mig_uri *u, ch
 	log_info("incoming migration: reading %s stream from %s",
 		 mig_stream__two_way(&in->stream) ? "a socket's" : "a one-way", m->in_uri);
 	char why[200];
-	rc = incoming__vet(in, PROTO_START, false, why, sizeof(why));
+	uint32_t type;
+	rc = incoming__vet(in, PROTO_START, false, &type, why, sizeof(why));
+	if (rc == -EAGAIN) {    /* no later connection on a local stream */
+		rc = -EPROTO;
+		snprintf(why, sizeof(why), "not a kmig migration stream (it begins with a %s "
+			 "channel's record)", type == PROTO_PREEMPT ? "postcopy-preempt" : "multifd");
+	}
 	if (!rc)
 		return 0;
 	utf8__err(err, errlen, rc, "%s", why);

@@ -60,11 +60,22 @@ static void *preempt__thread(void *arg)
 	}
 }
 
+/* A plain connection that begins with a multifd channel's CHANNEL record
+ * (left unread): it came before this one (mig/recv/early.h). */
+static bool preempt__is_channel(struct preempt_in *p)
+{
+	uint8_t b[PROTO_HDR_SIZE];
+	struct proto_hdr h;
+	return !mig_stream__peek(&p->stream, b, sizeof(b)) &&
+	       !proto__decode_header(b, sizeof(b), &h) && h.type == PROTO_CHANNEL;
+}
+
 /* TLS, then the PREEMPT record, within PREEMPT_HANDSHAKE_MS; NULL if it
- * is this migration's, else why not. */
+ * is this migration's, else why not (*channel: it is a multifd channel's
+ * instead, plain, its record unread). */
 static const char *preempt__vet(struct preempt_in *p, const struct tls_config *tls,
 				const char *peer, const uint8_t session[PROTO_SESSION_LEN],
-				uint32_t channels, char *buf, size_t len)
+				uint32_t channels, char *buf, size_t len, bool *channel)
 {
 	struct proto_hdr h;
 	uint8_t rec[64], theirs[PROTO_SESSION_LEN];
@@ -76,6 +87,10 @@ static const char *preempt__vet(struct preempt_in *p, const struct tls_config *t
 	if (tls && peer[0] && (tls__peer(&p->stream, tls, who, sizeof(who)) || strcmp(who, peer)))
 		return "TLS client other than the main stream's";
 	mig_stream__set_read_deadline(&p->stream, time__now_ms() + PREEMPT_HANDSHAKE_MS);
+	if (!tls && (*channel = preempt__is_channel(p))) {
+		mig_stream__set_read_deadline(&p->stream, 0);
+		return "a multifd channel's CHANNEL record";
+	}
 	int rc = mig_stream__get_record(&p->stream, &h, rec, sizeof(rec));
 	mig_stream__set_read_deadline(&p->stream, 0);
 	if (rc) {
@@ -103,16 +118,19 @@ int preempt_in__add(struct preempt_in *p, const struct tls_config *tls, const ch
 	if (p->cancelled)
 		mig_stream__shutdown(&p->stream);
 	pthread_mutex_unlock(&p->lock);
-	const char *why = preempt__vet(p, tls, peer, session, channels, buf, sizeof(buf));
+	bool channel = false;
+	const char *why = preempt__vet(p, tls, peer, session, channels, buf, sizeof(buf),
+				       &channel);
 	if (why) {
 		pthread_mutex_lock(&p->lock);
 		p->open = false;
 		bool cancelled = p->cancelled;
 		pthread_mutex_unlock(&p->lock);
-		mig_stream__close(&p->stream);
+		if (cancelled || !channel)
+			mig_stream__close(&p->stream);
 		snprintf(err, errlen, "bad postcopy-preempt channel handshake: %s", why);
 		utf8__sanitize(err);
-		return cancelled ? -ECANCELED : -EPROTO;
+		return cancelled ? -ECANCELED : channel ? -EAGAIN : -EPROTO;
 	}
 	struct mig_recv_ops pops = { .place_page = ops->place_page,
 				     .place_zero = ops->place_zero, .ctx = ops->ctx };

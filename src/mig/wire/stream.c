@@ -73,6 +73,17 @@ void mig_stream__close(struct mig_stream *s)
 	s->wbuf = s->rbuf = NULL;
 }
 
+void mig_stream__move(struct mig_stream *to, struct mig_stream *from)
+{
+	memcpy(to, from, sizeof(*to));
+	pthread_mutex_destroy(&from->err_lock);
+	pthread_mutex_init(&to->err_lock, NULL);
+	if (to->tls)            /* its transport names the struct */
+		gnutls_transport_set_ptr(to->tls, to);
+	memset(from, 0, sizeof(*from));
+	from->fd = -1;
+}
+
 int mig_stream__error(struct mig_stream *s)
 {
 	return atomic_load_explicit(&s->err, memory_order_acquire);

@@ -77,6 +77,11 @@ int mig_stream__init(struct mig_stream *s, int fd) KMIG_MUST_CHECK;
 /* Closes the fd and frees the buffers.  Does not flush. */
 void mig_stream__close(struct mig_stream *s);
 
+/* Moves an open stream, its unread buffered bytes with it, from one
+ * struct into another (to uninitialised or closed); from is left closed.
+ * Neither may be in use by another thread. */
+void mig_stream__move(struct mig_stream *to, struct mig_stream *from);
+
 /* 0 or the sticky error; message "" when there is none. */
 int mig_stream__error(struct mig_stream *s);
 const char *mig_stream__strerror(struct mig_stream *s);
