@@ -1,6 +1,6 @@
 """A source's later connections that speak before the earlier ones
-(docs/protocol.md "Connections"): the destination holds each for its
-turn, and the migration completes.
+(docs/protocol.md, "Connections that speak before their turn"): the
+destination holds each for its turn, and the migration completes.
 
 The source opens its main stream, then the postcopy-preempt channel, then
 the multifd channels, each as soon as the one before has sent its first
@@ -14,6 +14,14 @@ may:
                         destination waits for the preempt channel)
   all_reversed          the two multifd channels, the postcopy-preempt
                         channel, the main stream
+  intruders             before the source, 17 connections (as many as
+                        are held) each begin with a well-formed CHANNEL
+                        of another session; then four multifd channels
+                        before the main stream: the source's push the
+                        oldest four intruders out, the other 13 are
+                        dropped when the channels' turn comes without
+                        using up the 16 strays a channel's wait allows,
+                        and the source's are taken; 17 strays counted
 
 The relay lets each connection speak only once the destination has held
 the ones before it (its log says so), so that the destination never sees
@@ -24,9 +32,12 @@ counted as a stray, and the destination held every connection that spoke
 before another.  (Negative control: at aa274ce, whose destination dropped
 such a connection as a stray, all three fail: the source's migration fails
 on the channel the destination closed, `multifd channel N: write: Broken
-pipe`.)
+pipe`.  At 70e2bb6, which held them but refused a connection when 17
+were held and charged held intruders to the channels' stray budget,
+intruders fails.)
 """
 import os
+import socket
 import sys
 import time
 
@@ -36,6 +47,7 @@ import kmigtest as kt
 from reorderproxy import ReorderProxy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # its sibling's helpers
+from test_hostile import SESSION_OTHER, channel_record  # noqa: E402
 from test_multifd import dst_verifies  # noqa: E402
 
 pytestmark = pytest.mark.kvm
@@ -48,7 +60,24 @@ CASES = {
     "multifd_before_main": ([1, 2, 3, 4, 0], 4, False),
     "preempt_after_multifd": ([0, 2, 3, 1], 2, True),
     "all_reversed": ([3, 2, 1, 0], 2, True),
+    "intruders": ([1, 2, 3, 4, 0], 4, False),
 }
+INTRUDERS = 17      # MIG_EARLY_MAX
+
+
+def intrude(check, dst, port):
+    """INTRUDERS connections, each with another session's CHANNEL, all
+    held by the destination (it logs each); returns their sockets."""
+    socks = []
+    for i in range(INTRUDERS):
+        c = socket.create_connection(("127.0.0.1", port), timeout=10)
+        c.sendall(channel_record(1 + i % 4, 4, SESSION_OTHER))
+        socks.append(c)
+    deadline = time.time() + kt.slow(20)
+    while time.time() < deadline and dst.output().count(HELD) < INTRUDERS:
+        time.sleep(0.05)
+    check("intruders_held", dst.output().count(HELD) == INTRUDERS, dst.output()[-800:])
+    return socks
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -62,6 +91,10 @@ def test_early(d, vms, check, case):
     if not check("boot", src.console.wait(r"kmig-guest ready cpus=2", timeout=kt.slow(20))
                  is not None, kt.dump(src)):
         return
+    if not check("listening", kt.wait_incoming(dst, kt.slow(30)), kt.dump(dst)):
+        return
+    intruders = intrude(check, dst, port) if case == "intruders" else []
+    base = len(intruders)
     caps = {"multifd": True, "x-verify": True}
     if preempt:
         caps.update({"postcopy-ram": True, "postcopy-preempt": True})
@@ -69,7 +102,7 @@ def test_early(d, vms, check, case):
     def gate(i):
         """The destination held each connection before order[i] that is
         not the main stream (within 10 s)."""
-        want = sum(1 for k in order[:i] if k != 0)
+        want = base + sum(1 for k in order[:i] if k != 0)
         deadline = time.time() + kt.slow(10)
         while time.time() < deadline and dst.proc.poll() is None:
             if dst.output().count(HELD) >= want:
@@ -90,9 +123,14 @@ def test_early(d, vms, check, case):
                      "query-migrate %r; src %s; dst %s" % (res, kt.dump(src), kt.dump(dst))):
             return
         dq = kt.wait_migration(dst.qmp(), kt.slow(20))
-        check("no_strays", "x-stray-connections" not in dq, repr(dq))
+        strays = dq.get("x-stray-connections", {}).get("count", 0)
+        check("strays", strays == base, "%d strays, expected %d; %r" % (strays, base, dq))
+        if base:
+            out = dst.output()
+            check("intruders_dropped", out.count("pushed out by a later one") == 4 and
+                  out.count("of another migration's session") == base - 4, out[-1500:])
         # every connection but the main stream that spoke before another
-        early = sum(1 for k in order[:-1] if k != 0)
+        early = base + sum(1 for k in order[:-1] if k != 0)
         held = dst.output().count(HELD)
         check("held", held == early, "held %d, expected %d; %s" % (held, early,
                                                                   dst.output()[-800:]))
@@ -103,3 +141,5 @@ def test_early(d, vms, check, case):
         dst_verifies(check, dst)     # and x-verify's hash matched at END, or it failed
     finally:
         relay.close()
+        for c in intruders:
+            c.close()

@@ -1,5 +1,6 @@
 /* mig_early: connections held for their turn, each with its first record
- * unread, taken by the record they begin with, oldest first. */
+ * unread, taken by the record they begin with, oldest first; a full set
+ * pushes its oldest out. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -77,7 +78,7 @@ static void t_take_by_type(struct t *t)
 		close(peers[i]);
 }
 
-static void t_full_then_drop(struct t *t)
+static void t_full_pushes_oldest(struct t *t)
 {
 	struct mig_early e;
 	memset(&e, 0, sizeof(e));
@@ -87,14 +88,17 @@ static void t_full_then_drop(struct t *t)
 		T_CHECK_EQ(t, conn(&s, PROTO_CHANNEL, (uint8_t)i, &peers[i]), 0);
 		T_CHECK_EQ(t, mig_early__hold(&e, &s, PROTO_CHANNEL), 0);
 	}
+	/* one more pushes the oldest out (closed: its peer reads EOF) */
 	T_CHECK_EQ(t, conn(&s, PROTO_CHANNEL, 99, &peers[MIG_EARLY_MAX]), 0);
-	T_CHECK_EQ(t, mig_early__hold(&e, &s, PROTO_CHANNEL), -ENOSPC);
-	T_CHECK(t, first_record_is(&s, PROTO_CHANNEL, 99));     /* left as it was */
-	mig_stream__close(&s);
-	T_CHECK_EQ(t, mig_early__drop(&e), MIG_EARLY_MAX);
-	/* every held connection closed: each peer reads EOF */
+	T_CHECK_EQ(t, mig_early__hold(&e, &s, PROTO_CHANNEL), 1);
 	uint8_t b[64];
-	for (unsigned i = 0; i < MIG_EARLY_MAX; i++)
+	T_CHECK_EQ(t, (int)read(peers[0], b, sizeof(b)), 0);
+	T_CHECK(t, mig_early__take(&e, PROTO_CHANNEL, &s));     /* now the oldest */
+	T_CHECK(t, first_record_is(&s, PROTO_CHANNEL, 1));
+	mig_stream__close(&s);
+	T_CHECK_EQ(t, mig_early__drop(&e), MIG_EARLY_MAX - 1);
+	/* every held connection closed: each peer reads EOF; the newest was held */
+	for (unsigned i = 2; i <= MIG_EARLY_MAX; i++)
 		T_CHECK_EQ(t, (int)read(peers[i], b, sizeof(b)), 0);
 	T_CHECK(t, !mig_early__take(&e, PROTO_CHANNEL, &s));
 	for (unsigned i = 0; i <= MIG_EARLY_MAX; i++)
@@ -105,7 +109,7 @@ int main(void)
 {
 	struct t t = {0};
 	T_RUN(&t, t_take_by_type);
-	T_RUN(&t, t_full_then_drop);
+	T_RUN(&t, t_full_pushes_oldest);
 	printf("%d passed, %d failed\n", t.passed, t.failed);
 	return T_DONE(&t);
 }

@@ -275,6 +275,36 @@ static void t_psk(struct t *t)
 	tls_objects__destroy(&o);
 }
 
+/* A TLS stream moved into another struct (mig_stream__move, as the
+ * destination does with a connection it holds) goes on working: its
+ * session's transport follows it.  The structs it left are poisoned, so
+ * a session still pointing at one would fail. */
+static void t_move(struct t *t)
+{
+	struct tls_objects o;
+	struct side pair[2], moved[2];
+	char dir[128];
+	tls_objects__init(&o);
+	snprintf(dir, sizeof(dir), "%s/psk", g_dir);
+	T_CHECK_EQ(t, add(&o, "tls-creds-psk,id=ok,dir=%s", dir), 0);
+	const struct tls_creds *ok = tls_objects__creds(&o, "ok");
+	handshake(pair, ok, "", ok, NULL);
+	T_CHECK(t, !pair[0].rc && !pair[1].rc);
+	if (!pair[0].rc && !pair[1].rc) {
+		memset(moved, 0, sizeof(moved));
+		for (int i = 0; i < 2; i++) {
+			mig_stream__move(&moved[i].s, &pair[i].s);
+			T_CHECK_EQ(t, pair[i].s.fd, -1);
+			memset(&pair[i].s, 0xa5, sizeof(pair[i].s));
+		}
+		check_traffic(t, moved);
+		pair__close(moved);
+	} else {
+		pair__close(pair);
+	}
+	tls_objects__destroy(&o);
+}
+
 static void t_x509(struct t *t)
 {
 	struct tls_objects o;
@@ -514,6 +544,7 @@ int main(void)
 	}
 	T_RUN(&t, t_objects);
 	T_RUN(&t, t_psk);
+	T_RUN(&t, t_move);
 	T_RUN(&t, t_x509);
 	T_RUN(&t, t_mismatch_and_cancel);
 	T_RUN(&t, t_rate_limit);

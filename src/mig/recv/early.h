@@ -34,8 +34,10 @@ struct mig_early {
 
 /* A zeroed struct mig_early is empty. */
 
-/* Moves s, whose first record (unread) is of `type`, in: 0, or -ENOSPC
- * when MIG_EARLY_MAX are held already (s is left as it was). */
+/* Moves s, whose first record (unread) is of `type`, in: 0, or 1 when
+ * MIG_EARLY_MAX were held already and the oldest was closed to make room
+ * (as a listener pushes out its oldest silent connection: a peer that
+ * fills the set cannot keep a source's connections out). */
 int mig_early__hold(struct mig_early *e, struct mig_stream *s, uint32_t type) KMIG_MUST_CHECK;
 /* Moves the oldest connection held of `type` into s (closed or never
  * opened): true, or false when none is held. */

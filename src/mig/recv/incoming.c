@@ -85,6 +85,8 @@ static void incoming__pause(void *ctx)
 
 #define INCOMING_CHANNEL_WAIT_MS 10000
 #define INCOMING_CHANNEL_STRAYS  PROTO_MAX_CHANNELS /* dropped while channels are taken */
+#define INCOMING_LATER           1  /* a connection's first record: a later connection's */
+#define INCOMING_FIRST_RECORD_MS 10000
 
 /* The listener, once no more connections are wanted on it (the channels
  * are in, or the link broke): whatever still waits there is dropped, and
@@ -99,19 +101,80 @@ static void incoming__close_listener(struct incoming *in)
 	in->m->in_port = 0;
 	pthread_mutex_unlock(&in->m->lock);
 	for (unsigned n = mig_early__drop(&in->early); n; n--)
-		migration__stray(in->m, "connection", "held for a channel this migration did not "
-				 "open");
+		migration__stray(in->m, "connection", "held for its turn, which did not come");
+}
+
+static const char *incoming__kind(uint32_t type)
+{
+	return type == PROTO_PREEMPT ? "postcopy-preempt channel" : "multifd channel";
+}
+
+/* The session of s's first record (PREEMPT or CHANNEL, as `type`; left
+ * unread), which must come whole within INCOMING_FIRST_RECORD_MS: NULL,
+ * or why it did not (a record of the main stream's, CHANNEL{0, n}, is no
+ * channel's). */
+static const char *incoming__early_session(struct mig_stream *s, uint32_t type,
+					   uint8_t session[PROTO_SESSION_LEN])
+{
+	uint8_t b[PROTO_HDR_SIZE + 64];
+	struct proto_hdr h;
+	uint32_t index = 1, count;
+	const char *why = NULL;
+	mig_stream__set_read_deadline(s, time__now_ms() + INCOMING_FIRST_RECORD_MS);
+	int rc = mig_stream__peek(s, b, PROTO_HDR_SIZE);
+	if (!rc && (proto__decode_header(b, PROTO_HDR_SIZE, &h) || h.type != type ||
+		    h.length > sizeof(b) - PROTO_HDR_SIZE))
+		rc = -EPROTO;
+	if (!rc)
+		rc = mig_stream__peek(s, b, PROTO_HDR_SIZE + h.length);
+	mig_stream__set_read_deadline(s, 0);
+	if (rc)
+		return "its first record did not come whole";
+	if (type == PROTO_PREEMPT)
+		rc = proto__decode_preempt(b + PROTO_HDR_SIZE, h.length, session, &count, &why);
+	else
+		rc = proto__decode_channel(b + PROTO_HDR_SIZE, h.length, &index, &count, session,
+					   &why);
+	return rc ? why : index ? NULL : "it begins with the main stream's CHANNEL";
 }
 
 /* s (from the listener, plain) began with a `type` record of a later
- * connection of this migration: true if it is held for its turn. */
-static bool incoming__hold(struct incoming *in, struct mig_stream *s, uint32_t type)
+ * connection of a migration: true if it is held for its turn; false, why
+ * set, if that record is not one (it is a stray). */
+static bool incoming__hold(struct incoming *in, struct mig_stream *s, uint32_t type,
+			   char *why, size_t len)
 {
-	if (mig_early__hold(&in->early, s, type))
+	uint8_t session[PROTO_SESSION_LEN];
+	const char *bad = incoming__early_session(s, type, session);
+	if (bad) {
+		snprintf(why, len, "a %s's first record, but %s", incoming__kind(type), bad);
 		return false;
-	log_info("incoming migration: a %s spoke before its turn: held",
-		 type == PROTO_PREEMPT ? "postcopy-preempt channel" : "multifd channel");
+	}
+	if (mig_early__hold(&in->early, s, type))
+		migration__stray(in->m, "connection", "held for its turn, and pushed out by a "
+				 "later one");
+	log_info("incoming migration: a %s spoke before its turn: held", incoming__kind(type));
 	return true;
+}
+
+/* Moves the oldest connection held of `type` whose first record carries
+ * this migration's session into s: true, or false when there is none.
+ * One of another session (an earlier attempt's, or no source's) is
+ * closed and counted as a stray, but not against the budget of strays a
+ * channel's wait allows (INCOMING_CHANNEL_STRAYS). */
+static bool incoming__take_early(struct incoming *in, uint32_t type,
+				 const uint8_t session[PROTO_SESSION_LEN], struct mig_stream *s)
+{
+	uint8_t theirs[PROTO_SESSION_LEN];
+	while (mig_early__take(&in->early, type, s)) {
+		if (!incoming__early_session(s, type, theirs) &&
+		    proto__same_session(theirs, session))
+			return true;
+		mig_stream__close(s);
+		migration__stray(in->m, "connection", "held for its turn, but of another "
+				 "migration's session");
+	}
+	return false;
 }
 
 /* The main stream announced `count` extra channels: accept them.  A
@@ -130,7 +193,7 @@ static int incoming__on_channels(void *ctx, uint32_t count,
 	memcpy(in->mf.session, session, PROTO_SESSION_LEN);
 	for (uint32_t i = 0; i < count;) {
 		struct mig_stream *s = multifd_recv__next_stream(&in->mf);
-		int rc = !s ? -ENOSPC : mig_early__take(&in->early, PROTO_CHANNEL, s) ? 0 :
+		int rc = !s ? -ENOSPC : incoming__take_early(in, PROTO_CHANNEL, session, s) ? 0 :
 			 mig_listener__accept(&in->listener, s,
 					      time__now_ms() + INCOMING_CHANNEL_WAIT_MS, err,
 					      sizeof(err));
@@ -194,7 +257,7 @@ static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_L
 				    .place_zero = incoming__place_zero, .ctx = in };
 	for (;;) {
 		struct mig_stream *s = &in->preempt.stream;
-		int rc = mig_early__take(&in->early, PROTO_PREEMPT, s) ? 0 :
+		int rc = incoming__take_early(in, PROTO_PREEMPT, session, s) ? 0 :
 			 mig_listener__accept(&in->listener, s,
 					      time__now_ms() + INCOMING_CHANNEL_WAIT_MS, err,
 					      sizeof(err));
@@ -206,9 +269,12 @@ static int incoming__on_preempt(void *ctx, const uint8_t session[PROTO_SESSION_L
 		rc = preempt_in__add(&in->preempt, m->tls_in.creds ? &m->tls_in : NULL,
 				     in->mf.peer, session, channels, &in->pr, &ops, err,
 				     sizeof(err));
-		if (rc == -EAGAIN && incoming__hold(in, s, PROTO_CHANNEL))
+		/* a multifd channel before the preempt channel at setup waits
+		 * for its turn; a recovery opens none */
+		if (rc == PREEMPT_IN_CHANNEL && !reopen &&
+		    incoming__hold(in, s, PROTO_CHANNEL, err, sizeof(err)))
 			continue;
-		if (rc == -EAGAIN) {        /* no room: a stray */
+		if (rc == PREEMPT_IN_CHANNEL) {
 			mig_stream__close(s);
 			rc = -EPROTO;
 		}
@@ -622,14 +688,12 @@ static int incoming__load(struct incoming *in)
 	return 0;
 }
 
-#define INCOMING_FIRST_RECORD_MS 10000
-
 /* The header of a connection's first record, left unread: of type want
  * (START, or RESUME on a recovery), within INCOMING_FIRST_RECORD_MS when
  * bounded (a connection from a listener, which may be a stray; a stream
  * of exec:, file: or fd: has no rival and waits as long as it takes).
- * -EAGAIN with *type set: a plain connection that begins with the first
- * record of a later connection of a migration (PREEMPT, CHANNEL). */
+ * INCOMING_LATER with *type set: a plain connection that begins with the
+ * first record of a later connection of a migration (PREEMPT, CHANNEL). */
 static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls, bool bounded,
 				  uint32_t *type, char *why, size_t len)
 {
@@ -651,7 +715,7 @@ static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls,
 		return 0;
 	if (framed && !tls && (h.type == PROTO_PREEMPT || h.type == PROTO_CHANNEL)) {
 		*type = h.type;
-		return -EAGAIN;
+		return INCOMING_LATER;
 	}
 	snprintf(why, len, "not a kmig migration stream (first bytes %02x %02x %02x %02x%s)",
 		 b[0], b[1], b[2], b[3], b[0] == 0x16 && b[1] == 3 && !tls ?
@@ -661,8 +725,8 @@ static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls,
 
 /* A connection just taken into in->stream (bounded: from the listener):
  * its TLS handshake (with tls-creds) and its first record's header.  0, or
- * -errno with why set (-EAGAIN: *type is a later connection's first
- * record). */
+ * -errno with why set, or INCOMING_LATER (*type: a later connection's
+ * first record). */
 static int incoming__vet(struct incoming *in, uint32_t want, bool bounded, uint32_t *type,
 			 char *why, size_t len)
 {
@@ -708,15 +772,12 @@ static int incoming__take(struct incoming *in, uint32_t want, char *err, size_t 
 		in->connected = false;
 		bool cancelled = in->cancelled;
 		pthread_mutex_unlock(&m->lock);
-		if (!cancelled && rc == -EAGAIN && incoming__hold(in, &in->stream, type))
+		if (!cancelled && rc == INCOMING_LATER &&
+		    incoming__hold(in, &in->stream, type, why, sizeof(why)))
 			continue;
 		mig_stream__close(&in->stream);
 		if (cancelled)
 			return utf8__err(err, errlen, -ECANCELED, "cancelled");
-		if (rc == -EAGAIN)
-			snprintf(why, sizeof(why), "a %s channel's first record, and %u are held "
-				 "already", type == PROTO_PREEMPT ? "postcopy-preempt" : "multifd",
-				 MIG_EARLY_MAX);
 		migration__stray(m, "connection", why);
 	}
 }
@@ -746,10 +807,10 @@ static int incoming__open_local(struct incoming *in, const struct mig_uri *u, ch
 	char why[200];
 	uint32_t type;
 	rc = incoming__vet(in, PROTO_START, false, &type, why, sizeof(why));
-	if (rc == -EAGAIN) {    /* no later connection on a local stream */
+	if (rc == INCOMING_LATER) {     /* no later connection on a local stream */
 		rc = -EPROTO;
-		snprintf(why, sizeof(why), "not a kmig migration stream (it begins with a %s "
-			 "channel's record)", type == PROTO_PREEMPT ? "postcopy-preempt" : "multifd");
+		snprintf(why, sizeof(why), "not a kmig migration stream (it begins with a %s's "
+			 "record)", incoming__kind(type));
 	}
 	if (!rc)
 		return 0;

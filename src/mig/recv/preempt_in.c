@@ -130,7 +130,7 @@ int preempt_in__add(struct preempt_in *p, const struct tls_config *tls, const ch
 			mig_stream__close(&p->stream);
 		snprintf(err, errlen, "bad postcopy-preempt channel handshake: %s", why);
 		utf8__sanitize(err);
-		return cancelled ? -ECANCELED : channel ? -EAGAIN : -EPROTO;
+		return cancelled ? -ECANCELED : channel ? PREEMPT_IN_CHANNEL : -EPROTO;
 	}
 	struct mig_recv_ops pops = { .place_page = ops->place_page,
 				     .place_zero = ops->place_zero, .ctx = ops->ctx };

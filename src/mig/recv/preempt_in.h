@@ -61,9 +61,11 @@ void preempt_in__init(struct preempt_in *p, struct mig_stream *main);
  * under TLS the client peer (unless peer is ""); then the thread starts,
  * placing with ops' place_page and place_zero.  -EPROTO: the connection
  * is not this migration's (closed; the caller may take another);
- * -EAGAIN: without TLS, it begins with a multifd channel's CHANNEL record
- * (left unread, the connection still in p->stream for the caller to hold
- * or close); other -errno: the channel cannot work; err says why. */
+ * PREEMPT_IN_CHANNEL: without TLS, it begins with a multifd channel's
+ * CHANNEL record (left unread, the connection still in p->stream for the
+ * caller to hold or close); other -errno: the channel cannot work; err
+ * says why. */
+#define PREEMPT_IN_CHANNEL 1
 int preempt_in__add(struct preempt_in *p, const struct tls_config *tls, const char *peer,
 		    const uint8_t session[PROTO_SESSION_LEN], uint32_t channels,
 		    const struct proto_ram *ram, const struct mig_recv_ops *ops, char *err,
