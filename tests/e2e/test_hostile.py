@@ -13,6 +13,10 @@ quit, and what kmig creates is private.
                       query-migrate (x-stray-connections) and logged, the
                       destination waits on; a silent one just before the
                       source holds nothing up, the migration completes
+  source_behind_slow_stray  a source that connects first but speaks only
+                      while a stray's part of a header is awaited (10 s):
+                      taken once the stray is dropped, not closed as
+                      silent for having waited that long
   multifd_stray_channel  garbage where a multifd channel is expected:
                       dropped and counted, the real channel after it taken
   multifd_intruder    a CHANNEL record with another session claims channel
@@ -296,6 +300,40 @@ def test_stray_before_source(d, vms, check):
         check("counted", strays(dst).get("count") == 2, "%r" % strays(dst))
     finally:
         for c in (silent, junk, silent2):
+            if c is not None:
+                c.close()
+
+
+def test_source_behind_slow_stray(d, vms, check):
+    """A source connects, and before it has spoken a stray that sends a
+    part of a header is taken: the destination waits its 10 s for the rest
+    of that header.  The source spoke meanwhile: when the stray is dropped,
+    the source's connection (older than 10 s by then) is taken, not closed
+    as a silent one."""
+    dst, port = listening_dest(d, vms, check)
+    if dst is None:
+        return
+    main = socket.create_connection(("127.0.0.1", port), timeout=10)
+    time.sleep(kt.slow(0.3))       # the listener holds it, silent
+    slow = socket.create_connection(("127.0.0.1", port), timeout=10)
+    slow.sendall(b"\x01\x00\x00\x00")   # 4 of a header's 16 bytes
+    chan = None
+    try:
+        time.sleep(kt.slow(0.5))   # the stray is taken, its header awaited
+        main.sendall(start_record() + channel_record(0, 1))
+        s = wait_strays(dst, 1, kt.slow(20))
+        check("stray_dropped", s.get("count") == 1 and "silent" in s.get("last-reason", ""),
+              "%r; %s" % (s, dump(dst)))
+        chan = socket.create_connection(("127.0.0.1", port), timeout=10)
+        chan.sendall(channel_record(1, 1))
+        if not check("source_taken", kt.wait_output(dst, r"1 multifd channels", kt.slow(20)),
+                     dump(dst)):
+            return
+        s = strays(dst)
+        check("only_the_stray", s.get("count") == 1, "%r; %s" % (s, dump(dst)))
+        quit_ends(check, "quit", dst)
+    finally:
+        for c in (slow, main, chan):
             if c is not None:
                 c.close()
 

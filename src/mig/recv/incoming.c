@@ -86,7 +86,6 @@ static void incoming__pause(void *ctx)
 #define INCOMING_CHANNEL_WAIT_MS 10000
 #define INCOMING_CHANNEL_STRAYS  PROTO_MAX_CHANNELS /* dropped while channels are taken */
 #define INCOMING_LATER           1  /* a connection's first record: a later connection's */
-#define INCOMING_FIRST_RECORD_MS 10000
 
 /* The listener, once no more connections are wanted on it (the channels
  * are in, or the link broke): whatever still waits there is dropped, and
@@ -104,15 +103,19 @@ static void incoming__close_listener(struct incoming *in)
 		migration__stray(in->m, "connection", "held for its turn, which did not come");
 }
 
+/* Milliseconds a connection from a listener has for its first record's
+ * header (and a later connection's, for the whole record). */
+#define INCOMING_FIRST_RECORD_MS 10000
+
 static const char *incoming__kind(uint32_t type)
 {
 	return type == PROTO_PREEMPT ? "postcopy-preempt channel" : "multifd channel";
 }
 
 /* The session of s's first record (PREEMPT or CHANNEL, as `type`; left
- * unread), which must come whole within INCOMING_FIRST_RECORD_MS: NULL,
- * or why it did not (a record of the main stream's, CHANNEL{0, n}, is no
- * channel's). */
+ * unread, and read whole into s's buffer already: the wait here is only a
+ * bound): NULL, or why it is not one (a record of the main stream's,
+ * CHANNEL{0, n}, is no channel's). */
 static const char *incoming__early_session(struct mig_stream *s, uint32_t type,
 					   uint8_t session[PROTO_SESSION_LEN])
 {
@@ -129,7 +132,7 @@ static const char *incoming__early_session(struct mig_stream *s, uint32_t type,
 		rc = mig_stream__peek(s, b, PROTO_HDR_SIZE + h.length);
 	mig_stream__set_read_deadline(s, 0);
 	if (rc)
-		return "its first record did not come whole";
+		return "its first record is not whole";
 	if (type == PROTO_PREEMPT)
 		rc = proto__decode_preempt(b + PROTO_HDR_SIZE, h.length, session, &count, &why);
 	else
@@ -138,9 +141,9 @@ static const char *incoming__early_session(struct mig_stream *s, uint32_t type,
 	return rc ? why : index ? NULL : "it begins with the main stream's CHANNEL";
 }
 
-/* s (from the listener, plain) began with a `type` record of a later
- * connection of a migration: true if it is held for its turn; false, why
- * set, if that record is not one (it is a stray). */
+/* s (from the listener, plain) began with a whole `type` record of a
+ * later connection of a migration: true if it is held for its turn;
+ * false, why set, if that record is not one (it is a stray). */
 static bool incoming__hold(struct incoming *in, struct mig_stream *s, uint32_t type,
 			   char *why, size_t len)
 {
@@ -177,7 +180,8 @@ static bool incoming__take_early(struct incoming *in, uint32_t type,
 	return false;
 }
 
-/* The main stream announced `count` extra channels: accept them.  A
+/* The main stream announced `count` extra channels: take those held
+ * since they came early (incoming__take_early), then accept the rest.  A
  * connection that is not one of them (no TLS, no CHANNEL record of this
  * migration in time) is dropped and counted; the listener waits on. */
 static int incoming__on_channels(void *ctx, uint32_t count,
@@ -693,14 +697,16 @@ static int incoming__load(struct incoming *in)
  * bounded (a connection from a listener, which may be a stray; a stream
  * of exec:, file: or fd: has no rival and waits as long as it takes).
  * INCOMING_LATER with *type set: a plain connection that begins with the
- * first record of a later connection of a migration (PREEMPT, CHANNEL). */
+ * first record of a later connection of a migration (PREEMPT, CHANNEL),
+ * which has come whole within the same time. */
 static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls, bool bounded,
 				  uint32_t *type, char *why, size_t len)
 {
 	uint8_t b[PROTO_HDR_SIZE];
 	struct proto_hdr h;
+	uint64_t t0 = time__now_ms();
 	if (bounded)
-		mig_stream__set_read_deadline(s, time__now_ms() + INCOMING_FIRST_RECORD_MS);
+		mig_stream__set_read_deadline(s, t0 + INCOMING_FIRST_RECORD_MS);
 	int rc = mig_stream__peek(s, b, sizeof(b));
 	mig_stream__set_read_deadline(s, 0);
 	if (rc == -ETIMEDOUT)
@@ -714,6 +720,19 @@ static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls,
 	if (framed && h.type == want)
 		return 0;
 	if (framed && !tls && (h.type == PROTO_PREEMPT || h.type == PROTO_CHANNEL)) {
+		/* the rest of it (20 or 24 bytes) under the same deadline, while
+		 * a cancel can still shut the stream down */
+		uint8_t rec[PROTO_HDR_SIZE + 64];
+		if (bounded)
+			mig_stream__set_read_deadline(s, t0 + INCOMING_FIRST_RECORD_MS);
+		rc = h.length > sizeof(rec) - PROTO_HDR_SIZE ? -EPROTO :
+		     mig_stream__peek(s, rec, PROTO_HDR_SIZE + h.length);
+		mig_stream__set_read_deadline(s, 0);
+		if (rc) {
+			snprintf(why, len, "a %s's first record, not whole within %d s",
+				 incoming__kind(h.type), INCOMING_FIRST_RECORD_MS / 1000);
+			return rc;
+		}
 		*type = h.type;
 		return INCOMING_LATER;
 	}

@@ -60,14 +60,17 @@ static void *preempt__thread(void *arg)
 	}
 }
 
-/* A plain connection that begins with a multifd channel's CHANNEL record
- * (left unread): it came before this one (mig/recv/early.h). */
+/* A plain connection that begins with a whole multifd channel's CHANNEL
+ * record (left unread, in the stream's buffer): it came before this one
+ * (mig/recv/early.h). */
 static bool preempt__is_channel(struct preempt_in *p)
 {
-	uint8_t b[PROTO_HDR_SIZE];
+	uint8_t b[PROTO_HDR_SIZE + 64];
 	struct proto_hdr h;
-	return !mig_stream__peek(&p->stream, b, sizeof(b)) &&
-	       !proto__decode_header(b, sizeof(b), &h) && h.type == PROTO_CHANNEL;
+	return !mig_stream__peek(&p->stream, b, PROTO_HDR_SIZE) &&
+	       !proto__decode_header(b, PROTO_HDR_SIZE, &h) && h.type == PROTO_CHANNEL &&
+	       h.length <= sizeof(b) - PROTO_HDR_SIZE &&
+	       !mig_stream__peek(&p->stream, b, PROTO_HDR_SIZE + h.length);
 }
 
 /* TLS, then the PREEMPT record, within PREEMPT_HANDSHAKE_MS; NULL if it

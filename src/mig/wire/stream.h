@@ -265,7 +265,9 @@ int mig_stream__connect(struct mig_stream *s, const char *uri, const atomic_bool
  * nothing yet (at most MIG_LISTENER_PENDING, the oldest dropped for a new
  * one), so one connector that stays silent holds no one up: accept hands
  * out the first connection that has bytes to read (or has hung up), and
- * closes one silent for MIG_LISTENER_SILENT_MS, telling on_drop. */
+ * closes one silent for MIG_LISTENER_SILENT_MS, telling on_drop (one that
+ * has spoken by the time that is checked is no silent one, however long
+ * the caller was busy elsewhere). */
 #define MIG_LISTENER_PENDING   8
 #define MIG_LISTENER_SILENT_MS 10000
 struct mig_listener {

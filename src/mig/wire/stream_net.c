@@ -402,6 +402,15 @@ static int listener__take(struct mig_listener *l, char *err, size_t errlen)
 	return 0;
 }
 
+/* Whether a pending connection has spoken (or closed) by now: one that
+ * did while the caller was busy with another (a stray's handshake may take
+ * its 10 s) is no silent one, however long it waited. */
+static bool listener__has_bytes(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	return poll(&p, 1, 0) > 0;
+}
+
 /* Milliseconds poll may wait: until the oldest pending connection has
  * been silent too long or the deadline, at most 1 s. */
 static int listener__wait_ms(const struct mig_listener *l, uint64_t now, uint64_t deadline)
@@ -422,7 +431,8 @@ int mig_listener__accept(struct mig_listener *l, struct mig_stream *s, uint64_t 
 		if (atomic_load(&l->shut))
 			return utf8__err(err, errlen, -ECANCELED, "listener shut down");
 		uint64_t now = time__now_ms();
-		while (l->npending && now - l->pending_ms[0] >= MIG_LISTENER_SILENT_MS)
+		while (l->npending && now - l->pending_ms[0] >= MIG_LISTENER_SILENT_MS &&
+		       !listener__has_bytes(l->pending[0]))
 			listener__drop(l, 0, "silent for 10 s after connecting");
 		if (deadline_ms && now >= deadline_ms)
 			return utf8__err(err, errlen, -ETIMEDOUT, "no connection in time");
