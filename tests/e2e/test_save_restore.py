@@ -10,6 +10,7 @@ import os
 import re
 import select
 import socket
+import struct
 import subprocess
 import time
 
@@ -248,8 +249,8 @@ def restore_fails(d, vms, check, name, path, want):
 
 
 def test_restore_damaged(d, vms, check):
-    """A save cut short, one with a byte changed in its page data, and a
-    file that is no save: each restore fails with its reason and exit
+    """A save cut short, one with a byte changed in its page data, a
+    file that is no save and one that begins as a multifd channel does: each restore fails with its reason and exit
     status 1, and the guest never runs there.  The changed byte is the
     negative control of x-verify on this path: without the checksum the
     guest would run with one wrong byte."""
@@ -289,3 +290,11 @@ def test_restore_damaged(d, vms, check):
     with open(junk, "wb") as f:
         f.write(b"GET / HTTP/1.1\r\n" * 64)
     restore_fails(d, vms, check, "junk", junk, r"not a kmig migration stream")
+    # a multifd channel's first record header, and the file ends: no
+    # later connection comes on a file, so it is refused at once (a
+    # listener would hold such a connection for its turn)
+    chan = os.path.join(d, "channel.sav")
+    with open(chan, "wb") as f:
+        f.write(struct.pack("<IIQ", 8, 0, 24))
+    restore_fails(d, vms, check, "channel", chan,
+                  r"not a kmig migration stream \(it begins with a multifd channel's record\)")

@@ -720,21 +720,21 @@ static int incoming__first_header(struct mig_stream *s, uint32_t want, bool tls,
 	if (framed && h.type == want)
 		return 0;
 	if (framed && !tls && (h.type == PROTO_PREEMPT || h.type == PROTO_CHANNEL)) {
-		/* the rest of it (20 or 24 bytes) under the same deadline, while
-		 * a cancel can still shut the stream down */
+		*type = h.type;
+		if (!bounded)   /* a local stream: never held, no need of the rest */
+			return INCOMING_LATER;
+		/* the rest of it (20 or 24 bytes: decode_header checked the
+		 * length) under the same deadline, while a cancel can still shut
+		 * the stream down */
 		uint8_t rec[PROTO_HDR_SIZE + 64];
-		if (bounded)
-			mig_stream__set_read_deadline(s, t0 + INCOMING_FIRST_RECORD_MS);
+		mig_stream__set_read_deadline(s, t0 + INCOMING_FIRST_RECORD_MS);
 		rc = h.length > sizeof(rec) - PROTO_HDR_SIZE ? -EPROTO :
 		     mig_stream__peek(s, rec, PROTO_HDR_SIZE + h.length);
 		mig_stream__set_read_deadline(s, 0);
-		if (rc) {
+		if (rc)
 			snprintf(why, len, "a %s's first record, not whole within %d s",
 				 incoming__kind(h.type), INCOMING_FIRST_RECORD_MS / 1000);
-			return rc;
-		}
-		*type = h.type;
-		return INCOMING_LATER;
+		return rc ? rc : INCOMING_LATER;
 	}
 	snprintf(why, len, "not a kmig migration stream (first bytes %02x %02x %02x %02x%s)",
 		 b[0], b[1], b[2], b[3], b[0] == 0x16 && b[1] == 3 && !tls ?
